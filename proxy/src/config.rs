@@ -1,0 +1,361 @@
+//! The proxy's configuration file: parsed (unknown keys are errors), then
+//! validated, then handed to `serve`. Every field says why it exists.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http::header::HeaderName;
+use http::Uri;
+use serde::Deserialize;
+
+#[derive(Debug, thiserror::Error)]
+#[error("{path}: {message}")]
+pub struct ConfigError {
+    pub path: String,
+    pub message: String,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Where tenants' traffic (Grafana, push agents) arrives.
+    pub listen: SocketAddr,
+    /// `/metrics`, `/healthz`, `/readyz`; kept apart so tenants cannot reach them.
+    pub admin_listen: SocketAddr,
+    /// The tenants file (written by tenant-sync or by hand). A relative path is
+    /// taken from the directory of the config file.
+    pub tenants_file: PathBuf,
+    /// How often the tenants file is re-read even without a file-system event
+    /// (Kubernetes volume updates swap symlinks, which watchers can miss).
+    #[serde(default = "defaults::poll_interval", with = "humantime_serde")]
+    pub tenants_poll_interval: Duration,
+    /// The Loki upstream. Absent: no log routes are served.
+    pub logs: Option<LogsConfig>,
+    /// The Prometheus/Mimir upstream. Absent: no metric routes are served.
+    pub metrics: Option<MetricsConfig>,
+    #[serde(default)]
+    pub limits: Limits,
+    #[serde(default)]
+    pub auth: AuthConfig,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogsConfig {
+    /// Base URL of Loki (or its query frontend/gateway), may carry a path prefix.
+    pub upstream: Upstream,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Base URL of Prometheus, Thanos Querier, Mimir or Cortex; may carry a
+    /// path prefix such as Mimir's `/prometheus`.
+    pub upstream: Upstream,
+    /// `label`: rewrite PromQL and pushed series (Prometheus, Thanos Querier).
+    /// `header`: set the tenant header (Mimir, Cortex, Thanos Receive).
+    #[serde(default)]
+    pub mode: MetricsMode,
+    /// The label whose values a tenant owns (its `namespaces`), in label mode.
+    #[serde(default = "defaults::tenant_label")]
+    pub label: String,
+    /// The tenant header in header mode (`THANOS-TENANT` for Thanos).
+    #[serde(default = "defaults::tenant_header")]
+    pub header: String,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MetricsMode {
+    #[default]
+    Label,
+    Header,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Largest request body forwarded (413 above it). Loki's default push
+    /// limit is far lower per stream; 16 MiB covers large agent batches.
+    #[serde(default = "defaults::max_body_bytes")]
+    pub max_body_bytes: u64,
+    /// Largest request head (request line and headers) accepted.
+    #[serde(default = "defaults::max_header_bytes")]
+    pub max_header_bytes: usize,
+    /// How long a client may take to send its request head; also closes
+    /// keep-alive connections idle for that long.
+    #[serde(default = "defaults::header_read_timeout", with = "humantime_serde")]
+    pub header_read_timeout: Duration,
+    /// How long the upstream may take to answer with its response head (504 after).
+    #[serde(default = "defaults::upstream_timeout", with = "humantime_serde")]
+    pub upstream_timeout: Duration,
+    /// How long in-flight requests may take to finish after SIGTERM.
+    #[serde(default = "defaults::shutdown_grace", with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: defaults::max_body_bytes(),
+            max_header_bytes: defaults::max_header_bytes(),
+            header_read_timeout: defaults::header_read_timeout(),
+            upstream_timeout: defaults::upstream_timeout(),
+            shutdown_grace: defaults::shutdown_grace(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    /// Verified (username, password) pairs remembered so argon2 runs once per
+    /// credential, not per request.
+    #[serde(default = "defaults::cache_size")]
+    pub cache_size: usize,
+    /// argon2 verifications running at once; each takes ~19 MiB and a core
+    /// for tens of milliseconds. Default: the number of CPUs.
+    #[serde(default = "defaults::max_concurrent_verifications")]
+    pub max_concurrent_verifications: usize,
+    /// How long a request waits for a verification slot before a 503.
+    #[serde(default = "defaults::verification_wait", with = "humantime_serde")]
+    pub verification_wait: Duration,
+    /// Failed attempts per username within `failure_window` before further
+    /// uncached attempts get 429.
+    #[serde(default = "defaults::max_failures_per_user")]
+    pub max_failures_per_user: u32,
+    /// Failed attempts per client address within `failure_window` before 429.
+    #[serde(default = "defaults::max_failures_per_client")]
+    pub max_failures_per_client: u32,
+    #[serde(default = "defaults::failure_window", with = "humantime_serde")]
+    pub failure_window: Duration,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        Self {
+            cache_size: defaults::cache_size(),
+            max_concurrent_verifications: defaults::max_concurrent_verifications(),
+            verification_wait: defaults::verification_wait(),
+            max_failures_per_user: defaults::max_failures_per_user(),
+            max_failures_per_client: defaults::max_failures_per_client(),
+            failure_window: defaults::failure_window(),
+        }
+    }
+}
+
+mod defaults {
+    use std::time::Duration;
+
+    pub fn poll_interval() -> Duration {
+        Duration::from_secs(5)
+    }
+    pub fn tenant_label() -> String {
+        "namespace".into()
+    }
+    pub fn tenant_header() -> String {
+        "X-Scope-OrgID".into()
+    }
+    pub fn max_body_bytes() -> u64 {
+        16 * 1024 * 1024
+    }
+    pub fn max_header_bytes() -> usize {
+        64 * 1024
+    }
+    pub fn header_read_timeout() -> Duration {
+        Duration::from_secs(30)
+    }
+    pub fn upstream_timeout() -> Duration {
+        Duration::from_secs(120)
+    }
+    pub fn shutdown_grace() -> Duration {
+        Duration::from_secs(30)
+    }
+    pub fn cache_size() -> usize {
+        10_000
+    }
+    pub fn max_concurrent_verifications() -> usize {
+        std::thread::available_parallelism().map_or(2, |n| n.get())
+    }
+    pub fn verification_wait() -> Duration {
+        Duration::from_secs(5)
+    }
+    pub fn max_failures_per_user() -> u32 {
+        10
+    }
+    pub fn max_failures_per_client() -> u32 {
+        30
+    }
+    pub fn failure_window() -> Duration {
+        Duration::from_secs(60)
+    }
+}
+
+// === impl Upstream ===
+
+/// An upstream base URL: `http://host:port[/prefix]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Upstream {
+    pub scheme: http::uri::Scheme,
+    pub authority: http::uri::Authority,
+    /// Without a trailing `/`; empty when there is no prefix.
+    pub path_prefix: String,
+}
+
+impl Upstream {
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        let uri: Uri = raw
+            .parse()
+            .map_err(|e| format!("invalid URL {raw:?}: {e}"))?;
+        let scheme = uri.scheme().cloned().ok_or("upstream URL needs http://")?;
+        if scheme != http::uri::Scheme::HTTP {
+            return Err(format!(
+                "upstream {raw:?}: only http:// upstreams are supported so far"
+            ));
+        }
+        let authority = uri
+            .authority()
+            .cloned()
+            .ok_or("upstream URL needs a host")?;
+        if uri.query().is_some() {
+            return Err(format!("upstream {raw:?} must not carry a query string"));
+        }
+        Ok(Self {
+            scheme,
+            authority,
+            path_prefix: uri.path().trim_end_matches('/').to_owned(),
+        })
+    }
+
+    /// The absolute URI for a normalised path and an optional query.
+    pub fn uri_for(&self, path: &str, query: Option<&str>) -> Result<Uri, http::Error> {
+        let path_and_query = match query {
+            Some(q) => format!("{}{path}?{q}", self.path_prefix),
+            None => format!("{}{path}", self.path_prefix),
+        };
+        Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(path_and_query)
+            .build()
+    }
+}
+
+impl<'de> Deserialize<'de> for Upstream {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = String::deserialize(d)?;
+        Upstream::parse(&raw).map_err(serde::de::Error::custom)
+    }
+}
+
+// === loading ===
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let error = |message: String| ConfigError {
+            path: path.display().to_string(),
+            message,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| error(e.to_string()))?;
+        let mut config = Self::parse(&text).map_err(error)?;
+        if config.tenants_file.is_relative() {
+            let base = path.parent().unwrap_or_else(|| Path::new("."));
+            config.tenants_file = base.join(&config.tenants_file);
+        }
+        Ok(config)
+    }
+
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let config: Config = serde_yaml_ng::from_str(text).map_err(|e| e.to_string())?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Rules serde cannot express.
+    fn validate(&self) -> Result<(), String> {
+        if self.logs.is_none() && self.metrics.is_none() {
+            return Err("configure at least one of `logs` and `metrics`".into());
+        }
+        if self.listen == self.admin_listen && self.listen.port() != 0 {
+            return Err("`listen` and `admin_listen` must differ".into());
+        }
+        if let Some(metrics) = &self.metrics {
+            if !is_label_name(&metrics.label) {
+                return Err(format!(
+                    "metrics.label {:?} is not a valid label name",
+                    metrics.label
+                ));
+            }
+            HeaderName::from_bytes(metrics.header.as_bytes())
+                .map_err(|_| format!("metrics.header {:?} is not a header name", metrics.header))?;
+        }
+        if self.limits.max_header_bytes < 8 * 1024 {
+            return Err("limits.max_header_bytes must be at least 8192".into());
+        }
+        if self.auth.max_concurrent_verifications == 0 {
+            return Err("auth.max_concurrent_verifications must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+fn is_label_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = "listen: 127.0.0.1:8080\nadmin_listen: 127.0.0.1:8081\ntenants_file: t.yaml\nlogs:\n  upstream: http://127.0.0.1:3100\n";
+
+    #[test]
+    fn minimal_config_gets_defaults() {
+        let c = Config::parse(MINIMAL).unwrap();
+        assert_eq!(c.limits.max_body_bytes, 16 * 1024 * 1024);
+        assert_eq!(c.tenants_poll_interval, Duration::from_secs(5));
+        assert!(c.metrics.is_none());
+    }
+
+    #[test]
+    fn unknown_keys_name_their_line() {
+        let err = Config::parse(&format!("{MINIMAL}colour: blue\n")).unwrap_err();
+        assert!(
+            err.contains("unknown field `colour`") && err.contains("line 6"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn upstream_prefix_is_kept_without_trailing_slash() {
+        let u = Upstream::parse("http://mimir:8080/prometheus/").unwrap();
+        assert_eq!(u.path_prefix, "/prometheus");
+        let uri = u.uri_for("/api/v1/query", Some("query=up")).unwrap();
+        assert_eq!(
+            uri.to_string(),
+            "http://mimir:8080/prometheus/api/v1/query?query=up"
+        );
+        assert!(Upstream::parse("https://x").is_err());
+        assert!(Upstream::parse("x:3100").is_err());
+    }
+
+    #[test]
+    fn metrics_section_is_validated() {
+        let bad =
+            format!("{MINIMAL}metrics:\n  upstream: http://127.0.0.1:9090\n  label: \"1x\"\n");
+        assert!(Config::parse(&bad).unwrap_err().contains("label"));
+        let header = format!("{MINIMAL}metrics:\n  upstream: http://127.0.0.1:9090\n  mode: header\n  header: THANOS-TENANT\n");
+        assert_eq!(
+            Config::parse(&header).unwrap().metrics.unwrap().mode,
+            MetricsMode::Header
+        );
+        let durations = format!("{MINIMAL}limits:\n  upstream_timeout: 1m 30s\n");
+        assert_eq!(
+            Config::parse(&durations).unwrap().limits.upstream_timeout,
+            Duration::from_secs(90)
+        );
+    }
+}

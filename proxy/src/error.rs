@@ -1,0 +1,130 @@
+//! The proxy's error type and the one place that maps it to an HTTP response.
+//!
+//! Variants are named by cause. Who caused it decides the status: the client
+//! (4xx), the upstream (502/504), not-yet-ready state (503), or us (500).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Response, StatusCode};
+
+use crate::body::{self, ProxyBody};
+use crate::tenants::Scope;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    /// Missing, malformed, unknown user or wrong password: one answer for all,
+    /// so a caller cannot tell which.
+    #[error("authentication required")]
+    Unauthenticated,
+    #[error("too many failed authentication attempts; retry later")]
+    AuthThrottled { retry_after: Duration },
+    #[error("the credential lacks the {0} scope")]
+    MissingScope(Scope),
+    #[error("no such endpoint")]
+    RouteNotFound,
+    #[error("method not allowed on this endpoint")]
+    MethodNotAllowed,
+    #[error("invalid request path: {0}")]
+    BadPath(&'static str),
+    #[error("request body larger than {limit} bytes")]
+    BodyTooLarge { limit: u64 },
+    #[error("tenants are not loaded yet; retry later")]
+    TenantsNotLoaded,
+    #[error("too many authentications in progress; retry later")]
+    VerifierBusy,
+    #[error("upstream unavailable")]
+    UpstreamUnavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
+    #[error("upstream timed out")]
+    UpstreamTimeout,
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// How long a client should wait before retrying a 503 we produced ourselves.
+const NOT_READY_RETRY_AFTER: Duration = Duration::from_secs(5);
+
+impl ProxyError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::Unauthenticated => StatusCode::UNAUTHORIZED,
+            Self::AuthThrottled { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Self::MissingScope(_) => StatusCode::FORBIDDEN,
+            Self::RouteNotFound => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Self::BadPath(_) => StatusCode::BAD_REQUEST,
+            Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::TenantsNotLoaded | Self::VerifierBusy => StatusCode::SERVICE_UNAVAILABLE,
+            Self::UpstreamUnavailable(_) => StatusCode::BAD_GATEWAY,
+            Self::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// A bounded label for metrics and logs: never carries user input.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::Unauthenticated => "unauthenticated",
+            Self::AuthThrottled { .. } => "auth_throttled",
+            Self::MissingScope(_) => "missing_scope",
+            Self::RouteNotFound => "route_not_found",
+            Self::MethodNotAllowed => "method_not_allowed",
+            Self::BadPath(_) => "bad_path",
+            Self::BodyTooLarge { .. } => "body_too_large",
+            Self::TenantsNotLoaded => "tenants_not_loaded",
+            Self::VerifierBusy => "verifier_busy",
+            Self::UpstreamUnavailable(_) => "upstream_unavailable",
+            Self::UpstreamTimeout => "upstream_timeout",
+            Self::Internal(_) => "internal",
+        }
+    }
+
+    /// The `errorType` of the Prometheus/Loki JSON error shape.
+    fn error_type(&self) -> &'static str {
+        match self.status() {
+            StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE => "bad_data",
+            StatusCode::UNAUTHORIZED => "unauthorized",
+            StatusCode::FORBIDDEN => "forbidden",
+            StatusCode::NOT_FOUND => "not_found",
+            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => "unavailable",
+            StatusCode::BAD_GATEWAY | StatusCode::GATEWAY_TIMEOUT => "upstream",
+            _ => "internal",
+        }
+    }
+
+    fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::AuthThrottled { retry_after } => Some(*retry_after),
+            Self::TenantsNotLoaded | Self::VerifierBusy => Some(NOT_READY_RETRY_AFTER),
+            _ => None,
+        }
+    }
+
+    /// The only place an error becomes a response. The body never contains
+    /// anything from the request's credentials.
+    pub fn into_response(self) -> Response<ProxyBody> {
+        let payload = serde_json::json!({
+            "status": "error",
+            "errorType": self.error_type(),
+            "error": self.to_string(),
+        });
+        let mut response = Response::new(body::full(Bytes::from(payload.to_string())));
+        *response.status_mut() = self.status();
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if matches!(self, Self::Unauthenticated) {
+            headers.insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Basic realm=\"tenant-proxy\""),
+            );
+        }
+        if let Some(wait) = self.retry_after() {
+            let secs = wait.as_secs().max(1);
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
+    }
+}

@@ -1,0 +1,27 @@
+//! Header names the proxy reads, strips or sets, in one place.
+
+use http::header::HeaderName;
+
+/// The tenant header of Loki, Mimir and Cortex. Always stripped from the
+/// client's request and set from the authenticated credential.
+pub const X_SCOPE_ORGID: HeaderName = HeaderName::from_static("x-scope-orgid");
+
+/// Loki's label-based access control header (Loki >= 3.7, experimental).
+/// A client copy would grant itself a policy, so it is always stripped.
+pub const X_PROM_LABEL_POLICY: HeaderName = HeaderName::from_static("x-prom-label-policy");
+
+/// Appended with the client's address so the upstream's logs name the real peer.
+pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
+/// Not in the `http` crate's constants; hop-by-hop per RFC 9110 §7.6.1.
+pub const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+pub const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+
+/// Headers that identify the caller to a multi-tenant backend. Every client
+/// copy of each, in any letter case, is removed before the proxy sets its own.
+/// (`http::HeaderMap` stores names lower-cased, so one `remove` drops them all.)
+pub const IDENTITY_HEADERS: [HeaderName; 3] = [
+    http::header::AUTHORIZATION,
+    X_SCOPE_ORGID,
+    X_PROM_LABEL_POLICY,
+];

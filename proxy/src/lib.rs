@@ -1,0 +1,105 @@
+//! tenant-proxy: a multi-tenant authenticating gateway for Loki and Prometheus.
+//!
+//! The modules follow the life of a request (see `proxy.rs` and
+//! docs/architecture.md): `path` and `routes` classify it, `auth` (with
+//! `password` and `throttle`) authenticates it against the tenants in force
+//! (`tenants`, `tenants_file`, `reload`), `upstream` forwards it, `error`
+//! turns failures into responses, `metrics` and `admin` report.
+
+pub mod admin;
+pub mod auth;
+pub mod body;
+pub mod config;
+pub mod error;
+pub mod headers;
+pub mod metrics;
+pub mod password;
+pub mod path;
+pub mod proxy;
+pub mod reload;
+pub mod routes;
+pub mod server;
+pub mod tenants;
+pub mod tenants_file;
+pub mod throttle;
+pub mod upstream;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::proxy::AppState;
+use crate::reload::{Reloader, Tenants};
+use crate::server::{serve_connections, Shutdown};
+use crate::tenants_file::TenantsFileError;
+
+/// A configured proxy, its tenants file loaded (or found missing), not yet serving.
+pub struct Proxy {
+    config: Config,
+    state: Arc<AppState>,
+    reloader: Reloader,
+}
+
+impl Proxy {
+    /// Fails when the tenants file exists but is invalid; a missing one is
+    /// fine (the proxy starts unready and answers 503 until it appears).
+    pub fn new(config: Config) -> Result<Self, TenantsFileError> {
+        let tenants = Arc::new(Tenants::default());
+        let metrics = Arc::new(Metrics::default());
+        let mut reloader = Reloader::new(
+            config.tenants_file.clone(),
+            tenants.clone(),
+            metrics.clone(),
+        );
+        reloader.load_initial()?;
+        let state = Arc::new(AppState::new(&config, tenants, metrics));
+        Ok(Self {
+            config,
+            state,
+            reloader,
+        })
+    }
+
+    pub fn tenants(&self) -> Arc<Tenants> {
+        self.state.tenants.clone()
+    }
+
+    /// Serves tenant traffic on `listener` and the admin endpoints on
+    /// `admin`, and follows the tenants file, until `shutdown` resolves; then
+    /// waits for in-flight requests (up to `limits.shutdown_grace`).
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        admin: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) {
+        let shutdown = Shutdown::new(shutdown);
+        let Self {
+            config,
+            state,
+            reloader,
+        } = self;
+
+        let reload =
+            tokio::spawn(reloader.run(config.tenants_poll_interval, shutdown.clone().wait()));
+
+        let (metrics, tenants) = (state.metrics.clone(), state.tenants.clone());
+        let admin_server = serve_connections(
+            admin,
+            &config.limits,
+            move |_, request| admin::handle(metrics.clone(), tenants.clone(), request),
+            shutdown.clone(),
+        );
+        let tenant_server = serve_connections(
+            listener,
+            &config.limits,
+            move |peer, request| proxy::handle(state.clone(), peer, request),
+            shutdown,
+        );
+        tokio::join!(admin_server, tenant_server);
+        let _ = reload.await;
+    }
+}

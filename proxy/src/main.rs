@@ -1,0 +1,147 @@
+//! The `tenant-proxy` binary: parses arguments, loads configuration, binds,
+//! and hands over to the library. Also the operator helpers.
+
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use tenant_proxy::config::Config;
+use tenant_proxy::{password, tenants_file, Proxy};
+
+#[derive(Parser)]
+#[command(
+    version,
+    about = "Multi-tenant authenticating gateway for Loki and Prometheus"
+)]
+struct Cli {
+    /// The proxy's configuration file (YAML).
+    #[arg(long, env = "TENANT_PROXY_CONFIG", global = true)]
+    config: Option<PathBuf>,
+    /// Log format: `text` or `json`.
+    #[arg(
+        long,
+        env = "TENANT_PROXY_LOG_FORMAT",
+        default_value = "text",
+        global = true
+    )]
+    log_format: String,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the proxy (the default).
+    Run,
+    /// Read a password on stdin and print its argon2id PHC hash.
+    HashPassword,
+    /// Validate the configuration and tenants file, print a summary.
+    CheckConfig,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    init_logging(&cli.log_format)?;
+    match cli.command.unwrap_or(Command::Run) {
+        Command::HashPassword => hash_password(),
+        Command::CheckConfig => check_config(&load_config(cli.config)?),
+        Command::Run => run(load_config(cli.config)?),
+    }
+}
+
+fn load_config(path: Option<PathBuf>) -> anyhow::Result<Config> {
+    let path = path.context("no configuration: pass --config FILE or set TENANT_PROXY_CONFIG")?;
+    Ok(Config::load(&path)?)
+}
+
+fn hash_password() -> anyhow::Result<()> {
+    let mut line = String::new();
+    std::io::stdin().lock().read_line(&mut line)?;
+    let password = line.trim_end_matches(['\r', '\n']);
+    anyhow::ensure!(!password.is_empty(), "empty password on stdin");
+    let hash = password::hash_password(password).map_err(anyhow::Error::msg)?;
+    writeln!(std::io::stdout(), "{hash}")?;
+    Ok(())
+}
+
+fn check_config(config: &Config) -> anyhow::Result<()> {
+    let (store, notes) = tenants_file::load(&config.tenants_file, 1)?;
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "config ok: listen {}, admin {}",
+        config.listen, config.admin_listen
+    )?;
+    writeln!(
+        out,
+        "tenants file {}: {} tenant(s)",
+        config.tenants_file.display(),
+        store.tenants().len()
+    )?;
+    if notes.plaintext_passwords {
+        writeln!(
+            out,
+            "warning: plaintext passwords (k8spin authn.yaml format)"
+        )?;
+    }
+    for tenant in store.tenants() {
+        writeln!(
+            out,
+            "  tenant {} namespaces [{}]",
+            tenant.id,
+            tenant.namespaces.join(", ")
+        )?;
+    }
+    for credential in store.credentials_sorted() {
+        let scopes: Vec<_> = credential.scopes.iter().map(|s| s.as_str()).collect();
+        writeln!(
+            out,
+            "  user {} -> tenant {} scopes [{}]",
+            credential.username,
+            credential.tenant.id,
+            scopes.join(", ")
+        )?;
+    }
+    Ok(())
+}
+
+#[tokio::main]
+async fn run(config: Config) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("binding {}", config.listen))?;
+    let admin = tokio::net::TcpListener::bind(config.admin_listen)
+        .await
+        .with_context(|| format!("binding {}", config.admin_listen))?;
+    tracing::info!(listen = %listener.local_addr()?, admin = %admin.local_addr()?, "tenant-proxy serving");
+    let proxy = Proxy::new(config)?;
+    proxy.serve(listener, admin, shutdown_signal()).await;
+    tracing::info!("tenant-proxy stopped");
+    Ok(())
+}
+
+/// SIGTERM (Kubernetes) or SIGINT (a terminal).
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    tracing::info!("shutting down; letting in-flight requests finish");
+}
+
+fn init_logging(format: &str) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        "json" => builder.json().init(),
+        "text" => builder.init(),
+        other => anyhow::bail!("unknown --log-format {other:?} (text or json)"),
+    }
+    Ok(())
+}

@@ -1,0 +1,168 @@
+//! The proxy's own metrics, served on the admin listener. Names are
+//! `tenant_proxy_*`; labels are bounded (tenant, surface, status class,
+//! reason, kind): never a username, path or query.
+
+use std::sync::atomic::AtomicU64;
+use std::time::{Duration, SystemTime};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::{Family, MetricConstructor};
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// Empty before authentication succeeded.
+    pub tenant: String,
+    /// `logs_push`, `logs_query`, ... or `none` when no route matched.
+    pub surface: &'static str,
+    /// `2xx`, `4xx`, ...
+    pub status_class: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SurfaceLabels {
+    pub surface: &'static str,
+}
+
+#[derive(Clone)]
+pub struct LatencyHistogram;
+
+impl MetricConstructor<Histogram> for LatencyHistogram {
+    fn new_metric(&self) -> Histogram {
+        // 1 ms .. ~65 s
+        Histogram::new(exponential_buckets(0.001, 2.0, 17))
+    }
+}
+
+pub struct Metrics {
+    registry: Registry,
+    pub requests: Family<RequestLabels, Counter>,
+    pub auth_failures: Family<ReasonLabels, Counter>,
+    pub errors: Family<ReasonLabels, Counter>,
+    pub upstream_duration: Family<SurfaceLabels, Histogram, LatencyHistogram>,
+    pub tenants_generation: Gauge,
+    pub tenants_loaded: Gauge,
+    pub credentials_loaded: Gauge,
+    pub reload_failures: Counter,
+    pub last_reload_success: Gauge,
+    pub last_reload_timestamp: Gauge<f64, AtomicU64>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("tenant_proxy");
+        let requests = Family::default();
+        registry.register(
+            "requests",
+            "Requests answered, by tenant, surface and status class",
+            requests.clone(),
+        );
+        let auth_failures = Family::default();
+        registry.register(
+            "auth_failures",
+            "Failed authentications by reason",
+            auth_failures.clone(),
+        );
+        let errors = Family::default();
+        registry.register(
+            "errors",
+            "Requests the proxy answered with an error of its own, by kind",
+            errors.clone(),
+        );
+        let upstream_duration = Family::new_with_constructor(LatencyHistogram);
+        registry.register(
+            "upstream_duration_seconds",
+            "Time until the upstream's response head, by surface",
+            upstream_duration.clone(),
+        );
+        let tenants_generation = Gauge::default();
+        registry.register(
+            "tenants_generation",
+            "Generation of the tenants file in force (0: none loaded)",
+            tenants_generation.clone(),
+        );
+        let tenants_loaded = Gauge::default();
+        registry.register("tenants", "Tenants in force", tenants_loaded.clone());
+        let credentials_loaded = Gauge::default();
+        registry.register(
+            "credentials",
+            "Credentials in force",
+            credentials_loaded.clone(),
+        );
+        let reload_failures = Counter::default();
+        registry.register(
+            "tenants_reload_failures",
+            "Tenants file loads that failed (the previous generation stayed in force)",
+            reload_failures.clone(),
+        );
+        let last_reload_success = Gauge::default();
+        registry.register(
+            "tenants_last_reload_success",
+            "1 if the last tenants file load succeeded, else 0",
+            last_reload_success.clone(),
+        );
+        let last_reload_timestamp = Gauge::default();
+        registry.register(
+            "tenants_last_reload_timestamp_seconds",
+            "Unix time of the last tenants file load attempt",
+            last_reload_timestamp.clone(),
+        );
+        Self {
+            registry,
+            requests,
+            auth_failures,
+            errors,
+            upstream_duration,
+            tenants_generation,
+            tenants_loaded,
+            credentials_loaded,
+            reload_failures,
+            last_reload_success,
+            last_reload_timestamp,
+        }
+    }
+}
+
+impl Metrics {
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+
+    pub fn record_reload(&self, success: bool) {
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or(Duration::ZERO);
+        self.last_reload_timestamp.set(now.as_secs_f64());
+        self.last_reload_success.set(i64::from(success));
+        if !success {
+            self.reload_failures.inc();
+        }
+    }
+}
+
+pub fn status_class(status: http::StatusCode) -> &'static str {
+    match status.as_u16() {
+        100..=199 => "1xx",
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        _ => "5xx",
+    }
+}

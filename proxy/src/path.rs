@@ -1,0 +1,89 @@
+//! Request path normalisation. Routing decisions are made on the normalised
+//! path and the same normalised path is forwarded, so what was checked is
+//! exactly what the upstream sees.
+
+use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+
+/// Everything but RFC 3986 unreserved characters and `:` `@` is re-encoded.
+const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~')
+    .remove(b':')
+    .remove(b'@');
+
+/// Decodes percent-escapes per segment, drops empty and `.` segments,
+/// resolves `..`, and re-encodes. Refuses what cannot be made unambiguous:
+/// an encoded `/` (it would change the segments an upstream sees), NUL,
+/// invalid UTF-8, and `..` above the root.
+pub fn normalise(raw: &str) -> Result<String, &'static str> {
+    if !raw.starts_with('/') {
+        return Err("path must start with '/'");
+    }
+    let mut segments: Vec<String> = Vec::new();
+    for segment in raw.split('/') {
+        let decoded = percent_decode_str(segment)
+            .decode_utf8()
+            .map_err(|_| "path is not valid UTF-8")?;
+        if decoded.contains('/') {
+            return Err("encoded '/' in path");
+        }
+        if decoded.contains('\0') {
+            return Err("NUL in path");
+        }
+        match &*decoded {
+            "" | "." => {}
+            ".." => {
+                segments.pop().ok_or("path climbs above the root")?;
+            }
+            other => segments.push(other.to_owned()),
+        }
+    }
+    let mut out = String::with_capacity(raw.len());
+    for segment in &segments {
+        out.push('/');
+        out.extend(utf8_percent_encode(segment, SEGMENT));
+    }
+    if out.is_empty() {
+        out.push('/');
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::normalise;
+
+    #[test]
+    fn collapses_slashes_dots_and_trailing_slash() {
+        let cases = [
+            ("/loki/api/v1//push", "/loki/api/v1/push"),
+            ("/loki/api/v1/query/", "/loki/api/v1/query"),
+            ("/loki/./api/v1/query", "/loki/api/v1/query"),
+            ("/loki/api/v1/x/../query", "/loki/api/v1/query"),
+            ("/loki/api/v1/%2e%2e/v1/push", "/loki/api/v1/push"),
+            ("/loki/api/v1/%71uery", "/loki/api/v1/query"),
+            ("/", "/"),
+            ("//", "/"),
+        ];
+        for (raw, want) in cases {
+            assert_eq!(normalise(raw).as_deref(), Ok(want), "{raw}");
+        }
+    }
+
+    #[test]
+    fn re_encodes_what_it_decoded() {
+        assert_eq!(
+            normalise("/loki/api/v1/label/a%20b/values").unwrap(),
+            "/loki/api/v1/label/a%20b/values"
+        );
+    }
+
+    #[test]
+    fn refuses_ambiguous_paths() {
+        for raw in ["/loki%2fapi", "/..", "/a/../..", "/a%00", "/%ff", "loki"] {
+            assert!(normalise(raw).is_err(), "{raw}");
+        }
+    }
+}

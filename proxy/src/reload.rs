@@ -1,0 +1,217 @@
+//! Keeps the tenants file in force: load → validate → swap, atomically.
+//!
+//! Readers take the current generation with one `ArcSwap` load per request
+//! and keep it for that request, so a reload never disturbs requests in
+//! flight, and the next request (even on the same keep-alive connection)
+//! sees the new generation. An invalid file is logged and counted, and the
+//! last good generation stays in force. The file is watched (its directory,
+//! since Kubernetes volumes and tenant-sync replace it by rename) and also
+//! re-read every poll interval as a fallback; unchanged content is skipped.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use notify::{RecursiveMode, Watcher};
+use tokio::sync::{mpsc, watch};
+
+use crate::metrics::Metrics;
+use crate::tenants::TenantStore;
+use crate::tenants_file::{self, TenantsFileError};
+
+/// What the last load attempt did; published for readiness and for tests.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReloadStatus {
+    /// Load attempts on new content, successful or not.
+    pub attempts: u64,
+    /// Generation in force; 0 while none is loaded.
+    pub generation: u64,
+    /// The error of the last attempt, if it failed.
+    pub last_error: Option<String>,
+}
+
+/// The tenants in force, shared by every request.
+#[derive(Debug)]
+pub struct Tenants {
+    current: ArcSwapOption<TenantStore>,
+    status: watch::Sender<ReloadStatus>,
+}
+
+impl Default for Tenants {
+    fn default() -> Self {
+        Self {
+            current: ArcSwapOption::empty(),
+            status: watch::Sender::new(ReloadStatus::default()),
+        }
+    }
+}
+
+impl Tenants {
+    /// The generation in force, or `None` before the first successful load.
+    pub fn current(&self) -> Option<Arc<TenantStore>> {
+        self.current.load_full()
+    }
+
+    pub fn is_loaded(&self) -> bool {
+        self.current.load().is_some()
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<ReloadStatus> {
+        self.status.subscribe()
+    }
+}
+
+// === impl Reloader ===
+
+pub struct Reloader {
+    path: PathBuf,
+    tenants: Arc<Tenants>,
+    metrics: Arc<Metrics>,
+    /// Digest of the content last attempted, to skip unchanged files.
+    last_seen: Option<blake3::Hash>,
+}
+
+impl Reloader {
+    pub fn new(path: PathBuf, tenants: Arc<Tenants>, metrics: Arc<Metrics>) -> Self {
+        Self {
+            path,
+            tenants,
+            metrics,
+            last_seen: None,
+        }
+    }
+
+    /// Start-up load. A missing file is not an error (the sidecar may not
+    /// have written it yet: the proxy starts unready); an invalid one is.
+    pub fn load_initial(&mut self) -> Result<(), TenantsFileError> {
+        match std::fs::read(&self.path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                tracing::warn!(path = %self.path.display(), "tenants file not found yet; not ready until it appears");
+                Ok(())
+            }
+            Err(e) => Err(TenantsFileError {
+                path: self.path.display().to_string(),
+                message: e.to_string(),
+            }),
+            Ok(bytes) => self.apply(&bytes),
+        }
+    }
+
+    /// Watches and polls until `shutdown` resolves.
+    pub async fn run(
+        mut self,
+        poll_interval: Duration,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) {
+        let (events_tx, mut events_rx) = mpsc::channel::<()>(1);
+        // Keep the watcher alive for as long as we run; without it we still poll.
+        let _watcher = watch_directory(&self.path, events_tx)
+            .map_err(|e| tracing::warn!(error = %e, "cannot watch the tenants file; polling only"))
+            .ok();
+        let mut poll = tokio::time::interval(poll_interval);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = poll.tick() => {}
+                Some(()) = events_rx.recv() => {}
+            }
+            self.check().await;
+        }
+    }
+
+    async fn check(&mut self) {
+        let bytes = match tokio::fs::read(&self.path).await {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                if self.tenants.is_loaded() && self.last_seen.take().is_some() {
+                    tracing::warn!(path = %self.path.display(), "tenants file disappeared; keeping the last good generation");
+                }
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(path = %self.path.display(), error = %e, "cannot read the tenants file");
+                return;
+            }
+        };
+        // Errors were logged and counted by `apply`.
+        let _ = self.apply(&bytes);
+    }
+
+    fn apply(&mut self, bytes: &[u8]) -> Result<(), TenantsFileError> {
+        let digest = blake3::hash(bytes);
+        if self.last_seen == Some(digest) {
+            return Ok(());
+        }
+        self.last_seen = Some(digest);
+        let generation = self.tenants.status.borrow().generation + 1;
+        let result = std::str::from_utf8(bytes)
+            .map_err(|_| "the tenants file is not UTF-8".to_string())
+            .and_then(|text| tenants_file::parse(text, generation))
+            .map_err(|message| TenantsFileError {
+                path: self.path.display().to_string(),
+                message,
+            });
+        self.metrics.record_reload(result.is_ok());
+        let outcome = match result {
+            Ok((store, notes)) => {
+                if notes.plaintext_passwords {
+                    tracing::warn!(path = %self.path.display(), "tenants file holds plaintext passwords (k8spin authn.yaml format); prefer argon2id hashes");
+                }
+                tracing::info!(
+                    generation,
+                    tenants = store.tenants().len(),
+                    credentials = store.credential_count(),
+                    "tenants file loaded"
+                );
+                self.metrics.tenants_generation.set(generation as i64);
+                self.metrics
+                    .tenants_loaded
+                    .set(store.tenants().len() as i64);
+                self.metrics
+                    .credentials_loaded
+                    .set(store.credential_count() as i64);
+                self.tenants.current.store(Some(Arc::new(store)));
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "tenants file rejected; the previous generation stays in force");
+                Err(e)
+            }
+        };
+        self.tenants.status.send_modify(|status| {
+            status.attempts += 1;
+            match &outcome {
+                Ok(()) => {
+                    status.generation = generation;
+                    status.last_error = None;
+                }
+                Err(e) => status.last_error = Some(e.message.clone()),
+            }
+        });
+        outcome
+    }
+}
+
+/// Watches the directory holding `path`: editors, tenant-sync and kubelet
+/// replace files by rename, which a watch on the file itself would lose.
+fn watch_directory(
+    path: &Path,
+    events: mpsc::Sender<()>,
+) -> notify::Result<notify::RecommendedWatcher> {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or_else(|| Path::new("."))
+        .to_owned();
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        if event.is_ok() {
+            // A full channel already holds a wake-up: nothing is lost.
+            let _ = events.try_send(());
+        }
+    })?;
+    watcher.watch(&dir, RecursiveMode::NonRecursive)?;
+    Ok(watcher)
+}

@@ -1,0 +1,98 @@
+//! Accepting connections and serving them until shutdown, then letting
+//! in-flight requests finish within the grace period.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::body::ProxyBody;
+use crate::config::Limits;
+
+/// A shutdown signal many tasks can wait on.
+#[derive(Clone, Debug)]
+pub struct Shutdown(watch::Receiver<bool>);
+
+impl Shutdown {
+    pub fn new(trigger: impl Future<Output = ()> + Send + 'static) -> Self {
+        let (tx, rx) = watch::channel(false);
+        tokio::spawn(async move {
+            trigger.await;
+            let _ = tx.send(true);
+        });
+        Self(rx)
+    }
+
+    pub async fn wait(mut self) {
+        // An error means the sender is gone, which also means: stop.
+        let _ = self.0.wait_for(|stop| *stop).await;
+    }
+}
+
+/// Serves HTTP/1.1 (with upgrades, for live tail) and HTTP/2 on `listener`,
+/// calling `handler` per request with the peer's address.
+pub async fn serve_connections<H, F>(
+    listener: TcpListener,
+    limits: &Limits,
+    handler: H,
+    shutdown: Shutdown,
+) where
+    H: Fn(SocketAddr, Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Result<Response<ProxyBody>, Infallible>> + Send + 'static,
+{
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(limits.max_header_bytes);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(limits.max_header_bytes as u32);
+    let graceful = GracefulShutdown::new();
+    let stop = shutdown.wait();
+    tokio::pin!(stop);
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = &mut stop => break,
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => pair,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off, don't spin.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let handler = handler.clone();
+        let service = service_fn(move |request| handler(peer, request));
+        let connection = builder
+            .serve_connection_with_upgrades(TokioIo::new(stream), service)
+            .into_owned();
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(limits.shutdown_grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("shutdown grace period over; closing remaining connections");
+    }
+}

@@ -1,0 +1,244 @@
+//! Tenants and credentials as the hot path sees them: validated, immutable,
+//! indexed by username. One `TenantStore` is one generation of the tenants
+//! file; reloads replace it whole (see `reload.rs`).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use crate::password::Verifier;
+
+// === impl TenantId ===
+
+/// A tenant id as Loki, Mimir and Cortex accept it in `X-Scope-OrgID`
+/// (dskit's tenant rules): 1-150 bytes of `[A-Za-z0-9!-_.*'()]`, not `.` or
+/// `..`. Excluding `|` and `:` matters most: `a|b` is a cross-tenant query and
+/// `a:x` carries tenant metadata.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TenantId(String);
+
+pub const MAX_TENANT_ID_LEN: usize = 150;
+
+impl TenantId {
+    pub fn parse(value: &str) -> Result<Self, String> {
+        if value.is_empty() {
+            return Err("tenant id must not be empty".into());
+        }
+        if value.len() > MAX_TENANT_ID_LEN {
+            return Err(format!("tenant id longer than {MAX_TENANT_ID_LEN} bytes"));
+        }
+        if value == "." || value == ".." {
+            return Err("tenant id must not be '.' or '..'".into());
+        }
+        if let Some(bad) = value.chars().find(|c| !is_tenant_id_char(*c)) {
+            return Err(format!(
+                "tenant id {value:?} contains {bad:?}; allowed are letters, digits and !-_.*'()"
+            ));
+        }
+        Ok(Self(value.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+fn is_tenant_id_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '!' | '-' | '_' | '.' | '*' | '\'' | '(' | ')')
+}
+
+impl TryFrom<String> for TenantId {
+    type Error = String;
+    fn try_from(value: String) -> Result<Self, String> {
+        Self::parse(&value)
+    }
+}
+
+impl fmt::Display for TenantId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for TenantId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "TenantId({})", self.0)
+    }
+}
+
+// === impl Scope ===
+
+/// What a credential may do. Routes name the one scope they need.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Deserialize, serde::Serialize)]
+pub enum Scope {
+    #[serde(rename = "logs:read")]
+    LogsRead,
+    #[serde(rename = "logs:write")]
+    LogsWrite,
+    #[serde(rename = "metrics:read")]
+    MetricsRead,
+    #[serde(rename = "metrics:write")]
+    MetricsWrite,
+}
+
+impl Scope {
+    pub const ALL: [Scope; 4] = [
+        Scope::LogsRead,
+        Scope::LogsWrite,
+        Scope::MetricsRead,
+        Scope::MetricsWrite,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::LogsRead => "logs:read",
+            Scope::LogsWrite => "logs:write",
+            Scope::MetricsRead => "metrics:read",
+            Scope::MetricsWrite => "metrics:write",
+        }
+    }
+
+    fn bit(self) -> u8 {
+        1 << (self as u8)
+    }
+}
+
+impl fmt::Display for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A set of scopes as a bit set: the hot path checks one bit.
+#[derive(Clone, Copy, PartialEq, Eq, Default)]
+pub struct Scopes(u8);
+
+impl Scopes {
+    pub fn all() -> Self {
+        Scope::ALL.into_iter().collect()
+    }
+
+    pub fn contains(self, scope: Scope) -> bool {
+        self.0 & scope.bit() != 0
+    }
+
+    pub fn iter(self) -> impl Iterator<Item = Scope> {
+        Scope::ALL.into_iter().filter(move |s| self.contains(*s))
+    }
+}
+
+impl FromIterator<Scope> for Scopes {
+    fn from_iter<I: IntoIterator<Item = Scope>>(iter: I) -> Self {
+        Scopes(iter.into_iter().fold(0, |bits, s| bits | s.bit()))
+    }
+}
+
+impl fmt::Debug for Scopes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+// === impl Tenant, Credential ===
+
+#[derive(Debug)]
+pub struct Tenant {
+    pub id: TenantId,
+    /// Values of the metrics tenant label this tenant owns; never empty.
+    pub namespaces: Vec<String>,
+}
+
+/// One username's way in. `Debug` shows no secret (see `Verifier`).
+#[derive(Debug)]
+pub struct Credential {
+    pub username: String,
+    pub verifier: Verifier,
+    pub tenant: Arc<Tenant>,
+    pub scopes: Scopes,
+    /// `verifier.fingerprint()`, computed once: the auth cache compares it on
+    /// every request to notice a changed password.
+    pub fingerprint: [u8; 32],
+}
+
+impl Credential {
+    pub fn new(username: String, verifier: Verifier, tenant: Arc<Tenant>, scopes: Scopes) -> Self {
+        let fingerprint = verifier.fingerprint();
+        Self {
+            username,
+            verifier,
+            tenant,
+            scopes,
+            fingerprint,
+        }
+    }
+}
+
+// === impl TenantStore ===
+
+/// One loaded generation of the tenants file.
+#[derive(Debug)]
+pub struct TenantStore {
+    pub generation: u64,
+    tenants: Vec<Arc<Tenant>>,
+    credentials: HashMap<String, Arc<Credential>>,
+}
+
+impl TenantStore {
+    /// Callers (the tenants file parser) guarantee unique usernames.
+    pub fn new(generation: u64, tenants: Vec<Arc<Tenant>>, credentials: Vec<Credential>) -> Self {
+        let credentials = credentials
+            .into_iter()
+            .map(|c| (c.username.clone(), Arc::new(c)))
+            .collect();
+        Self {
+            generation,
+            tenants,
+            credentials,
+        }
+    }
+
+    pub fn credential(&self, username: &str) -> Option<&Arc<Credential>> {
+        self.credentials.get(username)
+    }
+
+    pub fn credential_count(&self) -> usize {
+        self.credentials.len()
+    }
+
+    pub fn tenants(&self) -> &[Arc<Tenant>] {
+        &self.tenants
+    }
+
+    /// Credentials sorted by username, for summaries.
+    pub fn credentials_sorted(&self) -> Vec<&Arc<Credential>> {
+        let mut all: Vec<_> = self.credentials.values().collect();
+        all.sort_by(|a, b| a.username.cmp(&b.username));
+        all
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tenant_id_rejects_multi_tenant_and_metadata_separators() {
+        assert!(TenantId::parse("team-a").is_ok());
+        assert!(TenantId::parse("a|b").is_err());
+        assert!(TenantId::parse("a:b").is_err());
+        assert!(TenantId::parse("").is_err());
+        assert!(TenantId::parse("..").is_err());
+        assert!(TenantId::parse("a b").is_err());
+        assert!(TenantId::parse("a\nb").is_err());
+        assert!(TenantId::parse(&"x".repeat(150)).is_ok());
+        assert!(TenantId::parse(&"x".repeat(151)).is_err());
+    }
+
+    #[test]
+    fn scopes_hold_exactly_what_was_given() {
+        let s: Scopes = [Scope::LogsRead, Scope::MetricsRead].into_iter().collect();
+        assert!(s.contains(Scope::LogsRead));
+        assert!(!s.contains(Scope::LogsWrite));
+        assert_eq!(Scopes::all().iter().count(), 4);
+    }
+}

@@ -1,0 +1,347 @@
+//! Parsing and validating the tenants file, the contract between tenant-sync
+//! (or an operator) and the proxy. Two formats are read:
+//!
+//! - the native, versioned format (`tenants:`), with argon2id hashes only;
+//! - k8spin's `authn.yaml` (`users: [{username, password, orgid}]`), plaintext,
+//!   so users of that proxy can migrate without rewriting their Secret.
+//!
+//! Everything is checked before a store is built: a file either loads whole
+//! or not at all, so the last good generation stays in force.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::sync::Arc;
+
+use serde::Deserialize;
+
+use crate::password::Verifier;
+use crate::tenants::{Credential, Scope, Scopes, Tenant, TenantId, TenantStore};
+
+/// The only version of the native format so far.
+pub const CURRENT_VERSION: u32 = 1;
+
+#[derive(Debug, thiserror::Error)]
+#[error("{path}: {message}")]
+pub struct TenantsFileError {
+    pub path: String,
+    pub message: String,
+}
+
+/// What a successful parse yields besides the store: facts worth a log line.
+#[derive(Debug, Default)]
+pub struct LoadNotes {
+    /// The file was in k8spin's plaintext format.
+    pub plaintext_passwords: bool,
+}
+
+// === native format ===
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NativeFile {
+    /// Format version; absent means the current one.
+    #[serde(default = "current_version")]
+    version: u32,
+    #[serde(default)]
+    tenants: Vec<NativeTenant>,
+}
+
+fn current_version() -> u32 {
+    CURRENT_VERSION
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NativeTenant {
+    #[serde(deserialize_with = "tenant_id")]
+    id: TenantId,
+    /// Label values owned for metrics; absent means `[id]`. Present but empty
+    /// is an error: an empty set must never read as "no filter".
+    namespaces: Option<Vec<String>>,
+    #[serde(default)]
+    users: Vec<NativeUser>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NativeUser {
+    username: String,
+    password_hash: String,
+    /// Absent means all four scopes.
+    scopes: Option<Vec<Scope>>,
+}
+
+fn tenant_id<'de, D: serde::Deserializer<'de>>(d: D) -> Result<TenantId, D::Error> {
+    let raw = String::deserialize(d)?;
+    TenantId::parse(&raw).map_err(serde::de::Error::custom)
+}
+
+// === k8spin format ===
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct K8spinFile {
+    users: Vec<K8spinUser>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct K8spinUser {
+    username: String,
+    password: String,
+    #[serde(deserialize_with = "tenant_id")]
+    orgid: TenantId,
+}
+
+// === parsing ===
+
+pub fn load(path: &Path, generation: u64) -> Result<(TenantStore, LoadNotes), TenantsFileError> {
+    let text = std::fs::read_to_string(path).map_err(|e| TenantsFileError {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    })?;
+    parse(&text, generation).map_err(|message| TenantsFileError {
+        path: path.display().to_string(),
+        message,
+    })
+}
+
+/// Parses either format; errors carry the line and column where serde knows them.
+pub fn parse(text: &str, generation: u64) -> Result<(TenantStore, LoadNotes), String> {
+    let is_k8spin = top_level_keys(text)?.iter().any(|k| k == "users");
+    let (tenants, credentials) = if is_k8spin {
+        let file: K8spinFile = serde_yaml_ng::from_str(text).map_err(|e| e.to_string())?;
+        from_k8spin(file)?
+    } else {
+        let file: NativeFile = serde_yaml_ng::from_str(text).map_err(|e| e.to_string())?;
+        from_native(file)?
+    };
+    let notes = LoadNotes {
+        plaintext_passwords: is_k8spin,
+    };
+    Ok((TenantStore::new(generation, tenants, credentials), notes))
+}
+
+/// Decides the format from the document's top-level keys.
+fn top_level_keys(text: &str) -> Result<Vec<String>, String> {
+    let value: serde_yaml_ng::Value = serde_yaml_ng::from_str(text).map_err(|e| e.to_string())?;
+    match value {
+        serde_yaml_ng::Value::Mapping(map) => Ok(map
+            .keys()
+            .filter_map(|k| k.as_str().map(str::to_owned))
+            .collect()),
+        // An empty file is an empty native file.
+        serde_yaml_ng::Value::Null => Ok(Vec::new()),
+        _ => Err("the tenants file must be a mapping with a `tenants` key".into()),
+    }
+}
+
+fn from_native(file: NativeFile) -> Result<(Vec<Arc<Tenant>>, Vec<Credential>), String> {
+    if file.version != CURRENT_VERSION {
+        return Err(format!(
+            "unsupported tenants file version {} (this proxy reads version {CURRENT_VERSION})",
+            file.version
+        ));
+    }
+    let mut checks = UniquenessChecks::default();
+    let mut tenants = Vec::new();
+    let mut credentials = Vec::new();
+    for t in file.tenants {
+        let namespaces = match t.namespaces {
+            None => vec![t.id.as_str().to_owned()],
+            Some(ns) if ns.is_empty() => {
+                return Err(format!("tenant {}: `namespaces` must not be empty", t.id))
+            }
+            Some(ns) => ns,
+        };
+        checks.tenant(&t.id, &namespaces)?;
+        let tenant = Arc::new(Tenant {
+            id: t.id,
+            namespaces,
+        });
+        for u in t.users {
+            let context = format!("tenant {}, user {:?}", tenant.id, u.username);
+            checks
+                .username(&u.username)
+                .map_err(|e| format!("{context}: {e}"))?;
+            let verifier =
+                Verifier::argon2id(&u.password_hash).map_err(|e| format!("{context}: {e}"))?;
+            let scopes = match u.scopes {
+                None => Scopes::all(),
+                Some(list) if list.is_empty() => {
+                    return Err(format!("{context}: `scopes` must not be empty"))
+                }
+                Some(list) => list.into_iter().collect(),
+            };
+            credentials.push(Credential::new(
+                u.username,
+                verifier,
+                tenant.clone(),
+                scopes,
+            ));
+        }
+        tenants.push(tenant);
+    }
+    Ok((tenants, credentials))
+}
+
+fn from_k8spin(file: K8spinFile) -> Result<(Vec<Arc<Tenant>>, Vec<Credential>), String> {
+    let mut checks = UniquenessChecks::default();
+    let mut tenants: HashMap<TenantId, Arc<Tenant>> = HashMap::new();
+    let mut credentials = Vec::new();
+    for u in file.users {
+        checks
+            .username(&u.username)
+            .map_err(|e| format!("user {:?}: {e}", u.username))?;
+        if u.password.is_empty() {
+            return Err(format!("user {:?}: empty password", u.username));
+        }
+        let tenant = tenants
+            .entry(u.orgid.clone())
+            .or_insert_with(|| {
+                Arc::new(Tenant {
+                    namespaces: vec![u.orgid.as_str().to_owned()],
+                    id: u.orgid,
+                })
+            })
+            .clone();
+        let verifier = Verifier::plaintext(&u.password);
+        credentials.push(Credential::new(u.username, verifier, tenant, Scopes::all()));
+    }
+    let mut tenants: Vec<_> = tenants.into_values().collect();
+    tenants.sort_by(|a, b| a.id.cmp(&b.id));
+    Ok((tenants, credentials))
+}
+
+/// Rules that span entries: ids, usernames and namespaces are each owned once.
+#[derive(Default)]
+struct UniquenessChecks {
+    tenant_ids: HashSet<TenantId>,
+    usernames: HashSet<String>,
+    namespace_owner: HashMap<String, TenantId>,
+}
+
+impl UniquenessChecks {
+    fn tenant(&mut self, id: &TenantId, namespaces: &[String]) -> Result<(), String> {
+        if !self.tenant_ids.insert(id.clone()) {
+            return Err(format!("tenant {id} is listed twice"));
+        }
+        for ns in namespaces {
+            if ns.is_empty() || ns.chars().any(char::is_control) {
+                return Err(format!("tenant {id}: invalid namespace {ns:?}"));
+            }
+            if let Some(owner) = self.namespace_owner.insert(ns.clone(), id.clone()) {
+                if &owner != id {
+                    return Err(format!(
+                        "namespace {ns:?} is claimed by tenants {owner} and {id}"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn username(&mut self, username: &str) -> Result<(), String> {
+        // Basic auth splits user and password at the first ':' (RFC 7617).
+        if username.is_empty() || username.contains(':') || username.chars().any(char::is_control) {
+            return Err("username must be non-empty, without ':' or control characters".into());
+        }
+        if !self.usernames.insert(username.to_owned()) {
+            return Err("username is used more than once".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::password::hash_password;
+
+    fn native(extra_user_fields: &str) -> String {
+        let hash = hash_password("pw").unwrap();
+        format!(
+            "tenants:\n  - id: team-a\n    users:\n      - username: u1\n        password_hash: \"{hash}\"\n{extra_user_fields}"
+        )
+    }
+
+    #[test]
+    fn native_defaults_namespaces_and_scopes() {
+        let (store, notes) = parse(&native(""), 7).unwrap();
+        assert_eq!(store.generation, 7);
+        assert!(!notes.plaintext_passwords);
+        let cred = store.credential("u1").unwrap();
+        assert_eq!(cred.tenant.id.as_str(), "team-a");
+        assert_eq!(cred.tenant.namespaces, vec!["team-a".to_string()]);
+        assert_eq!(cred.scopes, Scopes::all());
+    }
+
+    #[test]
+    fn native_reads_explicit_scopes() {
+        let (store, _) = parse(&native("        scopes: [logs:read]\n"), 1).unwrap();
+        let scopes = store.credential("u1").unwrap().scopes;
+        assert!(scopes.contains(Scope::LogsRead));
+        assert!(!scopes.contains(Scope::LogsWrite));
+    }
+
+    #[test]
+    fn errors_name_the_line_of_an_invalid_tenant_id() {
+        let err = parse("tenants:\n  - id: \"a|b\"\n", 1).unwrap_err();
+        assert!(err.contains("line 2"), "{err}");
+        assert!(err.contains('|'), "{err}");
+    }
+
+    #[test]
+    fn unknown_keys_are_errors() {
+        let err = parse(&native("        admin: true\n"), 1).unwrap_err();
+        assert!(err.contains("unknown field `admin`"), "{err}");
+    }
+
+    #[test]
+    fn empty_namespaces_and_scopes_are_errors() {
+        assert!(parse("tenants:\n  - id: a\n    namespaces: []\n", 1).is_err());
+        assert!(parse(&native("        scopes: []\n"), 1).is_err());
+    }
+
+    #[test]
+    fn duplicates_are_errors() {
+        let hash = hash_password("pw").unwrap();
+        let dup_user = format!(
+            "tenants:\n- id: a\n  users: [{{username: u, password_hash: \"{hash}\"}}]\n- id: b\n  users: [{{username: u, password_hash: \"{hash}\"}}]\n"
+        );
+        assert!(parse(&dup_user, 1).unwrap_err().contains("more than once"));
+        let dup_ns = "tenants:\n- id: a\n  namespaces: [x]\n- id: b\n  namespaces: [x]\n";
+        assert!(parse(dup_ns, 1).unwrap_err().contains("claimed by"));
+        assert!(parse("tenants:\n- id: a\n- id: a\n", 1)
+            .unwrap_err()
+            .contains("twice"));
+    }
+
+    #[test]
+    fn rejects_non_argon2id_hashes_and_future_versions() {
+        let bad = "tenants:\n- id: a\n  users: [{username: u, password_hash: \"{SHA}abc\"}]\n";
+        assert!(parse(bad, 1).unwrap_err().contains("user \"u\""));
+        assert!(parse("version: 2\ntenants: []\n", 1)
+            .unwrap_err()
+            .contains("version 2"));
+    }
+
+    #[test]
+    fn reads_k8spin_authn_format_as_plaintext() {
+        let text = "users:\n  - username: a\n    password: pa\n    orgid: team-a\n  - username: b\n    password: pb\n    orgid: team-a\n";
+        let (store, notes) = parse(text, 1).unwrap();
+        assert!(notes.plaintext_passwords);
+        assert_eq!(store.tenants().len(), 1);
+        let cred = store.credential("b").unwrap();
+        assert!(cred.verifier.verify("pb"));
+        assert!(!cred.verifier.verify("pa"));
+        assert_eq!(cred.tenant.id.as_str(), "team-a");
+    }
+
+    #[test]
+    fn k8spin_orgid_is_validated() {
+        let text = "users:\n  - username: a\n    password: pa\n    orgid: \"x|y\"\n";
+        let err = parse(text, 1).unwrap_err();
+        assert!(err.contains("line 2"), "{err}");
+    }
+}

@@ -1,0 +1,168 @@
+//! The upstream client and the header hygiene of a forwarded request.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+use crate::body::ProxyBody;
+use crate::error::ProxyError;
+use crate::headers::{IDENTITY_HEADERS, KEEP_ALIVE, PROXY_CONNECTION, X_FORWARDED_FOR};
+
+pub type HttpClient = Client<HttpConnector, ProxyBody>;
+
+/// One pooled client for all upstreams: connections are reused across
+/// requests and tenants (the tenant travels in a header, not the connection).
+pub fn client() -> HttpClient {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(Duration::from_secs(5)));
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_max_idle_per_host(256)
+        .build(connector)
+}
+
+/// Hop-by-hop headers (RFC 9110 §7.6.1) that never cross the proxy, besides
+/// whatever the `Connection` header lists.
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    KEEP_ALIVE,
+    PROXY_CONNECTION,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+/// Removes hop-by-hop headers, including those the `Connection` header names.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let listed: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in listed.iter().chain(HOP_BY_HOP.iter()) {
+        headers.remove(name);
+    }
+}
+
+/// Makes a client's headers fit to forward: hop-by-hop and identity headers
+/// removed (every copy, any case), `Host` left for the client to set from the
+/// upstream URI, the client's address appended to `X-Forwarded-For`, and
+/// finally the tenant header set. Stripping before setting is what makes a
+/// spoofed tenant header impossible to pass through.
+pub fn prepare_request_headers(
+    headers: &mut HeaderMap,
+    client: IpAddr,
+    tenant_header: &HeaderName,
+    tenant: &str,
+    upgrade: Option<HeaderValue>,
+) -> Result<(), ProxyError> {
+    strip_hop_by_hop(headers);
+    for name in IDENTITY_HEADERS.iter().chain([tenant_header]) {
+        headers.remove(name);
+    }
+    headers.remove(header::HOST);
+
+    let forwarded_for = match headers.remove(X_FORWARDED_FOR) {
+        Some(previous) => format!("{}, {client}", previous.to_str().unwrap_or_default()),
+        None => client.to_string(),
+    };
+    let forwarded_for = HeaderValue::from_str(&forwarded_for)
+        .map_err(|_| ProxyError::Internal("unencodable X-Forwarded-For".into()))?;
+    headers.insert(X_FORWARDED_FOR, forwarded_for);
+
+    // Tenant ids are validated to a header-safe charset when loaded.
+    let tenant = HeaderValue::from_str(tenant)
+        .map_err(|_| ProxyError::Internal("tenant id is not a header value".into()))?;
+    headers.insert(tenant_header.clone(), tenant);
+
+    if let Some(protocol) = upgrade {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(header::UPGRADE, protocol);
+    }
+    Ok(())
+}
+
+/// Sends a request and waits for the response head, mapping failures to the
+/// party that caused them: an oversized client body is 413, an unreachable
+/// or misbehaving upstream 502, a slow one 504.
+pub async fn send(
+    client: &HttpClient,
+    request: Request<ProxyBody>,
+    timeout: Duration,
+    body_limit: u64,
+) -> Result<Response<Incoming>, ProxyError> {
+    match tokio::time::timeout(timeout, client.request(request)).await {
+        Err(_) => Err(ProxyError::UpstreamTimeout),
+        Ok(Ok(response)) => Ok(response),
+        Ok(Err(e)) if caused_by_body_limit(&e) => {
+            Err(ProxyError::BodyTooLarge { limit: body_limit })
+        }
+        Ok(Err(e)) => Err(ProxyError::UpstreamUnavailable(Box::new(e))),
+    }
+}
+
+fn caused_by_body_limit(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(error);
+    while let Some(e) = source {
+        if e.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        source = e.source();
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::headers::X_SCOPE_ORGID;
+
+    #[test]
+    fn strips_spoofed_identity_and_sets_the_tenant_once() {
+        let mut h = HeaderMap::new();
+        h.append("X-Scope-OrgID", HeaderValue::from_static("evil"));
+        h.append("x-scope-orgid", HeaderValue::from_static("evil2"));
+        h.append(header::AUTHORIZATION, HeaderValue::from_static("Basic abc"));
+        h.append("x-prom-label-policy", HeaderValue::from_static("evil:{}"));
+        h.append(
+            header::CONNECTION,
+            HeaderValue::from_static("x-secret, keep-alive"),
+        );
+        h.append("x-secret", HeaderValue::from_static("1"));
+        h.append(header::HOST, HeaderValue::from_static("attacker"));
+        let ip: IpAddr = "127.0.0.2".parse().unwrap();
+        prepare_request_headers(&mut h, ip, &X_SCOPE_ORGID, "team-a", None).unwrap();
+        let orgids: Vec<_> = h.get_all(X_SCOPE_ORGID).iter().collect();
+        assert_eq!(orgids, vec![HeaderValue::from_static("team-a")]);
+        for gone in [
+            "authorization",
+            "x-prom-label-policy",
+            "connection",
+            "x-secret",
+            "host",
+        ] {
+            assert!(!h.contains_key(gone), "{gone}");
+        }
+        assert_eq!(h[X_FORWARDED_FOR], "127.0.0.2");
+    }
+
+    #[test]
+    fn appends_to_an_existing_forwarded_for() {
+        let mut h = HeaderMap::new();
+        h.insert(X_FORWARDED_FOR, HeaderValue::from_static("10.0.0.1"));
+        let ip: IpAddr = "127.0.0.1".parse().unwrap();
+        prepare_request_headers(&mut h, ip, &X_SCOPE_ORGID, "t", None).unwrap();
+        assert_eq!(h[X_FORWARDED_FOR], "10.0.0.1, 127.0.0.1");
+    }
+}
