@@ -1,0 +1,62 @@
+//! Every file under examples/ is parsed here, so examples cannot rot; a file
+//! no test knows about fails the build until a check is added for it.
+
+use std::path::{Path, PathBuf};
+
+use tenant_proxy::config::Config;
+use tenant_proxy::tenants_file;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples")
+}
+
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(files_under(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
+
+/// Checks one example file; `false` when no check knows the file.
+fn check(path: &Path) -> bool {
+    let name = path.strip_prefix(root()).unwrap().to_str().unwrap().to_owned();
+    match name.as_str() {
+        "proxy/config.yaml" => {
+            let config = Config::load(path).unwrap();
+            assert!(config.logs.is_some() && config.metrics.is_some());
+            let (store, _) = tenants_file::load(&config.tenants_file, 1).unwrap();
+            assert_eq!(store.tenants().len(), 2);
+        }
+        "proxy/tenants.yaml" => {
+            let (store, notes) = tenants_file::load(path, 1).unwrap();
+            assert!(!notes.plaintext_passwords);
+            // The passwords the file's comment documents are the real ones.
+            for (user, password) in [
+                ("grafana-a", "grafana-a-password"),
+                ("fluentbit-a", "fluentbit-a-password"),
+                ("team-b", "team-b-password"),
+            ] {
+                assert!(store.credential(user).unwrap().verifier.verify(password), "{user}");
+            }
+        }
+        "proxy/k8spin-authn.yaml" => {
+            let (store, notes) = tenants_file::load(path, 1).unwrap();
+            assert!(notes.plaintext_passwords);
+            assert!(store.credential("Grafana").unwrap().verifier.verify("example-only-password"));
+        }
+        _ => return false,
+    }
+    true
+}
+
+#[test]
+fn every_example_file_is_checked() {
+    let unknown: Vec<_> = files_under(&root()).into_iter().filter(|p| !check(p)).collect();
+    assert!(unknown.is_empty(), "example files no test checks: {unknown:?}");
+}

@@ -1,0 +1,451 @@
+//! End-to-end: the real proxy on 127.0.0.1:0 in front of a Loki stand-in.
+
+mod support;
+
+use futures_util::{SinkExt, StreamExt};
+use http::{Method, StatusCode};
+use support::loki::LokiStandIn;
+use support::{basic, closed_port, get, send, ProxyOptions, RunningProxy};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::Message;
+
+const PUSH: &str = "/loki/api/v1/push";
+const QUERY: &str = "/loki/api/v1/query_range?query=%7Bapp%3D%22x%22%7D&limit=10";
+
+async fn setup() -> (LokiStandIn, RunningProxy) {
+    support::captured_logs();
+    let loki = LokiStandIn::start().await;
+    let proxy = RunningProxy::start(ProxyOptions::new(loki.url())).await;
+    (loki, proxy)
+}
+
+async fn push(proxy: &RunningProxy, auth: &str, line: &str) -> support::Reply {
+    send(
+        Method::POST,
+        &proxy.url(PUSH),
+        Some(auth),
+        &[("content-type", "application/json")],
+        line.to_owned(),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn each_tenant_reads_back_only_what_it_pushed() {
+    let (loki, proxy) = setup().await;
+    assert_eq!(push(&proxy, &basic("alice", "alice-pw"), "line-of-a").await.status, StatusCode::NO_CONTENT);
+    assert_eq!(push(&proxy, &basic("bob", "bob-pw"), "line-of-b").await.status, StatusCode::NO_CONTENT);
+
+    let a = get(&proxy.url(QUERY), &basic("alice", "alice-pw")).await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(a.json()["data"]["result"], serde_json::json!(["line-of-a"]));
+    let b = get(&proxy.url(QUERY), &basic("bob", "bob-pw")).await;
+    assert_eq!(b.json()["data"]["result"], serde_json::json!(["line-of-b"]));
+
+    // The query string reached Loki as sent.
+    let last = loki.last();
+    assert_eq!(last.query.as_deref(), Some("query=%7Bapp%3D%22x%22%7D&limit=10"));
+    assert_eq!(last.org_ids(), vec!["team-b"]);
+}
+
+#[tokio::test]
+async fn replaces_spoofed_scope_orgid_in_any_case_and_number() {
+    let (loki, proxy) = setup().await;
+    let reply = send(
+        Method::GET,
+        &proxy.url(QUERY),
+        Some(&basic("alice", "alice-pw")),
+        &[
+            ("X-Scope-OrgID", "team-b"),
+            ("x-scope-orgid", "team-b|team-a"),
+            ("X-SCOPE-ORGID", "team-c"),
+            ("X-Prom-Label-Policy", "team-b:%7B%7D"),
+        ],
+        "",
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.json()["data"]["tenant"], "team-a");
+    let seen = loki.last();
+    assert_eq!(seen.org_ids(), vec!["team-a"]);
+    assert!(!seen.headers.contains_key("x-prom-label-policy"));
+    assert!(!seen.headers.contains_key("authorization"), "Authorization must not be forwarded");
+    assert_eq!(seen.headers["x-forwarded-for"], "127.0.0.1");
+}
+
+#[tokio::test]
+async fn a_tenant_id_with_a_pipe_is_never_loaded_so_never_sent() {
+    let (loki, mut proxy) = setup().await;
+    let evil = support::tenants_yaml(&[support::TenantSpec {
+        id: "team-a|team-b",
+        users: &[("mallory", "m-pw", None)],
+    }]);
+    let status = proxy.rewrite_tenants(&evil).await;
+    assert!(status.last_error.unwrap().contains('|'));
+    let reply = get(&proxy.url(QUERY), &basic("mallory", "m-pw")).await;
+    assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
+    assert!(loki.received().iter().all(|r| r.org_ids().iter().all(|id| !id.contains('|'))));
+}
+
+#[tokio::test]
+async fn scopes_are_enforced_per_route() {
+    let (loki, proxy) = setup().await;
+    let reader = basic("reader-a", "reader-pw");
+    let pusher = basic("pusher-a", "pusher-pw");
+
+    let denied = push(&proxy, &reader, "nope").await;
+    assert_eq!(denied.status, StatusCode::FORBIDDEN);
+    assert!(denied.json()["error"].as_str().unwrap().contains("logs:write"));
+    let denied = get(&proxy.url(QUERY), &pusher).await;
+    assert_eq!(denied.status, StatusCode::FORBIDDEN);
+    assert!(loki.received().is_empty(), "refused requests never reach Loki");
+
+    assert_eq!(push(&proxy, &pusher, "ok").await.status, StatusCode::NO_CONTENT);
+    assert_eq!(get(&proxy.url(QUERY), &reader).await.status, StatusCode::OK);
+    assert_eq!(loki.received().len(), 2);
+}
+
+#[tokio::test]
+async fn admin_and_unknown_paths_are_refused_with_json_404() {
+    let (loki, proxy) = setup().await;
+    let alice = basic("alice", "alice-pw");
+    for path in [
+        "/flush",
+        "/config",
+        "/ring",
+        "/ingester/shutdown",
+        "/distributor/ring",
+        "/loki/api/v1/delete?query=%7Ba%3D%22b%22%7D",
+        "/memberlist",
+        "/metrics",
+        "/loki/api/v1/index/shards",
+        "/api/v1/query?query=up",
+        "/",
+    ] {
+        for method in [Method::GET, Method::POST] {
+            let reply = send(method.clone(), &proxy.url(path), Some(&alice), &[], "").await;
+            assert_eq!(reply.status, StatusCode::NOT_FOUND, "{method} {path}");
+            assert_eq!(reply.json()["status"], "error");
+        }
+    }
+    let wrong_method = send(Method::DELETE, &proxy.url("/loki/api/v1/query"), Some(&alice), &[], "").await;
+    assert_eq!(wrong_method.status, StatusCode::METHOD_NOT_ALLOWED);
+    assert!(loki.received().is_empty());
+}
+
+#[tokio::test]
+async fn path_tricks_are_normalised_before_matching_and_forwarding() {
+    let (loki, proxy) = setup().await;
+    let alice = basic("alice", "alice-pw");
+    let cases = [
+        ("/loki/api/v1//push", "/loki/api/v1/push"),
+        ("/loki/api/v1/./push", "/loki/api/v1/push"),
+        ("/loki/api/v1/x/%2e%2e/push", "/loki/api/v1/push"),
+        ("/loki/api/v1/push/", "/loki/api/v1/push"),
+    ];
+    for (sent, forwarded) in cases {
+        let reply = send(Method::POST, &proxy.url(sent), Some(&alice), &[], "x").await;
+        assert_eq!(reply.status, StatusCode::NO_CONTENT, "{sent}");
+        assert_eq!(loki.last().path, forwarded, "{sent}");
+    }
+    let reply = get(&proxy.url("/loki/api/v1/query/"), &alice).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(loki.last().path, "/loki/api/v1/query");
+
+    let before = loki.received().len();
+    for refused in [
+        "/loki/api/v1/query/%2e%2e/%2e%2e/%2e%2e/%2e%2e/flush",
+        "/loki/api/v1/%2e%2e/%2e%2e/%2e%2e/config",
+    ] {
+        assert_eq!(get(&proxy.url(refused), &alice).await.status, StatusCode::NOT_FOUND, "{refused}");
+    }
+    for bad in ["/loki%2fapi/v1/push", "/loki/api/v1/query%00", "/%2e%2e/loki/api/v1/query"] {
+        assert_eq!(get(&proxy.url(bad), &alice).await.status, StatusCode::BAD_REQUEST, "{bad}");
+    }
+    assert_eq!(loki.received().len(), before);
+}
+
+#[tokio::test]
+async fn unauthenticated_requests_all_get_the_same_401() {
+    let (loki, proxy) = setup().await;
+    let replies = [
+        send(Method::GET, &proxy.url(QUERY), None, &[], "").await,
+        get(&proxy.url(QUERY), &basic("alice", "wrong")).await,
+        get(&proxy.url(QUERY), &basic("nobody", "alice-pw")).await,
+        get(&proxy.url(QUERY), "Bearer token").await,
+    ];
+    for reply in &replies {
+        assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
+        assert_eq!(reply.headers["www-authenticate"], "Basic realm=\"tenant-proxy\"");
+        assert_eq!(reply.body, replies[0].body);
+    }
+    assert!(loki.received().is_empty());
+}
+
+#[tokio::test]
+async fn repeated_failures_from_a_client_are_throttled_with_retry_after() {
+    support::captured_logs();
+    let loki = LokiStandIn::start().await;
+    let mut options = ProxyOptions::new(loki.url());
+    options.auth = "  max_failures_per_client: 3\n";
+    let proxy = RunningProxy::start(options).await;
+    for attempt in 0..3 {
+        let reply = get(&proxy.url(QUERY), &basic("alice", &format!("guess{attempt}"))).await;
+        assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
+    }
+    let throttled = get(&proxy.url(QUERY), &basic("bob", "guess")).await;
+    assert_eq!(throttled.status, StatusCode::TOO_MANY_REQUESTS);
+    let retry_after: u64 = throttled.headers["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((1..=60).contains(&retry_after));
+    assert!(proxy.metrics().await.contains("tenant_proxy_auth_failures_total{reason=\"throttled\"} 1"));
+}
+
+#[tokio::test]
+async fn live_tail_websocket_streams_both_ways_and_closes() {
+    let (loki, proxy) = setup().await;
+    let mut request = format!("ws://{}/loki/api/v1/tail?query=%7Bapp%3D%22x%22%7D", proxy.addr)
+        .into_client_request()
+        .unwrap();
+    request
+        .headers_mut()
+        .insert("authorization", basic("alice", "alice-pw").parse().unwrap());
+    request.headers_mut().insert("x-scope-orgid", "team-b".parse().unwrap());
+    let (mut ws, response) = tokio_tungstenite::connect_async(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::SWITCHING_PROTOCOLS);
+
+    let first = ws.next().await.unwrap().unwrap();
+    assert_eq!(first, Message::text("tenant=team-a"));
+    ws.send(Message::text("ping-from-client")).await.unwrap();
+    assert_eq!(ws.next().await.unwrap().unwrap(), Message::text("echo:ping-from-client"));
+    ws.close(None).await.unwrap();
+    // The close handshake completes: the stream ends without an error.
+    while let Some(message) = ws.next().await {
+        assert!(matches!(message, Ok(Message::Close(_))), "{message:?}");
+    }
+    let seen = loki.last();
+    assert_eq!(seen.path, "/loki/api/v1/tail");
+    assert_eq!(seen.org_ids(), vec!["team-a"]);
+    assert!(!seen.headers.contains_key("authorization"));
+}
+
+#[tokio::test]
+async fn tail_without_upgrade_or_read_scope_is_refused() {
+    let (loki, proxy) = setup().await;
+    let reply = get(&proxy.url("/loki/api/v1/tail?query=x"), &basic("pusher-a", "pusher-pw")).await;
+    assert_eq!(reply.status, StatusCode::FORBIDDEN);
+    assert!(loki.received().is_empty());
+}
+
+#[tokio::test]
+async fn reload_takes_effect_on_the_next_request_of_a_keep_alive_connection() {
+    let (_loki, mut proxy) = setup().await;
+    let stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let (mut conn, driver) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.unwrap();
+    tokio::spawn(driver);
+    let request = |auth: String| {
+        http::Request::get(QUERY)
+            .header("host", "proxy")
+            .header("authorization", auth)
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .unwrap()
+    };
+    let first = conn.send_request(request(basic("alice", "alice-pw"))).await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    drop(first);
+
+    // alice's password changes; bob is removed.
+    let rotated = support::tenants_yaml(&[support::TenantSpec {
+        id: "team-a",
+        users: &[("alice", "alice-new", None)],
+    }]);
+    let status = proxy.rewrite_tenants(&rotated).await;
+    assert_eq!(status.last_error, None);
+
+    conn.ready().await.expect("the same connection is still open");
+    let old = conn.send_request(request(basic("alice", "alice-pw"))).await.unwrap();
+    assert_eq!(old.status(), StatusCode::UNAUTHORIZED, "a cached old password must stop working");
+    drop(old);
+    let new = conn.send_request(request(basic("alice", "alice-new"))).await.unwrap();
+    assert_eq!(new.status(), StatusCode::OK);
+    drop(new);
+    let removed = conn.send_request(request(basic("bob", "bob-pw"))).await.unwrap();
+    assert_eq!(removed.status(), StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
+async fn corrupt_tenants_file_keeps_the_last_good_generation() {
+    let (_loki, mut proxy) = setup().await;
+    let alice = basic("alice", "alice-pw");
+    assert_eq!(get(&proxy.url(QUERY), &alice).await.status, StatusCode::OK);
+    let status = proxy.rewrite_tenants("tenants: [ {id: \n").await;
+    assert!(status.last_error.is_some());
+    assert_eq!(status.generation, 1);
+    assert_eq!(get(&proxy.url(QUERY), &alice).await.status, StatusCode::OK);
+    let metrics = proxy.metrics().await;
+    assert!(metrics.contains("tenant_proxy_tenants_reload_failures_total 1"), "{metrics}");
+    assert!(metrics.contains("tenant_proxy_tenants_last_reload_success 0"));
+    assert!(metrics.contains("tenant_proxy_tenants_generation 1"));
+}
+
+#[tokio::test]
+async fn missing_tenants_file_answers_503_until_it_appears() {
+    support::captured_logs();
+    let loki = LokiStandIn::start().await;
+    let mut options = ProxyOptions::new(loki.url());
+    options.tenants = None;
+    let mut proxy = RunningProxy::start(options).await;
+    let alice = basic("alice", "alice-pw");
+
+    let early = push(&proxy, &alice, "early").await;
+    assert_eq!(early.status, StatusCode::SERVICE_UNAVAILABLE, "push clients retry on 503, drop on 401");
+    assert!(early.headers.contains_key("retry-after"));
+    let ready = send(Method::GET, &proxy.admin_url("/readyz"), None, &[], "").await;
+    assert_eq!(ready.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(loki.received().is_empty());
+
+    proxy.rewrite_tenants(&support::two_tenants()).await;
+    assert_eq!(push(&proxy, &alice, "late").await.status, StatusCode::NO_CONTENT);
+    let ready = send(Method::GET, &proxy.admin_url("/readyz"), None, &[], "").await;
+    assert_eq!(ready.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn upstream_down_is_502_and_slow_upstream_is_504() {
+    support::captured_logs();
+    let down = RunningProxy::start(ProxyOptions::new(format!("http://{}", closed_port().await))).await;
+    let reply = push(&down, &basic("alice", "alice-pw"), "x").await;
+    assert_eq!(reply.status, StatusCode::BAD_GATEWAY);
+    assert_eq!(reply.json()["errorType"], "upstream");
+
+    let loki = LokiStandIn::start().await;
+    let mut options = ProxyOptions::new(loki.url());
+    options.limits = "  upstream_timeout: 300ms\n";
+    let slow = RunningProxy::start(options).await;
+    let reply = send(
+        Method::GET,
+        &slow.url(QUERY),
+        Some(&basic("alice", "alice-pw")),
+        &[("x-test-stall-ms", "3000")],
+        "",
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::GATEWAY_TIMEOUT);
+}
+
+#[tokio::test]
+async fn upstream_429_and_5xx_pass_through_with_retry_after() {
+    let (_loki, proxy) = setup().await;
+    for code in ["429", "500", "503"] {
+        let reply = send(
+            Method::POST,
+            &proxy.url(PUSH),
+            Some(&basic("alice", "alice-pw")),
+            &[("x-test-status", code)],
+            "x",
+        )
+        .await;
+        assert_eq!(reply.status.as_str(), code);
+        assert_eq!(reply.headers["retry-after"], "7");
+        assert_eq!(reply.text(), "forced");
+    }
+}
+
+#[tokio::test]
+async fn bodies_over_the_limit_are_413_whether_declared_or_streamed() {
+    support::captured_logs();
+    let loki = LokiStandIn::start().await;
+    let mut options = ProxyOptions::new(loki.url());
+    options.limits = "  max_body_bytes: 1024\n";
+    let proxy = RunningProxy::start(options).await;
+    let alice = basic("alice", "alice-pw");
+    let declared = push(&proxy, &alice, &"x".repeat(2048)).await;
+    assert_eq!(declared.status, StatusCode::PAYLOAD_TOO_LARGE);
+
+    // A chunked body (no Content-Length) that grows past the limit.
+    let chunks = futures_util::stream::iter(
+        (0..8).map(|_| Ok::<_, std::io::Error>(hyper::body::Frame::data(bytes::Bytes::from(vec![b'y'; 512])))),
+    );
+    let body = http_body_util::StreamBody::new(chunks);
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http();
+    let request = http::Request::post(proxy.url(PUSH))
+        .header("authorization", &alice)
+        .body(body)
+        .unwrap();
+    let streamed = client.request(request).await.unwrap();
+    assert_eq!(streamed.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(loki.received().iter().all(|r| r.body.len() <= 1024));
+    assert_eq!(push(&proxy, &alice, "small").await.status, StatusCode::NO_CONTENT);
+}
+
+#[tokio::test]
+async fn upstream_path_prefix_is_prepended() {
+    support::captured_logs();
+    let loki = LokiStandIn::start().await;
+    let proxy = RunningProxy::start(ProxyOptions::new(format!("{}/gateway/loki/", loki.url()))).await;
+    assert_eq!(push(&proxy, &basic("alice", "alice-pw"), "x").await.status, StatusCode::NO_CONTENT);
+    assert_eq!(loki.last().path, "/gateway/loki/loki/api/v1/push");
+}
+
+#[tokio::test]
+async fn shutdown_lets_in_flight_requests_finish() {
+    let (loki, mut proxy) = setup().await;
+    let url = proxy.url(QUERY);
+    let in_flight = tokio::spawn(async move {
+        send(Method::GET, &url, Some(&basic("alice", "alice-pw")), &[("x-test-stall-ms", "500")], "").await
+    });
+    // Once the request is at the upstream, stop the proxy.
+    loki.wait_for_requests(1).await;
+    proxy.trigger_shutdown();
+    let reply = in_flight.await.unwrap();
+    assert_eq!(reply.status, StatusCode::OK);
+    proxy.join().await;
+    assert!(tokio::net::TcpStream::connect(proxy.addr).await.is_err(), "listener closed");
+}
+
+#[tokio::test]
+async fn no_secret_reaches_logs_metrics_or_error_bodies() {
+    let (_loki, mut proxy) = setup().await;
+    let good = basic("alice", "alice-pw");
+    let bad = basic("alice", "hunter2-guess");
+    let mut bodies = String::new();
+    for auth in [&good, &bad] {
+        bodies.push_str(&get(&proxy.url(QUERY), auth).await.text());
+        bodies.push_str(&push(&proxy, auth, "x").await.text());
+    }
+    bodies.push_str(&get(&proxy.url("/flush"), &bad).await.text());
+    let rotated = support::tenants_yaml(&[support::TenantSpec {
+        id: "team-a",
+        users: &[("alice", "alice-rotated", None)],
+    }]);
+    proxy.rewrite_tenants(&rotated).await;
+    bodies.push_str(&get(&proxy.url(QUERY), &good).await.text());
+    proxy.rewrite_tenants("tenants: [ {id: \n").await;
+
+    let hashes: Vec<String> = std::fs::read_to_string(&proxy.tenants_file)
+        .unwrap()
+        .lines()
+        .chain(rotated.lines())
+        .filter_map(|l| l.split('"').nth(1).map(str::to_owned))
+        .filter(|h| h.starts_with("$argon2id$"))
+        .collect();
+    let metrics = proxy.metrics().await;
+    proxy.stop().await;
+    let logs = String::from_utf8_lossy(&support::captured_logs().lock().unwrap()).into_owned();
+    assert!(logs.contains("tenants file loaded"), "logs were captured");
+    let token = |auth: &str| auth.trim_start_matches("Basic ").to_owned();
+    let secrets = [
+        "alice-pw".to_owned(),
+        "hunter2-guess".to_owned(),
+        "alice-rotated".to_owned(),
+        token(&good),
+        token(&bad),
+    ];
+    for secret in secrets.iter().chain(&hashes) {
+        assert!(!logs.contains(secret.as_str()), "log leaks {secret}");
+        assert!(!metrics.contains(secret.as_str()), "metrics leak {secret}");
+        assert!(!bodies.contains(secret.as_str()), "error bodies leak {secret}");
+    }
+    assert!(!metrics.contains("alice"), "no usernames as metric labels");
+}

@@ -1,0 +1,211 @@
+//! An in-process stand-in for Loki (behaviour of Loki 3.x with
+//! `auth_enabled: true`): it refuses requests without exactly one
+//! `X-Scope-OrgID`, stores pushed bodies per tenant, answers queries with the
+//! asking tenant's data only, and serves live tail over WebSocket. It records
+//! every request so tests can assert on what the upstream actually received.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use http::{header, HeaderMap, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+use tokio_tungstenite::tungstenite::protocol::Role;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::WebSocketStream;
+
+#[derive(Clone, Debug)]
+pub struct Received {
+    pub method: Method,
+    pub path: String,
+    pub query: Option<String>,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Received {
+    pub fn org_ids(&self) -> Vec<String> {
+        self.headers
+            .get_all("x-scope-orgid")
+            .iter()
+            .map(|v| v.to_str().unwrap().to_owned())
+            .collect()
+    }
+}
+
+struct State {
+    received: Mutex<Vec<Received>>,
+    /// How many requests arrived, so tests can wait for one without sleeping.
+    arrivals: tokio::sync::watch::Sender<usize>,
+    pushed: Mutex<HashMap<String, Vec<String>>>,
+}
+
+pub struct LokiStandIn {
+    pub addr: SocketAddr,
+    state: Arc<State>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for LokiStandIn {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl LokiStandIn {
+    pub async fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let state = Arc::new(State {
+            received: Mutex::default(),
+            arrivals: tokio::sync::watch::Sender::new(0),
+            pushed: Mutex::default(),
+        });
+        let shared = state.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let state = shared.clone();
+                let service = service_fn(move |request| handle(state.clone(), request));
+                tokio::spawn(
+                    hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .with_upgrades(),
+                );
+            }
+        });
+        Self { addr, state, task }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn received(&self) -> Vec<Received> {
+        self.state.received.lock().unwrap().clone()
+    }
+
+    /// Waits (at most 10 s) until `count` requests have arrived.
+    pub async fn wait_for_requests(&self, count: usize) {
+        let mut arrivals = self.state.arrivals.subscribe();
+        tokio::time::timeout(Duration::from_secs(10), arrivals.wait_for(|n| *n >= count))
+            .await
+            .expect("requests arrived at the stand-in within 10 s")
+            .unwrap();
+    }
+
+    pub fn last(&self) -> Received {
+        self.received().pop().expect("the stand-in received a request")
+    }
+}
+
+fn reply(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(body.into()));
+    *response.status_mut() = status;
+    response
+}
+
+async fn handle(
+    state: Arc<State>,
+    mut request: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let upgrade = hyper::upgrade::on(&mut request);
+    let (parts, body) = request.into_parts();
+    let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let received = Received {
+        method: parts.method.clone(),
+        path: parts.uri.path().to_owned(),
+        query: parts.uri.query().map(str::to_owned),
+        headers: parts.headers.clone(),
+        body: body.clone(),
+    };
+    state.received.lock().unwrap().push(received.clone());
+    state.arrivals.send_modify(|n| *n += 1);
+
+    if let Some(ms) = header_str(&parts.headers, "x-test-stall-ms") {
+        tokio::time::sleep(Duration::from_millis(ms.parse().unwrap())).await;
+    }
+    if let Some(code) = header_str(&parts.headers, "x-test-status") {
+        let mut response = reply(StatusCode::from_bytes(code.as_bytes()).unwrap(), "forced");
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, "7".parse().unwrap());
+        return Ok(response);
+    }
+
+    // Loki: exactly one org id, or the request is refused.
+    let org_ids = received.org_ids();
+    let tenant = match org_ids.as_slice() {
+        [one] => one.clone(),
+        [] => return Ok(reply(StatusCode::UNAUTHORIZED, "no org id\n")),
+        _ => return Ok(reply(StatusCode::BAD_REQUEST, "multiple org ids\n")),
+    };
+
+    let path = received.path.as_str();
+    if path.ends_with("/push") {
+        let line = String::from_utf8_lossy(&body).into_owned();
+        state.pushed.lock().unwrap().entry(tenant).or_default().push(line);
+        return Ok(reply(StatusCode::NO_CONTENT, ""));
+    }
+    if path.ends_with("/tail") {
+        return Ok(accept_websocket(&parts.headers, upgrade, tenant));
+    }
+    let lines = state
+        .pushed
+        .lock()
+        .unwrap()
+        .get(&tenant)
+        .cloned()
+        .unwrap_or_default();
+    let body = serde_json::json!({
+        "status": "success",
+        "data": {"resultType": "streams", "tenant": tenant, "result": lines},
+    });
+    Ok(reply(StatusCode::OK, body.to_string()))
+}
+
+fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// Answers 101 and then: sends `tenant=<id>`, echoes each text message as
+/// `echo:<text>`, and completes the close handshake.
+fn accept_websocket(
+    headers: &HeaderMap,
+    upgrade: hyper::upgrade::OnUpgrade,
+    tenant: String,
+) -> Response<Full<Bytes>> {
+    let Some(key) = headers.get("sec-websocket-key") else {
+        return reply(StatusCode::BAD_REQUEST, "not a websocket request");
+    };
+    let accept = derive_accept_key(key.as_bytes());
+    tokio::spawn(async move {
+        let upgraded = upgrade.await.expect("client upgraded");
+        let mut ws =
+            WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, None).await;
+        ws.send(Message::text(format!("tenant={tenant}"))).await.unwrap();
+        // Polling on after a Close frame lets tungstenite send its reply.
+        while let Some(Ok(message)) = ws.next().await {
+            if let Message::Text(text) = message {
+                ws.send(Message::text(format!("echo:{text}"))).await.unwrap();
+            }
+        }
+    });
+    let mut response = reply(StatusCode::SWITCHING_PROTOCOLS, "");
+    let h = response.headers_mut();
+    h.insert(header::CONNECTION, "upgrade".parse().unwrap());
+    h.insert(header::UPGRADE, "websocket".parse().unwrap());
+    h.insert("sec-websocket-accept", accept.parse().unwrap());
+    response
+}

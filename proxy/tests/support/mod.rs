@@ -1,0 +1,305 @@
+//! Shared pieces of the end-to-end tests: a Loki stand-in, a running proxy
+//! on ephemeral ports, an HTTP client, captured logs.
+#![allow(dead_code)]
+
+pub mod loki;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use base64::Engine;
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tenant_proxy::config::Config;
+use tenant_proxy::reload::{ReloadStatus, Tenants};
+use tenant_proxy::Proxy;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+// === passwords ===
+
+/// argon2id with tiny parameters: the proxy verifies whatever parameters the
+/// PHC string names, and tests should not spend 40 ms per hash.
+pub fn cheap_hash(password: &str) -> String {
+    use argon2::{Algorithm, Argon2, Params, PasswordHasher, Version};
+    let params = Params::new(64, 1, 1, None).unwrap();
+    Argon2::new(Algorithm::Argon2id, Version::V0x13, params)
+        .hash_password(password.as_bytes())
+        .unwrap()
+        .to_string()
+}
+
+pub fn basic(user: &str, password: &str) -> String {
+    let token = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+    format!("Basic {token}")
+}
+
+/// A tenants file. `users` are (username, password, scopes or None for all).
+pub struct TenantSpec<'a> {
+    pub id: &'a str,
+    pub users: &'a [(&'a str, &'a str, Option<&'a str>)],
+}
+
+pub fn tenants_yaml(tenants: &[TenantSpec<'_>]) -> String {
+    let mut out = String::from("version: 1\ntenants:\n");
+    for t in tenants {
+        out.push_str(&format!("  - id: {}\n    users:\n", t.id));
+        if t.users.is_empty() {
+            out.truncate(out.len() - "    users:\n".len());
+        }
+        for (user, password, scopes) in t.users {
+            out.push_str(&format!(
+                "      - username: {user}\n        password_hash: \"{}\"\n",
+                cheap_hash(password)
+            ));
+            if let Some(scopes) = scopes {
+                out.push_str(&format!("        scopes: [{scopes}]\n"));
+            }
+        }
+    }
+    out
+}
+
+/// Two tenants: alice (team-a, all scopes), bob (team-b, all scopes),
+/// reader-a (team-a, logs:read) and pusher-a (team-a, logs:write).
+pub fn two_tenants() -> String {
+    tenants_yaml(&[
+        TenantSpec {
+            id: "team-a",
+            users: &[
+                ("alice", "alice-pw", None),
+                ("reader-a", "reader-pw", Some("logs:read")),
+                ("pusher-a", "pusher-pw", Some("logs:write")),
+            ],
+        },
+        TenantSpec {
+            id: "team-b",
+            users: &[("bob", "bob-pw", None)],
+        },
+    ])
+}
+
+/// Replaces a file the way tenant-sync and kubelet do: write aside, rename.
+pub fn replace_file(path: &Path, content: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, content).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+// === the proxy under test ===
+
+pub struct RunningProxy {
+    pub addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub tenants_file: PathBuf,
+    pub tenants: Arc<Tenants>,
+    reloads: tokio::sync::watch::Receiver<ReloadStatus>,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+    _dir: tempfile::TempDir,
+}
+
+pub struct ProxyOptions {
+    /// Written before start; `None` starts without a tenants file.
+    pub tenants: Option<String>,
+    pub logs_upstream: String,
+    /// Appended to the config's `limits:` section.
+    pub limits: &'static str,
+    pub auth: &'static str,
+}
+
+impl ProxyOptions {
+    pub fn new(logs_upstream: impl Into<String>) -> Self {
+        Self {
+            tenants: Some(two_tenants()),
+            logs_upstream: logs_upstream.into(),
+            limits: "",
+            auth: "",
+        }
+    }
+}
+
+impl RunningProxy {
+    pub async fn start(options: ProxyOptions) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let tenants_file = dir.path().join("tenants.yaml");
+        if let Some(tenants) = &options.tenants {
+            std::fs::write(&tenants_file, tenants).unwrap();
+        }
+        let config_text = format!(
+            "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\ntenants_file: tenants.yaml\n\
+             tenants_poll_interval: 200ms\n\
+             logs:\n  upstream: {}\n\
+             limits:\n  shutdown_grace: 5s\n{}\
+             auth:\n  verification_wait: 5s\n{}",
+            options.logs_upstream, options.limits, options.auth
+        );
+        let config_path = dir.path().join("config.yaml");
+        std::fs::write(&config_path, config_text).unwrap();
+        let config = Config::load(&config_path).unwrap();
+
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (addr, admin_addr) = (listener.local_addr().unwrap(), admin.local_addr().unwrap());
+        let proxy = Proxy::new(config).unwrap();
+        let tenants = proxy.tenants();
+        let reloads = tenants.subscribe();
+        let (tx, rx) = oneshot::channel();
+        let task = tokio::spawn(proxy.serve(listener, admin, async {
+            let _ = rx.await;
+        }));
+        Self {
+            addr,
+            admin_addr,
+            tenants_file,
+            tenants,
+            reloads,
+            shutdown: Some(tx),
+            task: Some(task),
+            _dir: dir,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.admin_addr)
+    }
+
+    /// Writes a new tenants file and waits until the proxy has tried it.
+    pub async fn rewrite_tenants(&mut self, content: &str) -> ReloadStatus {
+        let before = self.reloads.borrow_and_update().attempts;
+        replace_file(&self.tenants_file, content);
+        let status = tokio::time::timeout(
+            Duration::from_secs(10),
+            self.reloads.wait_for(|s| s.attempts > before),
+        )
+        .await
+        .expect("the proxy noticed the tenants file within 10 s")
+        .unwrap()
+        .clone();
+        status
+    }
+
+    /// Stops the proxy and waits for it (and its in-flight requests).
+    pub async fn stop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.await.unwrap();
+        }
+    }
+
+    pub fn trigger_shutdown(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+
+    pub async fn join(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.await.unwrap();
+        }
+    }
+
+    pub async fn metrics(&self) -> String {
+        let r = send(Method::GET, &self.admin_url("/metrics"), None, &[], "").await;
+        assert_eq!(r.status, StatusCode::OK);
+        r.text()
+    }
+}
+
+// === HTTP client ===
+
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Reply {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
+    }
+}
+
+/// One request on a fresh pooled client; `auth` is a full Authorization value.
+pub async fn send(
+    method: Method,
+    url: &str,
+    auth: Option<&str>,
+    headers: &[(&str, &str)],
+    body: impl Into<Bytes>,
+) -> Reply {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let mut request = Request::builder().method(method).uri(url);
+    if let Some(auth) = auth {
+        request = request.header(http::header::AUTHORIZATION, auth);
+    }
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let request = request.body(Full::new(body.into())).unwrap();
+    let response = client.request(request).await.expect("proxy answered");
+    let (parts, body) = response.into_parts();
+    Reply {
+        status: parts.status,
+        headers: parts.headers,
+        body: body.collect().await.unwrap().to_bytes(),
+    }
+}
+
+pub async fn get(url: &str, auth: &str) -> Reply {
+    send(Method::GET, url, Some(auth), &[], "").await
+}
+
+// === captured logs ===
+
+/// Everything every test in this binary logged, at TRACE level, so a test can
+/// prove that no secret ever reaches a log line.
+pub fn captured_logs() -> &'static Mutex<Vec<u8>> {
+    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    LOGS.get_or_init(|| {
+        let buffer = Arc::new(Mutex::new(Vec::new()));
+        let writer = CaptureWriter(buffer.clone());
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new("trace"))
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::set_global_default(subscriber).unwrap();
+        buffer
+    })
+}
+
+#[derive(Clone)]
+struct CaptureWriter(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for CaptureWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// An address nothing listens on: bound, then released.
+pub async fn closed_port() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    listener.local_addr().unwrap()
+}
