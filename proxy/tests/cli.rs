@@ -33,7 +33,10 @@ fn hash_password_prints_a_verifiable_argon2id_hash() {
     let hash = String::from_utf8(out.stdout).unwrap();
     assert!(hash.starts_with("$argon2id$v=19$"), "{hash}");
     let verifier = tenant_proxy::password::Verifier::argon2id(hash.trim()).unwrap();
-    assert!(verifier.verify("s3cret"), "the trailing newline is not part of the password");
+    assert!(
+        verifier.verify("s3cret"),
+        "the trailing newline is not part of the password"
+    );
 }
 
 #[test]
@@ -41,10 +44,20 @@ fn check_config_summarises_tenants_without_secrets() {
     let config = examples().join("config.yaml");
     let out = run(&["check-config", "--config", config.to_str().unwrap()]);
     let stdout = String::from_utf8(out.stdout).unwrap();
-    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(stdout.contains("2 tenant(s)"), "{stdout}");
-    assert!(stdout.contains("user grafana-a -> tenant team-a scopes [logs:read, metrics:read]"), "{stdout}");
-    assert!(stdout.contains("tenant team-a namespaces [team-a, team-a-staging]"), "{stdout}");
+    assert!(
+        stdout.contains("user grafana-a -> tenant team-a scopes [logs:read, metrics:read]"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("tenant team-a namespaces [team-a, team-a-staging]"),
+        "{stdout}"
+    );
     assert!(!stdout.contains("argon2id"), "no hash in the summary");
 }
 
@@ -52,11 +65,18 @@ fn check_config_summarises_tenants_without_secrets() {
 fn invalid_config_exits_non_zero_naming_file_line_and_problem() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("bad.yaml");
-    std::fs::write(&config, "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\ntenants_file: t.yaml\nlogz: {}\n").unwrap();
+    std::fs::write(
+        &config,
+        "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\ntenants_file: t.yaml\nlogz: {}\n",
+    )
+    .unwrap();
     let out = run(&["--config", config.to_str().unwrap()]);
     assert!(!out.status.success());
     let stderr = String::from_utf8(out.stderr).unwrap();
-    assert!(stderr.contains("bad.yaml") && stderr.contains("line 4") && stderr.contains("logz"), "{stderr}");
+    assert!(
+        stderr.contains("bad.yaml") && stderr.contains("line 4") && stderr.contains("logz"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -68,7 +88,10 @@ fn invalid_tenants_file_at_start_up_exits_non_zero() {
     let out = run(&["--config", config.to_str().unwrap()]);
     assert!(!out.status.success());
     let stderr = String::from_utf8(out.stderr).unwrap();
-    assert!(stderr.contains("t.yaml") && stderr.contains("line 2"), "{stderr}");
+    assert!(
+        stderr.contains("t.yaml") && stderr.contains("line 2"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -81,7 +104,11 @@ fn missing_config_flag_is_a_clear_error() {
 #[test]
 fn runs_until_sigterm_then_exits_cleanly() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::copy(examples().join("tenants.yaml"), dir.path().join("tenants.yaml")).unwrap();
+    std::fs::copy(
+        examples().join("tenants.yaml"),
+        dir.path().join("tenants.yaml"),
+    )
+    .unwrap();
     let config = dir.path().join("c.yaml");
     std::fs::write(&config, "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\ntenants_file: tenants.yaml\nlogs:\n  upstream: http://127.0.0.1:1\n").unwrap();
     let mut child = Command::new(BIN)
@@ -91,22 +118,33 @@ fn runs_until_sigterm_then_exits_cleanly() {
         .unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
     let admin = loop {
-        let line = lines.next().expect("the proxy logs that it serves").unwrap();
+        let line = lines
+            .next()
+            .expect("the proxy logs that it serves")
+            .unwrap();
         let entry: serde_json::Value = serde_json::from_str(&line).unwrap();
         if entry["fields"]["message"] == "tenant-proxy serving" {
             break entry["fields"]["admin"].as_str().unwrap().to_owned();
         }
     };
     let mut stream = std::net::TcpStream::connect(&admin).unwrap();
-    stream.write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    stream
+        .write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
     let mut reply = String::new();
     std::io::Read::read_to_string(&mut stream, &mut reply).unwrap();
     assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
 
-    let killed = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
     assert!(killed.success());
     let status = child.wait().unwrap();
     assert!(status.success(), "exit after SIGTERM: {status}");
     let rest: Vec<String> = lines.map_while(Result::ok).collect();
-    assert!(rest.iter().any(|l| l.contains("tenant-proxy stopped")), "{rest:?}");
+    assert!(
+        rest.iter().any(|l| l.contains("tenant-proxy stopped")),
+        "{rest:?}"
+    );
 }

@@ -25,7 +25,12 @@ fn files_under(dir: &Path) -> Vec<PathBuf> {
 
 /// Checks one example file; `false` when no check knows the file.
 fn check(path: &Path) -> bool {
-    let name = path.strip_prefix(root()).unwrap().to_str().unwrap().to_owned();
+    let name = path
+        .strip_prefix(root())
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_owned();
     match name.as_str() {
         "proxy/config.yaml" => {
             let config = Config::load(path).unwrap();
@@ -42,13 +47,20 @@ fn check(path: &Path) -> bool {
                 ("fluentbit-a", "fluentbit-a-password"),
                 ("team-b", "team-b-password"),
             ] {
-                assert!(store.credential(user).unwrap().verifier.verify(password), "{user}");
+                assert!(
+                    store.credential(user).unwrap().verifier.verify(password),
+                    "{user}"
+                );
             }
         }
         "proxy/k8spin-authn.yaml" => {
             let (store, notes) = tenants_file::load(path, 1).unwrap();
             assert!(notes.plaintext_passwords);
-            assert!(store.credential("Grafana").unwrap().verifier.verify("example-only-password"));
+            assert!(store
+                .credential("Grafana")
+                .unwrap()
+                .verifier
+                .verify("example-only-password"));
         }
         _ => return false,
     }
@@ -57,6 +69,12 @@ fn check(path: &Path) -> bool {
 
 #[test]
 fn every_example_file_is_checked() {
-    let unknown: Vec<_> = files_under(&root()).into_iter().filter(|p| !check(p)).collect();
-    assert!(unknown.is_empty(), "example files no test checks: {unknown:?}");
+    let unknown: Vec<_> = files_under(&root())
+        .into_iter()
+        .filter(|p| !check(p))
+        .collect();
+    assert!(
+        unknown.is_empty(),
+        "example files no test checks: {unknown:?}"
+    );
 }

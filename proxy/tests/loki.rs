@@ -2,6 +2,8 @@
 
 mod support;
 
+use std::time::Duration;
+
 use futures_util::{SinkExt, StreamExt};
 use http::{Method, StatusCode};
 use support::loki::LokiStandIn;
@@ -33,8 +35,18 @@ async fn push(proxy: &RunningProxy, auth: &str, line: &str) -> support::Reply {
 #[tokio::test]
 async fn each_tenant_reads_back_only_what_it_pushed() {
     let (loki, proxy) = setup().await;
-    assert_eq!(push(&proxy, &basic("alice", "alice-pw"), "line-of-a").await.status, StatusCode::NO_CONTENT);
-    assert_eq!(push(&proxy, &basic("bob", "bob-pw"), "line-of-b").await.status, StatusCode::NO_CONTENT);
+    assert_eq!(
+        push(&proxy, &basic("alice", "alice-pw"), "line-of-a")
+            .await
+            .status,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(
+        push(&proxy, &basic("bob", "bob-pw"), "line-of-b")
+            .await
+            .status,
+        StatusCode::NO_CONTENT
+    );
 
     let a = get(&proxy.url(QUERY), &basic("alice", "alice-pw")).await;
     assert_eq!(a.status, StatusCode::OK);
@@ -44,7 +56,10 @@ async fn each_tenant_reads_back_only_what_it_pushed() {
 
     // The query string reached Loki as sent.
     let last = loki.last();
-    assert_eq!(last.query.as_deref(), Some("query=%7Bapp%3D%22x%22%7D&limit=10"));
+    assert_eq!(
+        last.query.as_deref(),
+        Some("query=%7Bapp%3D%22x%22%7D&limit=10")
+    );
     assert_eq!(last.org_ids(), vec!["team-b"]);
 }
 
@@ -69,7 +84,10 @@ async fn replaces_spoofed_scope_orgid_in_any_case_and_number() {
     let seen = loki.last();
     assert_eq!(seen.org_ids(), vec!["team-a"]);
     assert!(!seen.headers.contains_key("x-prom-label-policy"));
-    assert!(!seen.headers.contains_key("authorization"), "Authorization must not be forwarded");
+    assert!(
+        !seen.headers.contains_key("authorization"),
+        "Authorization must not be forwarded"
+    );
     assert_eq!(seen.headers["x-forwarded-for"], "127.0.0.1");
 }
 
@@ -84,7 +102,10 @@ async fn a_tenant_id_with_a_pipe_is_never_loaded_so_never_sent() {
     assert!(status.last_error.unwrap().contains('|'));
     let reply = get(&proxy.url(QUERY), &basic("mallory", "m-pw")).await;
     assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
-    assert!(loki.received().iter().all(|r| r.org_ids().iter().all(|id| !id.contains('|'))));
+    assert!(loki
+        .received()
+        .iter()
+        .all(|r| r.org_ids().iter().all(|id| !id.contains('|'))));
 }
 
 #[tokio::test]
@@ -95,12 +116,21 @@ async fn scopes_are_enforced_per_route() {
 
     let denied = push(&proxy, &reader, "nope").await;
     assert_eq!(denied.status, StatusCode::FORBIDDEN);
-    assert!(denied.json()["error"].as_str().unwrap().contains("logs:write"));
+    assert!(denied.json()["error"]
+        .as_str()
+        .unwrap()
+        .contains("logs:write"));
     let denied = get(&proxy.url(QUERY), &pusher).await;
     assert_eq!(denied.status, StatusCode::FORBIDDEN);
-    assert!(loki.received().is_empty(), "refused requests never reach Loki");
+    assert!(
+        loki.received().is_empty(),
+        "refused requests never reach Loki"
+    );
 
-    assert_eq!(push(&proxy, &pusher, "ok").await.status, StatusCode::NO_CONTENT);
+    assert_eq!(
+        push(&proxy, &pusher, "ok").await.status,
+        StatusCode::NO_CONTENT
+    );
     assert_eq!(get(&proxy.url(QUERY), &reader).await.status, StatusCode::OK);
     assert_eq!(loki.received().len(), 2);
 }
@@ -128,7 +158,14 @@ async fn admin_and_unknown_paths_are_refused_with_json_404() {
             assert_eq!(reply.json()["status"], "error");
         }
     }
-    let wrong_method = send(Method::DELETE, &proxy.url("/loki/api/v1/query"), Some(&alice), &[], "").await;
+    let wrong_method = send(
+        Method::DELETE,
+        &proxy.url("/loki/api/v1/query"),
+        Some(&alice),
+        &[],
+        "",
+    )
+    .await;
     assert_eq!(wrong_method.status, StatusCode::METHOD_NOT_ALLOWED);
     assert!(loki.received().is_empty());
 }
@@ -157,10 +194,22 @@ async fn path_tricks_are_normalised_before_matching_and_forwarding() {
         "/loki/api/v1/query/%2e%2e/%2e%2e/%2e%2e/%2e%2e/flush",
         "/loki/api/v1/%2e%2e/%2e%2e/%2e%2e/config",
     ] {
-        assert_eq!(get(&proxy.url(refused), &alice).await.status, StatusCode::NOT_FOUND, "{refused}");
+        assert_eq!(
+            get(&proxy.url(refused), &alice).await.status,
+            StatusCode::NOT_FOUND,
+            "{refused}"
+        );
     }
-    for bad in ["/loki%2fapi/v1/push", "/loki/api/v1/query%00", "/%2e%2e/loki/api/v1/query"] {
-        assert_eq!(get(&proxy.url(bad), &alice).await.status, StatusCode::BAD_REQUEST, "{bad}");
+    for bad in [
+        "/loki%2fapi/v1/push",
+        "/loki/api/v1/query%00",
+        "/%2e%2e/loki/api/v1/query",
+    ] {
+        assert_eq!(
+            get(&proxy.url(bad), &alice).await.status,
+            StatusCode::BAD_REQUEST,
+            "{bad}"
+        );
     }
     assert_eq!(loki.received().len(), before);
 }
@@ -176,7 +225,10 @@ async fn unauthenticated_requests_all_get_the_same_401() {
     ];
     for reply in &replies {
         assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
-        assert_eq!(reply.headers["www-authenticate"], "Basic realm=\"tenant-proxy\"");
+        assert_eq!(
+            reply.headers["www-authenticate"],
+            "Basic realm=\"tenant-proxy\""
+        );
         assert_eq!(reply.body, replies[0].body);
     }
     assert!(loki.received().is_empty());
@@ -190,33 +242,52 @@ async fn repeated_failures_from_a_client_are_throttled_with_retry_after() {
     options.auth = "  max_failures_per_client: 3\n";
     let proxy = RunningProxy::start(options).await;
     for attempt in 0..3 {
-        let reply = get(&proxy.url(QUERY), &basic("alice", &format!("guess{attempt}"))).await;
+        let reply = get(
+            &proxy.url(QUERY),
+            &basic("alice", &format!("guess{attempt}")),
+        )
+        .await;
         assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
     }
     let throttled = get(&proxy.url(QUERY), &basic("bob", "guess")).await;
     assert_eq!(throttled.status, StatusCode::TOO_MANY_REQUESTS);
-    let retry_after: u64 = throttled.headers["retry-after"].to_str().unwrap().parse().unwrap();
+    let retry_after: u64 = throttled.headers["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!((1..=60).contains(&retry_after));
-    assert!(proxy.metrics().await.contains("tenant_proxy_auth_failures_total{reason=\"throttled\"} 1"));
+    assert!(proxy
+        .metrics()
+        .await
+        .contains("tenant_proxy_auth_failures_total{reason=\"throttled\"} 1"));
 }
 
 #[tokio::test]
 async fn live_tail_websocket_streams_both_ways_and_closes() {
     let (loki, proxy) = setup().await;
-    let mut request = format!("ws://{}/loki/api/v1/tail?query=%7Bapp%3D%22x%22%7D", proxy.addr)
-        .into_client_request()
-        .unwrap();
+    let mut request = format!(
+        "ws://{}/loki/api/v1/tail?query=%7Bapp%3D%22x%22%7D",
+        proxy.addr
+    )
+    .into_client_request()
+    .unwrap();
     request
         .headers_mut()
         .insert("authorization", basic("alice", "alice-pw").parse().unwrap());
-    request.headers_mut().insert("x-scope-orgid", "team-b".parse().unwrap());
+    request
+        .headers_mut()
+        .insert("x-scope-orgid", "team-b".parse().unwrap());
     let (mut ws, response) = tokio_tungstenite::connect_async(request).await.unwrap();
     assert_eq!(response.status(), StatusCode::SWITCHING_PROTOCOLS);
 
     let first = ws.next().await.unwrap().unwrap();
     assert_eq!(first, Message::text("tenant=team-a"));
     ws.send(Message::text("ping-from-client")).await.unwrap();
-    assert_eq!(ws.next().await.unwrap().unwrap(), Message::text("echo:ping-from-client"));
+    assert_eq!(
+        ws.next().await.unwrap().unwrap(),
+        Message::text("echo:ping-from-client")
+    );
     ws.close(None).await.unwrap();
     // The close handshake completes: the stream ends without an error.
     while let Some(message) = ws.next().await {
@@ -231,7 +302,11 @@ async fn live_tail_websocket_streams_both_ways_and_closes() {
 #[tokio::test]
 async fn tail_without_upgrade_or_read_scope_is_refused() {
     let (loki, proxy) = setup().await;
-    let reply = get(&proxy.url("/loki/api/v1/tail?query=x"), &basic("pusher-a", "pusher-pw")).await;
+    let reply = get(
+        &proxy.url("/loki/api/v1/tail?query=x"),
+        &basic("pusher-a", "pusher-pw"),
+    )
+    .await;
     assert_eq!(reply.status, StatusCode::FORBIDDEN);
     assert!(loki.received().is_empty());
 }
@@ -241,7 +316,9 @@ async fn reload_takes_effect_on_the_next_request_of_a_keep_alive_connection() {
     let (_loki, mut proxy) = setup().await;
     let stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
     let (mut conn, driver) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.unwrap();
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
     tokio::spawn(driver);
     let request = |auth: String| {
         http::Request::get(QUERY)
@@ -250,7 +327,10 @@ async fn reload_takes_effect_on_the_next_request_of_a_keep_alive_connection() {
             .body(http_body_util::Empty::<bytes::Bytes>::new())
             .unwrap()
     };
-    let first = conn.send_request(request(basic("alice", "alice-pw"))).await.unwrap();
+    let first = conn
+        .send_request(request(basic("alice", "alice-pw")))
+        .await
+        .unwrap();
     assert_eq!(first.status(), StatusCode::OK);
     drop(first);
 
@@ -262,14 +342,29 @@ async fn reload_takes_effect_on_the_next_request_of_a_keep_alive_connection() {
     let status = proxy.rewrite_tenants(&rotated).await;
     assert_eq!(status.last_error, None);
 
-    conn.ready().await.expect("the same connection is still open");
-    let old = conn.send_request(request(basic("alice", "alice-pw"))).await.unwrap();
-    assert_eq!(old.status(), StatusCode::UNAUTHORIZED, "a cached old password must stop working");
+    conn.ready()
+        .await
+        .expect("the same connection is still open");
+    let old = conn
+        .send_request(request(basic("alice", "alice-pw")))
+        .await
+        .unwrap();
+    assert_eq!(
+        old.status(),
+        StatusCode::UNAUTHORIZED,
+        "a cached old password must stop working"
+    );
     drop(old);
-    let new = conn.send_request(request(basic("alice", "alice-new"))).await.unwrap();
+    let new = conn
+        .send_request(request(basic("alice", "alice-new")))
+        .await
+        .unwrap();
     assert_eq!(new.status(), StatusCode::OK);
     drop(new);
-    let removed = conn.send_request(request(basic("bob", "bob-pw"))).await.unwrap();
+    let removed = conn
+        .send_request(request(basic("bob", "bob-pw")))
+        .await
+        .unwrap();
     assert_eq!(removed.status(), StatusCode::UNAUTHORIZED);
 }
 
@@ -283,7 +378,10 @@ async fn corrupt_tenants_file_keeps_the_last_good_generation() {
     assert_eq!(status.generation, 1);
     assert_eq!(get(&proxy.url(QUERY), &alice).await.status, StatusCode::OK);
     let metrics = proxy.metrics().await;
-    assert!(metrics.contains("tenant_proxy_tenants_reload_failures_total 1"), "{metrics}");
+    assert!(
+        metrics.contains("tenant_proxy_tenants_reload_failures_total 1"),
+        "{metrics}"
+    );
     assert!(metrics.contains("tenant_proxy_tenants_last_reload_success 0"));
     assert!(metrics.contains("tenant_proxy_tenants_generation 1"));
 }
@@ -298,14 +396,21 @@ async fn missing_tenants_file_answers_503_until_it_appears() {
     let alice = basic("alice", "alice-pw");
 
     let early = push(&proxy, &alice, "early").await;
-    assert_eq!(early.status, StatusCode::SERVICE_UNAVAILABLE, "push clients retry on 503, drop on 401");
+    assert_eq!(
+        early.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "push clients retry on 503, drop on 401"
+    );
     assert!(early.headers.contains_key("retry-after"));
     let ready = send(Method::GET, &proxy.admin_url("/readyz"), None, &[], "").await;
     assert_eq!(ready.status, StatusCode::SERVICE_UNAVAILABLE);
     assert!(loki.received().is_empty());
 
     proxy.rewrite_tenants(&support::two_tenants()).await;
-    assert_eq!(push(&proxy, &alice, "late").await.status, StatusCode::NO_CONTENT);
+    assert_eq!(
+        push(&proxy, &alice, "late").await.status,
+        StatusCode::NO_CONTENT
+    );
     let ready = send(Method::GET, &proxy.admin_url("/readyz"), None, &[], "").await;
     assert_eq!(ready.status, StatusCode::OK);
 }
@@ -313,7 +418,8 @@ async fn missing_tenants_file_answers_503_until_it_appears() {
 #[tokio::test]
 async fn upstream_down_is_502_and_slow_upstream_is_504() {
     support::captured_logs();
-    let down = RunningProxy::start(ProxyOptions::new(format!("http://{}", closed_port().await))).await;
+    let down =
+        RunningProxy::start(ProxyOptions::new(format!("http://{}", closed_port().await))).await;
     let reply = push(&down, &basic("alice", "alice-pw"), "x").await;
     assert_eq!(reply.status, StatusCode::BAD_GATEWAY);
     assert_eq!(reply.json()["errorType"], "upstream");
@@ -363,9 +469,12 @@ async fn bodies_over_the_limit_are_413_whether_declared_or_streamed() {
     assert_eq!(declared.status, StatusCode::PAYLOAD_TOO_LARGE);
 
     // A chunked body (no Content-Length) that grows past the limit.
-    let chunks = futures_util::stream::iter(
-        (0..8).map(|_| Ok::<_, std::io::Error>(hyper::body::Frame::data(bytes::Bytes::from(vec![b'y'; 512])))),
-    );
+    let chunks = futures_util::stream::iter((0..8).map(|_| {
+        Ok::<_, std::io::Error>(hyper::body::Frame::data(bytes::Bytes::from(vec![
+            b'y';
+            512
+        ])))
+    }));
     let body = http_body_util::StreamBody::new(chunks);
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http();
@@ -376,15 +485,22 @@ async fn bodies_over_the_limit_are_413_whether_declared_or_streamed() {
     let streamed = client.request(request).await.unwrap();
     assert_eq!(streamed.status(), StatusCode::PAYLOAD_TOO_LARGE);
     assert!(loki.received().iter().all(|r| r.body.len() <= 1024));
-    assert_eq!(push(&proxy, &alice, "small").await.status, StatusCode::NO_CONTENT);
+    assert_eq!(
+        push(&proxy, &alice, "small").await.status,
+        StatusCode::NO_CONTENT
+    );
 }
 
 #[tokio::test]
 async fn upstream_path_prefix_is_prepended() {
     support::captured_logs();
     let loki = LokiStandIn::start().await;
-    let proxy = RunningProxy::start(ProxyOptions::new(format!("{}/gateway/loki/", loki.url()))).await;
-    assert_eq!(push(&proxy, &basic("alice", "alice-pw"), "x").await.status, StatusCode::NO_CONTENT);
+    let proxy =
+        RunningProxy::start(ProxyOptions::new(format!("{}/gateway/loki/", loki.url()))).await;
+    assert_eq!(
+        push(&proxy, &basic("alice", "alice-pw"), "x").await.status,
+        StatusCode::NO_CONTENT
+    );
     assert_eq!(loki.last().path, "/gateway/loki/loki/api/v1/push");
 }
 
@@ -393,7 +509,14 @@ async fn shutdown_lets_in_flight_requests_finish() {
     let (loki, mut proxy) = setup().await;
     let url = proxy.url(QUERY);
     let in_flight = tokio::spawn(async move {
-        send(Method::GET, &url, Some(&basic("alice", "alice-pw")), &[("x-test-stall-ms", "500")], "").await
+        send(
+            Method::GET,
+            &url,
+            Some(&basic("alice", "alice-pw")),
+            &[("x-test-stall-ms", "500")],
+            "",
+        )
+        .await
     });
     // Once the request is at the upstream, stop the proxy.
     loki.wait_for_requests(1).await;
@@ -401,7 +524,10 @@ async fn shutdown_lets_in_flight_requests_finish() {
     let reply = in_flight.await.unwrap();
     assert_eq!(reply.status, StatusCode::OK);
     proxy.join().await;
-    assert!(tokio::net::TcpStream::connect(proxy.addr).await.is_err(), "listener closed");
+    assert!(
+        tokio::net::TcpStream::connect(proxy.addr).await.is_err(),
+        "listener closed"
+    );
 }
 
 #[tokio::test]
@@ -445,7 +571,106 @@ async fn no_secret_reaches_logs_metrics_or_error_bodies() {
     for secret in secrets.iter().chain(&hashes) {
         assert!(!logs.contains(secret.as_str()), "log leaks {secret}");
         assert!(!metrics.contains(secret.as_str()), "metrics leak {secret}");
-        assert!(!bodies.contains(secret.as_str()), "error bodies leak {secret}");
+        assert!(
+            !bodies.contains(secret.as_str()),
+            "error bodies leak {secret}"
+        );
     }
     assert!(!metrics.contains("alice"), "no usernames as metric labels");
+}
+
+#[tokio::test]
+async fn push_bodies_and_encodings_reach_loki_byte_for_byte() {
+    let (loki, proxy) = setup().await;
+    let body: Vec<u8> = (0..=255u8).cycle().take(10_000).collect();
+    for (content_type, encoding) in [
+        ("application/x-protobuf", None),
+        ("application/json", Some("gzip")),
+        ("application/x-protobuf", Some("snappy")),
+    ] {
+        let mut headers = vec![("content-type", content_type)];
+        if let Some(encoding) = encoding {
+            headers.push(("content-encoding", encoding));
+        }
+        let reply = send(
+            Method::POST,
+            &proxy.url("/api/prom/push"),
+            Some(&basic("pusher-a", "pusher-pw")),
+            &headers,
+            body.clone(),
+        )
+        .await;
+        assert_eq!(reply.status, StatusCode::NO_CONTENT);
+        let seen = loki.last();
+        assert_eq!(seen.body.as_ref(), body.as_slice());
+        assert_eq!(seen.headers["content-type"], content_type);
+        assert_eq!(
+            seen.headers
+                .get("content-encoding")
+                .map(|v| v.to_str().unwrap()),
+            encoding
+        );
+    }
+}
+
+#[tokio::test]
+async fn in_flight_requests_survive_a_reload_that_removes_their_user() {
+    let (loki, mut proxy) = setup().await;
+    let url = proxy.url(QUERY);
+    let in_flight = tokio::spawn(async move {
+        send(
+            Method::GET,
+            &url,
+            Some(&basic("bob", "bob-pw")),
+            &[("x-test-stall-ms", "300")],
+            "",
+        )
+        .await
+    });
+    loki.wait_for_requests(1).await;
+    let without_bob = support::tenants_yaml(&[support::TenantSpec {
+        id: "team-a",
+        users: &[("alice", "alice-pw", None)],
+    }]);
+    assert_eq!(proxy.rewrite_tenants(&without_bob).await.last_error, None);
+    let reply = in_flight.await.unwrap();
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.json()["data"]["tenant"], "team-b");
+    assert_eq!(
+        get(&proxy.url(QUERY), &basic("bob", "bob-pw")).await.status,
+        StatusCode::UNAUTHORIZED
+    );
+}
+
+#[tokio::test]
+async fn idle_and_slow_connections_are_closed_after_the_header_read_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    support::captured_logs();
+    let loki = LokiStandIn::start().await;
+    let mut options = ProxyOptions::new(loki.url());
+    options.limits = "  header_read_timeout: 200ms\n";
+    let proxy = RunningProxy::start(options).await;
+
+    // Idle keep-alive: one request, then silence until the proxy hangs up.
+    let mut idle = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let request = format!(
+        "GET /loki/api/v1/labels HTTP/1.1\r\nHost: p\r\nAuthorization: {}\r\n\r\n",
+        basic("alice", "alice-pw")
+    );
+    idle.write_all(request.as_bytes()).await.unwrap();
+    // Slow client: half a request head, never finished.
+    let mut slow = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    slow.write_all(b"GET /loki/api/v1/labels HTTP/1.1\r\nHost:")
+        .await
+        .unwrap();
+
+    for (name, stream) in [("idle", &mut idle), ("slow", &mut slow)] {
+        let mut seen = Vec::new();
+        let closed =
+            tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut seen)).await;
+        assert!(closed.is_ok(), "{name} connection closed by the proxy");
+        if name == "idle" {
+            assert!(String::from_utf8_lossy(&seen).starts_with("HTTP/1.1 200"));
+        }
+    }
 }

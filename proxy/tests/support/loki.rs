@@ -106,7 +106,9 @@ impl LokiStandIn {
     }
 
     pub fn last(&self) -> Received {
-        self.received().pop().expect("the stand-in received a request")
+        self.received()
+            .pop()
+            .expect("the stand-in received a request")
     }
 }
 
@@ -122,7 +124,11 @@ async fn handle(
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let upgrade = hyper::upgrade::on(&mut request);
     let (parts, body) = request.into_parts();
-    let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let body = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
     let received = Received {
         method: parts.method.clone(),
         path: parts.uri.path().to_owned(),
@@ -155,7 +161,13 @@ async fn handle(
     let path = received.path.as_str();
     if path.ends_with("/push") {
         let line = String::from_utf8_lossy(&body).into_owned();
-        state.pushed.lock().unwrap().entry(tenant).or_default().push(line);
+        state
+            .pushed
+            .lock()
+            .unwrap()
+            .entry(tenant)
+            .or_default()
+            .push(line);
         return Ok(reply(StatusCode::NO_CONTENT, ""));
     }
     if path.ends_with("/tail") {
@@ -194,11 +206,15 @@ fn accept_websocket(
         let upgraded = upgrade.await.expect("client upgraded");
         let mut ws =
             WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, None).await;
-        ws.send(Message::text(format!("tenant={tenant}"))).await.unwrap();
+        ws.send(Message::text(format!("tenant={tenant}")))
+            .await
+            .unwrap();
         // Polling on after a Close frame lets tungstenite send its reply.
         while let Some(Ok(message)) = ws.next().await {
             if let Message::Text(text) = message {
-                ws.send(Message::text(format!("echo:{text}"))).await.unwrap();
+                ws.send(Message::text(format!("echo:{text}")))
+                    .await
+                    .unwrap();
             }
         }
     });
