@@ -15,6 +15,7 @@ pub mod headers;
 pub mod metrics;
 pub mod password;
 pub mod path;
+pub mod promql;
 pub mod proxy;
 pub mod reload;
 pub mod routes;

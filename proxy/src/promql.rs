@@ -1,0 +1,256 @@
+//! PromQL enforcement for label mode: every selector of a query, and every
+//! `match[]` selector, gets the tenant's matcher. Pure functions over the
+//! promql-parser AST; the request plumbing lives in `prometheus.rs`.
+//!
+//! Rules (see docs/promql-enforcement.md):
+//! - the tenant matcher is added to every vector and matrix selector, wherever
+//!   it sits (functions, aggregation parameters, binary operations,
+//!   subqueries, `offset`/`@` forms). The walker below is ours, not the
+//!   crate's, because the crate's skips aggregation parameters
+//!   (`topk(scalar(x), y)`) and treats matrix selectors as leaves;
+//! - a user's matchers on the tenant label are kept, so they are ANDed with
+//!   ours and can only narrow the result;
+//! - `or` groups inside a selector (a GreptimeDB extension the parser accepts
+//!   and Prometheus does not) are refused: the printer would drop our matcher;
+//! - `info()` reads series the query does not name: refused;
+//! - queries that could overflow the stack are refused before parsing;
+//! - the output is parsed again and every selector checked; a miss is a bug,
+//!   reported as such (500), never forwarded.
+
+use promql_parser::label::{MatchOp, Matcher};
+use promql_parser::parser::{self, Expr, VectorSelector};
+
+/// Longest query accepted. Large regex alternations from dashboards fit.
+pub const MAX_QUERY_BYTES: usize = 128 * 1024;
+
+/// Most tokens that can deepen the syntax tree (brackets and operators
+/// outside label matchers). The parser, printer and drop are recursive; a
+/// debug build overflows a 2 MiB runtime thread at ~1,000 nested calls and a
+/// release build at ~3,000, so 256 keeps a wide margin while staying far
+/// above what dashboards write (tested below).
+pub const MAX_NESTING_TOKENS: usize = 256;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum EnforceError {
+    #[error("query longer than {MAX_QUERY_BYTES} bytes")]
+    TooLong,
+    #[error("query too complex (more than {MAX_NESTING_TOKENS} operators and brackets)")]
+    TooComplex,
+    #[error("cannot parse query: {0}")]
+    Parse(String),
+    #[error("`or` inside a label selector is not PromQL")]
+    OrInSelector,
+    #[error("info() is not allowed: it reads series the query does not name")]
+    InfoFunction,
+    #[error("match[] must be a series selector, e.g. {{job=\"api\"}}")]
+    NotASelector,
+    #[error("this PromQL construct is not supported")]
+    Unsupported,
+    #[error("enforcement left a selector without the tenant matcher")]
+    Unenforced,
+}
+
+impl EnforceError {
+    /// Client errors are 400; `Unenforced` is our bug and a 500.
+    pub fn is_client_error(&self) -> bool {
+        !matches!(self, Self::Unenforced)
+    }
+}
+
+// === impl TenantMatcher ===
+
+/// The matcher a tenant's selectors must carry: `label="v"` for one value,
+/// `label=~"v1|v2"` with every value regex-quoted for several.
+#[derive(Clone, Debug)]
+pub struct TenantMatcher {
+    matcher: Matcher,
+}
+
+impl TenantMatcher {
+    pub fn new(label: &str, values: &[String]) -> Result<Self, String> {
+        let matcher = match values {
+            [] => return Err("a tenant without label values cannot be enforced".into()),
+            [one] => Matcher::new(MatchOp::Equal, label, one),
+            many => {
+                let alternation = many
+                    .iter()
+                    .map(|v| quote_meta(v))
+                    .collect::<Vec<_>>()
+                    .join("|");
+                let anchored = format!("^(?:{alternation})$");
+                let regex = regex::Regex::new(&anchored).map_err(|e| e.to_string())?;
+                Matcher::new(MatchOp::Re(regex), label, &alternation)
+            }
+        };
+        Ok(Self { matcher })
+    }
+
+    /// A series selector selecting exactly the tenant's series, for
+    /// endpoints called without `match[]`.
+    pub fn selector(&self) -> String {
+        format!("{{{}}}", self.matcher)
+    }
+
+    fn is_carried_by(&self, vs: &VectorSelector) -> bool {
+        vs.matchers.or_matchers.is_empty() && vs.matchers.matchers.contains(&self.matcher)
+    }
+}
+
+/// Go's `regexp.QuoteMeta`: Prometheus compiles matchers with RE2, so quote
+/// exactly the characters RE2 treats as special.
+fn quote_meta(value: &str) -> String {
+    let mut out = String::with_capacity(value.len() * 2);
+    for c in value.chars() {
+        if r"\.+*?()|[]{}^$".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+// === enforcement ===
+
+/// Enforces a PromQL expression (the `query` parameter).
+pub fn enforce_query(query: &str, tenant: &TenantMatcher) -> Result<String, EnforceError> {
+    let mut expr = parse_bounded(query)?;
+    for_each_selector(&mut expr, &mut |vs| inject(vs, tenant))?;
+    let enforced = expr.to_string();
+    verify(&enforced, tenant)?;
+    Ok(enforced)
+}
+
+/// Enforces one series selector (a `match[]` value).
+pub fn enforce_selector(selector: &str, tenant: &TenantMatcher) -> Result<String, EnforceError> {
+    let mut expr = parse_bounded(selector)?;
+    match &mut expr {
+        Expr::VectorSelector(vs) if vs.offset.is_none() && vs.at.is_none() => inject(vs, tenant)?,
+        _ => return Err(EnforceError::NotASelector),
+    }
+    let enforced = expr.to_string();
+    verify(&enforced, tenant)?;
+    Ok(enforced)
+}
+
+fn inject(vs: &mut VectorSelector, tenant: &TenantMatcher) -> Result<(), EnforceError> {
+    if !vs.matchers.or_matchers.is_empty() {
+        return Err(EnforceError::OrInSelector);
+    }
+    vs.matchers.matchers.push(tenant.matcher.clone());
+    Ok(())
+}
+
+/// Parses the enforced text again and checks every selector: the printer,
+/// not our AST, is what the upstream will read.
+fn verify(enforced: &str, tenant: &TenantMatcher) -> Result<(), EnforceError> {
+    let mut expr = parser::parse(enforced).map_err(|_| EnforceError::Unenforced)?;
+    for_each_selector(&mut expr, &mut |vs| {
+        if tenant.is_carried_by(vs) {
+            Ok(())
+        } else {
+            Err(EnforceError::Unenforced)
+        }
+    })
+}
+
+fn parse_bounded(query: &str) -> Result<Expr, EnforceError> {
+    if query.len() > MAX_QUERY_BYTES {
+        return Err(EnforceError::TooLong);
+    }
+    if nesting_tokens(query) > MAX_NESTING_TOKENS {
+        return Err(EnforceError::TooComplex);
+    }
+    parser::parse(query).map_err(EnforceError::Parse)
+}
+
+/// Counts what can deepen the tree: brackets and operator characters outside
+/// string literals and label matchers (`{...}`), and the keyword operators.
+/// An upper bound on the tree's depth.
+fn nesting_tokens(query: &str) -> usize {
+    let mut count = 0;
+    let mut quote: Option<char> = None;
+    let mut escaped = false;
+    let mut in_matchers = false;
+    let mut word = String::new();
+    for c in query.chars() {
+        if let Some(q) = quote {
+            match c {
+                _ if escaped => escaped = false,
+                '\\' if q != '`' => escaped = true,
+                _ if c == q => quote = None,
+                _ => {}
+            }
+            continue;
+        }
+        if in_matchers {
+            match c {
+                '"' | '\'' | '`' => quote = Some(c),
+                '}' => in_matchers = false,
+                _ => {}
+            }
+            continue;
+        }
+        if c.is_alphanumeric() || c == '_' {
+            word.push(c);
+            continue;
+        }
+        count += keyword_operator(&word);
+        word.clear();
+        match c {
+            '"' | '\'' | '`' => quote = Some(c),
+            '{' => {
+                in_matchers = true;
+                count += 1;
+            }
+            '(' | '[' | '+' | '-' | '*' | '/' | '%' | '^' | '=' | '!' | '<' | '>' => count += 1,
+            _ => {}
+        }
+    }
+    count + keyword_operator(&word)
+}
+
+fn keyword_operator(word: &str) -> usize {
+    usize::from(matches!(
+        word.to_ascii_lowercase().as_str(),
+        "and" | "or" | "unless" | "atan2"
+    ))
+}
+
+/// Calls `f` on every vector selector, including those inside matrix
+/// selectors. Exhaustive on purpose: a new node kind fails to compile here.
+fn for_each_selector(
+    expr: &mut Expr,
+    f: &mut impl FnMut(&mut VectorSelector) -> Result<(), EnforceError>,
+) -> Result<(), EnforceError> {
+    match expr {
+        Expr::VectorSelector(vs) => f(vs),
+        Expr::MatrixSelector(ms) => f(&mut ms.vs),
+        Expr::Aggregate(aggregate) => {
+            if let Some(param) = &mut aggregate.param {
+                for_each_selector(param, f)?;
+            }
+            for_each_selector(&mut aggregate.expr, f)
+        }
+        Expr::Unary(unary) => for_each_selector(&mut unary.expr, f),
+        Expr::Binary(binary) => {
+            for_each_selector(&mut binary.lhs, f)?;
+            for_each_selector(&mut binary.rhs, f)
+        }
+        Expr::Paren(paren) => for_each_selector(&mut paren.expr, f),
+        Expr::Subquery(subquery) => for_each_selector(&mut subquery.expr, f),
+        Expr::Call(call) => {
+            if call.func.name == "info" {
+                return Err(EnforceError::InfoFunction);
+            }
+            for arg in &mut call.args.args {
+                for_each_selector(arg, f)?;
+            }
+            Ok(())
+        }
+        Expr::NumberLiteral(_) | Expr::StringLiteral(_) => Ok(()),
+        Expr::Extension(_) => Err(EnforceError::Unsupported),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,302 @@
+use super::*;
+use proptest::prelude::*;
+
+fn one() -> TenantMatcher {
+    TenantMatcher::new("namespace", &["team-a".into()]).unwrap()
+}
+
+fn two() -> TenantMatcher {
+    TenantMatcher::new("namespace", &["team-a".into(), "team-a.prod".into()]).unwrap()
+}
+
+const A: &str = r#"namespace="team-a""#;
+
+/// (query, expected output) for the single-value tenant.
+const CASES: &[(&str, &str)] = &[
+    ("up", r#"up{namespace="team-a"}"#),
+    (r#"up{job="api"}"#, r#"up{job="api",namespace="team-a"}"#),
+    (
+        "rate(http_requests_total[5m])",
+        r#"rate(http_requests_total{namespace="team-a"}[5m])"#,
+    ),
+    (
+        "sum by (code) (rate(http_requests_total[5m]))",
+        r#"sum by (code) (rate(http_requests_total{namespace="team-a"}[5m]))"#,
+    ),
+    (
+        "a and b",
+        r#"a{namespace="team-a"} and b{namespace="team-a"}"#,
+    ),
+    (
+        "a or b",
+        r#"a{namespace="team-a"} or b{namespace="team-a"}"#,
+    ),
+    (
+        "a unless on(job) b",
+        r#"a{namespace="team-a"} unless on (job) b{namespace="team-a"}"#,
+    ),
+    (
+        "a * on(job) group_left(x) b",
+        r#"a{namespace="team-a"} * on (job) group_left (x) b{namespace="team-a"}"#,
+    ),
+    ("-a", r#"-a{namespace="team-a"}"#),
+    ("(a)", r#"(a{namespace="team-a"})"#),
+    (
+        "max_over_time(rate(a[1m])[1h:5m])",
+        r#"max_over_time(rate(a{namespace="team-a"}[1m])[1h:5m])"#,
+    ),
+    ("a offset 5m", r#"a{namespace="team-a"} offset 5m"#),
+    (
+        "a @ 1700000000",
+        r#"a{namespace="team-a"} @ 1700000000.000"#,
+    ),
+    ("a[5m] @ end()", r#"a{namespace="team-a"}[5m] @ end()"#),
+    ("topk(5, a)", r#"topk(5, a{namespace="team-a"})"#),
+    (
+        "topk(scalar(count(b)), a)",
+        r#"topk(scalar(count(b{namespace="team-a"})), a{namespace="team-a"})"#,
+    ),
+    (
+        r#"count_values("v", a)"#,
+        r#"count_values("v", a{namespace="team-a"})"#,
+    ),
+    (
+        r#"label_replace(a, "x", "$1", "y", "(.*)")"#,
+        r#"label_replace(a{namespace="team-a"}, "x", "$1", "y", "(.*)")"#,
+    ),
+    ("absent(a)", r#"absent(a{namespace="team-a"})"#),
+    ("1 + 1", "1 + 1"),
+    ("vector(1) + vector(1)", "vector(1) + vector(1)"),
+    (r#"{__name__="a"}"#, r#"{__name__="a",namespace="team-a"}"#),
+    (
+        r#"{"my.metric"}"#,
+        r#"{__name__="my.metric",namespace="team-a"}"#,
+    ),
+];
+
+#[test]
+fn injects_into_every_selector_kind() {
+    for (query, want) in CASES {
+        assert_eq!(
+            enforce_query(query, &one()).as_deref(),
+            Ok(*want),
+            "{query}"
+        );
+    }
+}
+
+#[test]
+fn user_matchers_on_the_tenant_label_are_kept_and_anded() {
+    // Each keeps the user's matcher and adds ours: the result can only narrow.
+    for user in [
+        r#"namespace="team-b""#,
+        r#"namespace!="team-a""#,
+        r#"namespace=~".*""#,
+        r#"namespace=~"team-.*""#,
+        r#"namespace!~"x""#,
+        r#"namespace="""#,
+    ] {
+        let out = enforce_query(&format!("up{{{user}}}"), &one()).unwrap();
+        assert!(out.contains(user), "{out}");
+        assert!(out.contains(A), "{out}");
+    }
+}
+
+#[test]
+fn several_values_become_one_quoted_alternation() {
+    let out = enforce_query("up", &two()).unwrap();
+    assert_eq!(out, r#"up{namespace=~"team-a|team-a\\.prod"}"#);
+    assert_eq!(two().selector(), r#"{namespace=~"team-a|team-a\\.prod"}"#);
+}
+
+#[test]
+fn values_with_quotes_backslashes_and_regex_characters_round_trip() {
+    let odd = vec![
+        r#"a"b"#.to_string(),
+        r"c\d".to_string(),
+        "e|f.g".to_string(),
+    ];
+    for values in [&odd[..1], &odd[1..2], &odd[..]] {
+        let tenant = TenantMatcher::new("namespace", values).unwrap();
+        let out = enforce_query("up", &tenant).unwrap();
+        // The printed value parses back to exactly our matcher.
+        let mut expr = parser::parse(&out).unwrap();
+        let Expr::VectorSelector(vs) = &mut expr else {
+            panic!("{out}")
+        };
+        assert!(tenant.is_carried_by(vs), "{out}");
+    }
+    let tenant = TenantMatcher::new("namespace", &odd).unwrap();
+    let out = enforce_query("up", &tenant).unwrap();
+    assert!(
+        out.contains(r#"e\\|f\\.g"#),
+        "a | in a value is quoted, not an alternation: {out}"
+    );
+}
+
+#[test]
+fn refuses_or_groups_inside_selectors() {
+    assert_eq!(
+        enforce_query(r#"up{a="1" or b="2"}"#, &one()),
+        Err(EnforceError::OrInSelector)
+    );
+    assert_eq!(
+        enforce_selector(r#"{a="1" or b="2"}"#, &one()),
+        Err(EnforceError::OrInSelector)
+    );
+}
+
+#[test]
+fn refuses_info_and_unparseable_queries() {
+    assert_eq!(
+        enforce_query("info(up)", &one()),
+        Err(EnforceError::InfoFunction)
+    );
+    assert!(matches!(
+        enforce_query("up{", &one()),
+        Err(EnforceError::Parse(_))
+    ));
+    assert!(matches!(
+        enforce_query("rate(a[5m+1m])", &one()),
+        Err(EnforceError::Parse(_))
+    ));
+    assert!(matches!(
+        enforce_query("", &one()),
+        Err(EnforceError::Parse(_))
+    ));
+}
+
+#[test]
+fn bounds_length_and_nesting_before_parsing() {
+    let deep = format!("{}up{}", "(".repeat(20_000), ")".repeat(20_000));
+    assert_eq!(enforce_query(&deep, &one()), Err(EnforceError::TooComplex));
+    let chain = vec!["up"; 300].join(" + ");
+    assert_eq!(enforce_query(&chain, &one()), Err(EnforceError::TooComplex));
+    let long = format!(r#"up{{job="{}"}}"#, "x".repeat(MAX_QUERY_BYTES));
+    assert_eq!(enforce_query(&long, &one()), Err(EnforceError::TooLong));
+    // Brackets inside strings and matchers inside braces do not count.
+    let in_string = format!(r#"up{{job="{}"}}"#, "(".repeat(5_000));
+    assert!(enforce_query(&in_string, &one()).is_ok());
+    let many_matchers = vec![r#"up{a="1",b!="2",c=~"3",d!~"4"}"#; 100].join(" or ");
+    assert!(enforce_query(&many_matchers, &one()).is_ok());
+}
+
+#[test]
+fn the_deepest_accepted_queries_fit_a_runtime_thread_stack() {
+    let half = MAX_NESTING_TOKENS / 2;
+    let cases = [
+        format!(
+            "{}up{}",
+            "(".repeat(MAX_NESTING_TOKENS - 1),
+            ")".repeat(MAX_NESTING_TOKENS - 1)
+        ),
+        vec!["up"; half].join(" + "),
+        format!("{}up", "-".repeat(MAX_NESTING_TOKENS - 1)),
+        format!(
+            "{}up{}",
+            "abs(".repeat(MAX_NESTING_TOKENS - 1),
+            ")".repeat(MAX_NESTING_TOKENS - 1)
+        ),
+    ];
+    // Tokio's worker threads have 2 MiB stacks.
+    std::thread::Builder::new()
+        .stack_size(2 * 1024 * 1024)
+        .spawn(move || {
+            for query in cases {
+                assert!(nesting_tokens(&query) <= MAX_NESTING_TOKENS);
+                let _ = enforce_query(&query, &one());
+            }
+        })
+        .unwrap()
+        .join()
+        .expect("no stack overflow at the nesting bound");
+}
+
+#[test]
+fn match_selectors_are_enforced_and_must_be_selectors() {
+    assert_eq!(
+        enforce_selector(r#"{job="api"}"#, &one()).as_deref(),
+        Ok(r#"{job="api",namespace="team-a"}"#)
+    );
+    assert_eq!(
+        enforce_selector("up", &one()).as_deref(),
+        Ok(r#"up{namespace="team-a"}"#)
+    );
+    for not_selector in ["rate(up[5m])", "up[5m]", "1", "up offset 1m", "a + b"] {
+        assert_eq!(
+            enforce_selector(not_selector, &one()),
+            Err(EnforceError::NotASelector),
+            "{not_selector}"
+        );
+    }
+}
+
+#[test]
+fn enforcement_is_idempotent_in_effect() {
+    for (query, _) in CASES {
+        let once = enforce_query(query, &one()).unwrap();
+        let twice = enforce_query(&once, &one()).unwrap();
+        assert!(parser::parse(&twice).is_ok());
+        assert!(twice.matches(A).count() >= once.matches(A).count());
+    }
+}
+
+// === property: random PromQL always comes out enforced ===
+
+fn selector() -> impl Strategy<Value = String> {
+    let name = prop::sample::select(vec!["up", "http_requests_total", "node_cpu_seconds_total"]);
+    let label = prop::sample::select(vec!["job", "namespace", "code", "instance"]);
+    let op = prop::sample::select(vec!["=", "!=", "=~", "!~"]);
+    let value = prop::sample::select(vec!["api", "team-a", "team-b", ".*", "", "a|b", r#"x\"y"#]);
+    (name, prop::collection::vec((label, op, value), 0..3)).prop_map(|(name, matchers)| {
+        let inner: Vec<String> = matchers
+            .into_iter()
+            .map(|(l, o, v)| format!("{l}{o}\"{v}\""))
+            .collect();
+        format!("{name}{{{}}}", inner.join(","))
+    })
+}
+
+fn expression() -> impl Strategy<Value = String> {
+    let leaf = prop_oneof![
+        selector(),
+        selector().prop_map(|s| format!("rate({s}[5m])")),
+        Just("1".to_string()),
+    ];
+    leaf.prop_recursive(4, 32, 3, |inner| {
+        prop_oneof![
+            (
+                inner.clone(),
+                inner.clone(),
+                prop::sample::select(vec!["+", "and", "or", "unless", "/", ">"])
+            )
+                .prop_map(|(a, b, op)| format!("({a}) {op} ({b})")),
+            inner.clone().prop_map(|e| format!("sum by (job) ({e})")),
+            inner.clone().prop_map(|e| format!("topk(3, {e})")),
+            inner.clone().prop_map(|e| format!("abs({e})")),
+            selector().prop_map(|s| format!("max_over_time({s}[10m:1m])")),
+            selector().prop_map(|s| format!("{s} offset 5m")),
+        ]
+    })
+}
+
+proptest! {
+    #[test]
+    fn enforced_output_parses_and_every_selector_carries_the_tenant(query in expression()) {
+        // Some generated queries are invalid PromQL (e.g. an empty-matching
+        // selector); those must be refused, never passed through.
+        match enforce_query(&query, &two()) {
+            Ok(out) => {
+                let mut expr = parser::parse(&out).expect("output parses");
+                let tenant = two();
+                for_each_selector(&mut expr, &mut |vs| {
+                    if tenant.is_carried_by(vs) { Ok(()) } else { Err(EnforceError::Unenforced) }
+                }).expect("every selector enforced");
+                let mut selectors = 0;
+                for_each_selector(&mut parser::parse(&query).unwrap(), &mut |_| { selectors += 1; Ok(()) }).unwrap();
+                prop_assert_eq!(out.matches("namespace=~\"team-a|team-a\\\\.prod\"").count(), selectors);
+            }
+            Err(e) => prop_assert!(e.is_client_error() && parser::parse(&query).is_err(), "{e}: {query}"),
+        }
+    }
+}
