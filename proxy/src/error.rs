@@ -27,6 +27,9 @@ pub enum ProxyError {
     MethodNotAllowed,
     #[error("invalid request path: {0}")]
     BadPath(&'static str),
+    /// A request the proxy cannot parse or enforce; never forwarded.
+    #[error("{0}")]
+    BadData(String),
     #[error("request body larger than {limit} bytes")]
     BodyTooLarge { limit: u64 },
     #[error("tenants are not loaded yet; retry later")]
@@ -52,7 +55,7 @@ impl ProxyError {
             Self::MissingScope(_) => StatusCode::FORBIDDEN,
             Self::RouteNotFound => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            Self::BadPath(_) => StatusCode::BAD_REQUEST,
+            Self::BadPath(_) | Self::BadData(_) => StatusCode::BAD_REQUEST,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::TenantsNotLoaded | Self::VerifierBusy => StatusCode::SERVICE_UNAVAILABLE,
             Self::UpstreamUnavailable(_) => StatusCode::BAD_GATEWAY,
@@ -70,6 +73,7 @@ impl ProxyError {
             Self::RouteNotFound => "route_not_found",
             Self::MethodNotAllowed => "method_not_allowed",
             Self::BadPath(_) => "bad_path",
+            Self::BadData(_) => "bad_data",
             Self::BodyTooLarge { .. } => "body_too_large",
             Self::TenantsNotLoaded => "tenants_not_loaded",
             Self::VerifierBusy => "verifier_busy",

@@ -24,22 +24,45 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
 use crate::auth::Authenticator;
-use crate::body::ProxyBody;
-use crate::config::{Config, Limits, Upstream};
+use crate::body::{self, ProxyBody};
+use crate::config::{Config, Limits, MetricsMode, Upstream};
 use crate::error::ProxyError;
 use crate::headers::X_SCOPE_ORGID;
 use crate::metrics::{self, Metrics, ReasonLabels, RequestLabels, SurfaceLabels};
 use crate::path;
+use crate::prometheus::{self, EMPTY_METADATA};
+use crate::promql::TenantMatcher;
 use crate::reload::Tenants;
 use crate::routes::{Operation, Route, RouteTable, Signal};
-use crate::tenants::Credential;
+use crate::tenants::{Credential, Tenant};
 use crate::upstream::{self, HttpClient};
+
+/// Where one signal's requests go and how the tenant travels there.
+#[derive(Debug)]
+pub struct Target {
+    pub upstream: Upstream,
+    /// Set to the tenant id (Loki, and metrics in header mode).
+    pub tenant_header: Option<HeaderName>,
+    /// The label a tenant's `namespaces` are values of (metrics label mode).
+    pub tenant_label: Option<String>,
+}
+
+impl Target {
+    fn tenant_matcher(&self, tenant: &Tenant) -> Result<TenantMatcher, ProxyError> {
+        let label = self
+            .tenant_label
+            .as_deref()
+            .ok_or_else(|| ProxyError::Internal("label enforcement without a label".into()))?;
+        TenantMatcher::new(label, &tenant.namespaces).map_err(ProxyError::Internal)
+    }
+}
 
 /// Everything a request needs, shared by all connections.
 #[derive(Debug)]
 pub struct AppState {
     pub routes: RouteTable,
-    pub logs_upstream: Option<Upstream>,
+    pub logs: Option<Target>,
+    pub metrics_target: Option<Target>,
     pub tenants: Arc<Tenants>,
     pub auth: Authenticator,
     pub client: HttpClient,
@@ -49,9 +72,28 @@ pub struct AppState {
 
 impl AppState {
     pub fn new(config: &Config, tenants: Arc<Tenants>, metrics: Arc<Metrics>) -> Self {
+        let logs = config.logs.as_ref().map(|l| Target {
+            upstream: l.upstream.clone(),
+            tenant_header: Some(X_SCOPE_ORGID),
+            tenant_label: None,
+        });
+        let metrics_target = config.metrics.as_ref().map(|m| match m.mode {
+            MetricsMode::Label => Target {
+                upstream: m.upstream.clone(),
+                tenant_header: None,
+                tenant_label: Some(m.label.clone()),
+            },
+            MetricsMode::Header => Target {
+                upstream: m.upstream.clone(),
+                // Validated as a header name when the config was loaded.
+                tenant_header: HeaderName::from_bytes(m.header.as_bytes()).ok(),
+                tenant_label: None,
+            },
+        });
         Self {
-            routes: RouteTable::new(config.logs.is_some()),
-            logs_upstream: config.logs.as_ref().map(|l| l.upstream.clone()),
+            routes: RouteTable::new(logs.is_some(), config.metrics.as_ref().map(|m| m.mode)),
+            logs,
+            metrics_target,
             tenants,
             auth: Authenticator::new(&config.auth),
             client: upstream::client(),
@@ -60,17 +102,12 @@ impl AppState {
         }
     }
 
-    fn upstream_for(&self, route: &Route) -> Result<(&Upstream, HeaderName), ProxyError> {
-        match route.signal {
-            Signal::Logs => self
-                .logs_upstream
-                .as_ref()
-                .map(|u| (u, X_SCOPE_ORGID))
-                .ok_or_else(|| ProxyError::Internal("logs route without logs upstream".into())),
-            Signal::Metrics => Err(ProxyError::Internal(
-                "metrics routes are not served yet".into(),
-            )),
-        }
+    fn target(&self, route: &Route) -> Result<&Target, ProxyError> {
+        let target = match route.signal {
+            Signal::Logs => self.logs.as_ref(),
+            Signal::Metrics => self.metrics_target.as_ref(),
+        };
+        target.ok_or_else(|| ProxyError::Internal("route without an upstream".into()))
     }
 }
 
@@ -157,10 +194,13 @@ async fn proxy(
         return Err(ProxyError::MissingScope(route.scope));
     }
 
-    let (upstream, tenant_header) = state.upstream_for(route)?;
+    let target = state.target(route)?;
+    if route.operation == Operation::EmptyMetadata {
+        return Ok(json_response(EMPTY_METADATA));
+    }
     let upgrade = match route.operation {
         Operation::Tail => websocket_upgrade(&request),
-        Operation::Push | Operation::Read => None,
+        _ => None,
     };
     let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut request));
 
@@ -170,20 +210,36 @@ async fn proxy(
             limit: state.limits.max_body_bytes,
         });
     }
-    parts.uri = upstream
-        .uri_for(&path, parts.uri.query())
+    let (query, body) = match route.operation {
+        Operation::Enforce(selectors) => {
+            let matcher = target.tenant_matcher(&credential.tenant)?;
+            let limit = state.limits.max_body_bytes;
+            let (query, bytes) =
+                prometheus::rewrite_request(&mut parts, body, limit, selectors, &matcher).await?;
+            (query, body::full(bytes))
+        }
+        _ => {
+            let limited = Limited::new(body, state.limits.max_body_bytes as usize);
+            let query = parts.uri.query().map(str::to_owned);
+            (query, limited.map_err(Into::into).boxed_unsync())
+        }
+    };
+    if let Operation::Filter(_) = route.operation {
+        // The response is parsed to be filtered: ask for it uncompressed.
+        parts.headers.remove(header::ACCEPT_ENCODING);
+    }
+    parts.uri = target
+        .upstream
+        .uri_for(&path, query.as_deref())
         .map_err(|e| ProxyError::Internal(format!("cannot build upstream URI: {e}")))?;
     parts.version = http::Version::HTTP_11;
+    let tenant_id = credential.tenant.id.as_str();
     upstream::prepare_request_headers(
         &mut parts.headers,
         peer.ip(),
-        &tenant_header,
-        credential.tenant.id.as_str(),
+        target.tenant_header.as_ref().map(|name| (name, tenant_id)),
         upgrade,
     )?;
-    let body = Limited::new(body, state.limits.max_body_bytes as usize)
-        .map_err(Into::into)
-        .boxed_unsync();
 
     let sent = Instant::now();
     let mut response = upstream::send(
@@ -206,15 +262,36 @@ async fn proxy(
     {
         splice_upgraded(client_upgrade, hyper::upgrade::on(&mut response));
         let (parts, _) = response.into_parts();
-        return Ok(Response::from_parts(parts, crate::body::empty()));
+        return Ok(Response::from_parts(parts, body::empty()));
     }
 
     let (mut parts, body) = response.into_parts();
     upstream::strip_hop_by_hop(&mut parts.headers);
+    if let (Operation::Filter(filter), StatusCode::OK) = (route.operation, parts.status) {
+        if parts.headers.contains_key(header::CONTENT_ENCODING) {
+            return Err(ProxyError::UpstreamUnavailable(
+                "upstream compressed a response that must be filtered".into(),
+            ));
+        }
+        let label = target.tenant_label.as_deref().unwrap_or_default();
+        let filtered =
+            prometheus::filter_response(body, filter, label, &credential.tenant.namespaces).await?;
+        parts.headers.remove(header::CONTENT_LENGTH);
+        return Ok(Response::from_parts(parts, body::full(filtered)));
+    }
     Ok(Response::from_parts(
         parts,
         body.map_err(Into::into).boxed_unsync(),
     ))
+}
+
+fn json_response(text: &'static str) -> Response<ProxyBody> {
+    let mut response = Response::new(body::full(text));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
 }
 
 async fn authenticate(

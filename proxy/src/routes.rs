@@ -8,7 +8,9 @@
 
 use http::Method;
 
+use crate::config::MetricsMode;
 use crate::error::ProxyError;
+use crate::prometheus::{ResponseFilter, Selectors};
 use crate::tenants::Scope;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,9 +37,15 @@ pub enum Operation {
     Read,
     /// WebSocket upgrade passed through, tenant header set.
     Tail,
+    /// Label mode: the request is rebuilt with its selectors enforced.
+    Enforce(Selectors),
+    /// Label mode: answered by the proxy with an empty success.
+    EmptyMetadata,
+    /// Label mode: forwarded, then the response filtered to the tenant.
+    Filter(ResponseFilter),
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Route {
     pub methods: &'static [Method],
     /// Literal segments, or `{}` for exactly one arbitrary segment.
@@ -52,8 +60,8 @@ impl Route {
     pub fn surface(&self) -> &'static str {
         match (self.signal, self.operation) {
             (Signal::Logs, Operation::Push) => "logs_push",
-            (Signal::Logs, Operation::Read) => "logs_query",
             (Signal::Logs, Operation::Tail) => "logs_tail",
+            (Signal::Logs, _) => "logs_query",
             (Signal::Metrics, Operation::Push) => "metrics_push",
             (Signal::Metrics, _) => "metrics_query",
         }
@@ -80,7 +88,7 @@ const GET_POST: &[Method] = &[Method::GET, Method::POST];
 const fn logs(methods: &'static [Method], pattern: &'static str, operation: Operation) -> Route {
     let scope = match operation {
         Operation::Push => Scope::LogsWrite,
-        Operation::Read | Operation::Tail => Scope::LogsRead,
+        _ => Scope::LogsRead,
     };
     Route {
         methods,
@@ -90,6 +98,70 @@ const fn logs(methods: &'static [Method], pattern: &'static str, operation: Oper
         scope,
     }
 }
+
+const fn metrics(methods: &'static [Method], pattern: &'static str, operation: Operation) -> Route {
+    let scope = match operation {
+        Operation::Push => Scope::MetricsWrite,
+        _ => Scope::MetricsRead,
+    };
+    Route {
+        methods,
+        pattern,
+        signal: Signal::Metrics,
+        operation,
+        scope,
+    }
+}
+
+/// The Prometheus API as label mode serves it. Header mode serves the same
+/// paths, forwarded with the tenant header (`Operation::Read`). Everything
+/// else (targets, status other than buildinfo, admin, `/-/*`, remote read,
+/// format_query, ...) is refused by absence.
+pub const PROMETHEUS_ROUTES: &[Route] = &[
+    metrics(
+        GET_POST,
+        "/api/v1/query",
+        Operation::Enforce(Selectors::Query),
+    ),
+    metrics(
+        GET_POST,
+        "/api/v1/query_range",
+        Operation::Enforce(Selectors::Query),
+    ),
+    metrics(
+        GET_POST,
+        "/api/v1/query_exemplars",
+        Operation::Enforce(Selectors::Query),
+    ),
+    metrics(
+        GET_POST,
+        "/api/v1/series",
+        Operation::Enforce(Selectors::Matchers),
+    ),
+    metrics(
+        GET_POST,
+        "/api/v1/labels",
+        Operation::Enforce(Selectors::Matchers),
+    ),
+    metrics(
+        GET,
+        "/api/v1/label/{}/values",
+        Operation::Enforce(Selectors::Matchers),
+    ),
+    metrics(GET, "/federate", Operation::Enforce(Selectors::Matchers)),
+    metrics(GET, "/api/v1/metadata", Operation::EmptyMetadata),
+    metrics(
+        GET,
+        "/api/v1/rules",
+        Operation::Filter(ResponseFilter::Rules),
+    ),
+    metrics(
+        GET,
+        "/api/v1/alerts",
+        Operation::Filter(ResponseFilter::Alerts),
+    ),
+    metrics(GET, "/api/v1/status/buildinfo", Operation::Read),
+];
 
 /// Loki, header mode. Every route here is tenant-scoped by `X-Scope-OrgID`.
 pub const LOKI_ROUTES: &[Route] = &[
@@ -120,20 +192,29 @@ pub const LOKI_ROUTES: &[Route] = &[
 /// The routes in force for one configuration.
 #[derive(Debug)]
 pub struct RouteTable {
-    routes: Vec<&'static Route>,
+    routes: Vec<Route>,
 }
 
 impl RouteTable {
-    pub fn new(logs_enabled: bool) -> Self {
+    pub fn new(logs_enabled: bool, metrics: Option<MetricsMode>) -> Self {
         let mut routes = Vec::new();
         if logs_enabled {
-            routes.extend(LOKI_ROUTES);
+            routes.extend_from_slice(LOKI_ROUTES);
+        }
+        match metrics {
+            Some(MetricsMode::Label) => routes.extend_from_slice(PROMETHEUS_ROUTES),
+            // Mimir and Cortex scope every one of these by the tenant header.
+            Some(MetricsMode::Header) => routes.extend(PROMETHEUS_ROUTES.iter().map(|r| Route {
+                operation: Operation::Read,
+                ..r.clone()
+            })),
+            None => {}
         }
         Self { routes }
     }
 
     /// `path` must already be normalised (see `path::normalise`).
-    pub fn classify(&self, method: &Method, path: &str) -> Result<&'static Route, ProxyError> {
+    pub fn classify(&self, method: &Method, path: &str) -> Result<&Route, ProxyError> {
         let mut path_matched = false;
         for route in &self.routes {
             if route.matches_path(path) {
@@ -155,8 +236,9 @@ impl RouteTable {
 mod tests {
     use super::*;
 
-    fn table() -> RouteTable {
-        RouteTable::new(true)
+    fn table() -> &'static RouteTable {
+        static TABLE: std::sync::OnceLock<RouteTable> = std::sync::OnceLock::new();
+        TABLE.get_or_init(|| RouteTable::new(true, Some(MetricsMode::Label)))
     }
 
     #[test]
@@ -218,8 +300,53 @@ mod tests {
 
     #[test]
     fn disabled_signal_has_no_routes() {
-        assert!(RouteTable::new(false)
+        assert!(RouteTable::new(false, None)
             .classify(&Method::POST, "/loki/api/v1/push")
             .is_err());
+        assert!(RouteTable::new(true, None)
+            .classify(&Method::GET, "/api/v1/query")
+            .is_err());
+    }
+
+    #[test]
+    fn prometheus_label_mode_enforces_and_header_mode_forwards() {
+        let label = table()
+            .classify(&Method::POST, "/api/v1/query_range")
+            .unwrap();
+        assert_eq!(label.operation, Operation::Enforce(Selectors::Query));
+        assert_eq!(label.scope, Scope::MetricsRead);
+        let header = RouteTable::new(false, Some(MetricsMode::Header));
+        let route = header.classify(&Method::GET, "/api/v1/series").unwrap();
+        assert_eq!(route.operation, Operation::Read);
+    }
+
+    #[test]
+    fn refuses_prometheus_admin_and_global_endpoints() {
+        for path in [
+            "/api/v1/targets",
+            "/api/v1/targets/metadata",
+            "/api/v1/status/config",
+            "/api/v1/status/flags",
+            "/api/v1/status/tsdb",
+            "/api/v1/status/runtimeinfo",
+            "/api/v1/admin/tsdb/delete_series",
+            "/api/v1/admin/tsdb/snapshot",
+            "/-/reload",
+            "/-/quit",
+            "/api/v1/read",
+            "/api/v1/alertmanagers",
+            "/api/v1/format_query",
+            "/graph",
+            "/prometheus/api/v1/query",
+        ] {
+            for method in [Method::GET, Method::POST, Method::PUT] {
+                assert!(table().classify(&method, path).is_err(), "{method} {path}");
+            }
+        }
+        // Label values and federate are GET-only upstream.
+        assert!(matches!(
+            table().classify(&Method::POST, "/api/v1/label/job/values"),
+            Err(ProxyError::MethodNotAllowed)
+        ));
     }
 }

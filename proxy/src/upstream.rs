@@ -58,17 +58,20 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// Makes a client's headers fit to forward: hop-by-hop and identity headers
 /// removed (every copy, any case), `Host` left for the client to set from the
 /// upstream URI, the client's address appended to `X-Forwarded-For`, and
-/// finally the tenant header set. Stripping before setting is what makes a
+/// finally the tenant header set (when the target takes one; in label mode
+/// the tenant travels in the rewritten query instead). Stripping before setting is what makes a
 /// spoofed tenant header impossible to pass through.
 pub fn prepare_request_headers(
     headers: &mut HeaderMap,
     client: IpAddr,
-    tenant_header: &HeaderName,
-    tenant: &str,
+    tenant_header: Option<(&HeaderName, &str)>,
     upgrade: Option<HeaderValue>,
 ) -> Result<(), ProxyError> {
     strip_hop_by_hop(headers);
-    for name in IDENTITY_HEADERS.iter().chain([tenant_header]) {
+    for name in IDENTITY_HEADERS
+        .iter()
+        .chain(tenant_header.map(|(name, _)| name))
+    {
         headers.remove(name);
     }
     headers.remove(header::HOST);
@@ -81,10 +84,12 @@ pub fn prepare_request_headers(
         .map_err(|_| ProxyError::Internal("unencodable X-Forwarded-For".into()))?;
     headers.insert(X_FORWARDED_FOR, forwarded_for);
 
-    // Tenant ids are validated to a header-safe charset when loaded.
-    let tenant = HeaderValue::from_str(tenant)
-        .map_err(|_| ProxyError::Internal("tenant id is not a header value".into()))?;
-    headers.insert(tenant_header.clone(), tenant);
+    if let Some((name, tenant)) = tenant_header {
+        // Tenant ids are validated to a header-safe charset when loaded.
+        let tenant = HeaderValue::from_str(tenant)
+            .map_err(|_| ProxyError::Internal("tenant id is not a header value".into()))?;
+        headers.insert(name.clone(), tenant);
+    }
 
     if let Some(protocol) = upgrade {
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
@@ -142,7 +147,7 @@ mod tests {
         h.append("x-secret", HeaderValue::from_static("1"));
         h.append(header::HOST, HeaderValue::from_static("attacker"));
         let ip: IpAddr = "127.0.0.2".parse().unwrap();
-        prepare_request_headers(&mut h, ip, &X_SCOPE_ORGID, "team-a", None).unwrap();
+        prepare_request_headers(&mut h, ip, Some((&X_SCOPE_ORGID, "team-a")), None).unwrap();
         let orgids: Vec<_> = h.get_all(X_SCOPE_ORGID).iter().collect();
         assert_eq!(orgids, vec![HeaderValue::from_static("team-a")]);
         for gone in [
@@ -162,7 +167,8 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(X_FORWARDED_FOR, HeaderValue::from_static("10.0.0.1"));
         let ip: IpAddr = "127.0.0.1".parse().unwrap();
-        prepare_request_headers(&mut h, ip, &X_SCOPE_ORGID, "t", None).unwrap();
+        prepare_request_headers(&mut h, ip, None, None).unwrap();
+        assert!(!h.contains_key(X_SCOPE_ORGID));
         assert_eq!(h[X_FORWARDED_FOR], "10.0.0.1, 127.0.0.1");
     }
 }

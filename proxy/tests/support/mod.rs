@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod loki;
+pub mod prometheus;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -45,22 +46,37 @@ pub struct TenantSpec<'a> {
     pub users: &'a [(&'a str, &'a str, Option<&'a str>)],
 }
 
+/// Like `tenants_yaml`, with explicit namespaces per tenant.
+pub fn tenants_with_namespaces(tenants: &[(TenantSpec<'_>, &[&str])]) -> String {
+    let mut out = String::from("version: 1\ntenants:\n");
+    for (t, namespaces) in tenants {
+        out.push_str(&tenant_entry(t));
+        out.push_str(&format!("    namespaces: [{}]\n", namespaces.join(", ")));
+    }
+    out
+}
+
+fn tenant_entry(t: &TenantSpec<'_>) -> String {
+    let mut out = format!("  - id: {}\n", t.id);
+    if !t.users.is_empty() {
+        out.push_str("    users:\n");
+    }
+    for (user, password, scopes) in t.users {
+        out.push_str(&format!(
+            "      - username: {user}\n        password_hash: \"{}\"\n",
+            cheap_hash(password)
+        ));
+        if let Some(scopes) = scopes {
+            out.push_str(&format!("        scopes: [{scopes}]\n"));
+        }
+    }
+    out
+}
+
 pub fn tenants_yaml(tenants: &[TenantSpec<'_>]) -> String {
     let mut out = String::from("version: 1\ntenants:\n");
     for t in tenants {
-        out.push_str(&format!("  - id: {}\n    users:\n", t.id));
-        if t.users.is_empty() {
-            out.truncate(out.len() - "    users:\n".len());
-        }
-        for (user, password, scopes) in t.users {
-            out.push_str(&format!(
-                "      - username: {user}\n        password_hash: \"{}\"\n",
-                cheap_hash(password)
-            ));
-            if let Some(scopes) = scopes {
-                out.push_str(&format!("        scopes: [{scopes}]\n"));
-            }
-        }
+        out.push_str(&tenant_entry(t));
     }
     out
 }
@@ -107,7 +123,9 @@ pub struct RunningProxy {
 pub struct ProxyOptions {
     /// Written before start; `None` starts without a tenants file.
     pub tenants: Option<String>,
-    pub logs_upstream: String,
+    pub logs_upstream: Option<String>,
+    /// The body of the config's `metrics:` section, if any.
+    pub metrics: Option<String>,
     /// Appended to the config's `limits:` section.
     pub limits: &'static str,
     pub auth: &'static str,
@@ -117,7 +135,19 @@ impl ProxyOptions {
     pub fn new(logs_upstream: impl Into<String>) -> Self {
         Self {
             tenants: Some(two_tenants()),
-            logs_upstream: logs_upstream.into(),
+            logs_upstream: Some(logs_upstream.into()),
+            metrics: None,
+            limits: "",
+            auth: "",
+        }
+    }
+
+    /// Metrics only; `section` is the body of `metrics:`.
+    pub fn metrics(tenants: String, section: String) -> Self {
+        Self {
+            tenants: Some(tenants),
+            logs_upstream: None,
+            metrics: Some(section),
             limits: "",
             auth: "",
         }
@@ -131,14 +161,20 @@ impl RunningProxy {
         if let Some(tenants) = &options.tenants {
             std::fs::write(&tenants_file, tenants).unwrap();
         }
-        let config_text = format!(
+        let mut config_text = String::from(
             "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\ntenants_file: tenants.yaml\n\
-             tenants_poll_interval: 200ms\n\
-             logs:\n  upstream: {}\n\
-             limits:\n  shutdown_grace: 5s\n{}\
-             auth:\n  verification_wait: 5s\n{}",
-            options.logs_upstream, options.limits, options.auth
+             tenants_poll_interval: 200ms\n",
         );
+        if let Some(logs) = &options.logs_upstream {
+            config_text.push_str(&format!("logs:\n  upstream: {logs}\n"));
+        }
+        if let Some(metrics) = &options.metrics {
+            config_text.push_str(&format!("metrics:\n{metrics}"));
+        }
+        config_text.push_str(&format!(
+            "limits:\n  shutdown_grace: 5s\n{}auth:\n  verification_wait: 5s\n{}",
+            options.limits, options.auth
+        ));
         let config_path = dir.path().join("config.yaml");
         std::fs::write(&config_path, config_text).unwrap();
         let config = Config::load(&config_path).unwrap();

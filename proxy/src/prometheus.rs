@@ -1,0 +1,270 @@
+//! The Prometheus HTTP API in label mode: requests are rebuilt with every
+//! selector enforced (`promql.rs`), `metadata` is answered locally, and the
+//! `rules`/`alerts` responses are filtered to the tenant's own entries.
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::request::Parts;
+use http::Method;
+use http_body_util::{BodyExt, Limited};
+use serde_json::Value;
+
+use crate::error::ProxyError;
+use crate::params::{Params, MATCH};
+use crate::promql::{self, EnforceError, TenantMatcher};
+
+/// `metadata` takes no selector, so upstream it would list every tenant's
+/// metric names and help texts. Grafana calls it and copes with empty data.
+pub const EMPTY_METADATA: &str = r#"{"status":"success","data":{}}"#;
+
+/// Largest `rules`/`alerts` response the proxy will buffer to filter.
+pub const MAX_FILTERED_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
+
+/// Which parameters of a request carry selectors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Selectors {
+    /// `query`, required (query, query_range, query_exemplars).
+    Query,
+    /// Every `match[]`; one is added when none is given (series, labels,
+    /// label values, federate), so nothing is ever listed unfiltered.
+    Matchers,
+}
+
+impl From<EnforceError> for ProxyError {
+    fn from(e: EnforceError) -> Self {
+        if e.is_client_error() {
+            ProxyError::BadData(e.to_string())
+        } else {
+            ProxyError::Internal(e.to_string())
+        }
+    }
+}
+
+/// Enforces the parameters in place.
+pub fn enforce(
+    params: &mut Params,
+    selectors: Selectors,
+    tenant: &TenantMatcher,
+) -> Result<(), ProxyError> {
+    match selectors {
+        Selectors::Query => {
+            let query = params
+                .values_mut("query")
+                .next()
+                .ok_or_else(|| ProxyError::BadData("parameter \"query\" is required".into()))?;
+            *query = promql::enforce_query(query, tenant)?;
+        }
+        Selectors::Matchers => {
+            let mut given = 0;
+            for selector in params.values_mut(MATCH) {
+                *selector = promql::enforce_selector(selector, tenant)?;
+                given += 1;
+            }
+            if given == 0 {
+                params.push(MATCH, tenant.selector());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reads the request's parameters (bounded), enforces them, and rebuilds
+/// the request: GET carries them in the URL, POST in a fresh form body.
+/// Returns the new query string and body.
+pub async fn rewrite_request(
+    parts: &mut Parts,
+    body: hyper::body::Incoming,
+    body_limit: u64,
+    selectors: Selectors,
+    tenant: &TenantMatcher,
+) -> Result<(Option<String>, Bytes), ProxyError> {
+    let bytes = read_bounded(body, body_limit as usize).await?;
+    let mut params = Params::from_request(&parts.method, parts.uri.query(), &parts.headers, &bytes)
+        .map_err(|e| ProxyError::BadData(e.to_string()))?;
+    enforce(&mut params, selectors, tenant)?;
+    let encoded = params.encode();
+    let headers = &mut parts.headers;
+    headers.remove(header::CONTENT_ENCODING);
+    if parts.method == Method::POST {
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/x-www-form-urlencoded"),
+        );
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(encoded.len()));
+        Ok((None, Bytes::from(encoded)))
+    } else {
+        headers.remove(header::CONTENT_TYPE);
+        headers.remove(header::CONTENT_LENGTH);
+        Ok((Some(encoded), Bytes::new()))
+    }
+}
+
+async fn read_bounded<B>(body: B, limit: usize) -> Result<Bytes, ProxyError>
+where
+    B: hyper::body::Body,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ProxyError::BodyTooLarge {
+            limit: limit as u64,
+        }),
+        Err(e) => Err(ProxyError::BadData(format!(
+            "cannot read the request body: {e}"
+        ))),
+    }
+}
+
+// === response filtering ===
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResponseFilter {
+    Rules,
+    Alerts,
+}
+
+/// Reads a successful `rules`/`alerts` response and keeps only what carries
+/// the tenant label with one of the tenant's values. A response that cannot
+/// be read or understood is refused (502), never passed through unfiltered.
+pub async fn filter_response(
+    body: hyper::body::Incoming,
+    filter: ResponseFilter,
+    label: &str,
+    values: &[String],
+) -> Result<Bytes, ProxyError> {
+    let bytes = Limited::new(body, MAX_FILTERED_RESPONSE_BYTES)
+        .collect()
+        .await
+        .map_err(ProxyError::UpstreamUnavailable)?
+        .to_bytes();
+    filter_document(&bytes, filter, label, values)
+}
+
+/// The pure part of `filter_response`.
+pub fn filter_document(
+    bytes: &[u8],
+    filter: ResponseFilter,
+    label: &str,
+    values: &[String],
+) -> Result<Bytes, ProxyError> {
+    let mut doc: Value = serde_json::from_slice(bytes).map_err(|e| unfilterable(e.to_string()))?;
+    let owned = |labels: &Value| {
+        labels
+            .get(label)
+            .and_then(Value::as_str)
+            .is_some_and(|v| values.iter().any(|own| own == v))
+    };
+    match filter {
+        ResponseFilter::Alerts => {
+            let alerts = array_at(&mut doc, "/data/alerts")?;
+            alerts.retain(|alert| owned(&alert["labels"]));
+        }
+        ResponseFilter::Rules => {
+            let groups = array_at(&mut doc, "/data/groups")?;
+            for group in groups.iter_mut() {
+                let rules = array_at(group, "/rules")?;
+                rules.retain(|rule| owned(&rule["labels"]));
+                for rule in rules.iter_mut() {
+                    if let Some(alerts) = rule.get_mut("alerts").and_then(Value::as_array_mut) {
+                        alerts.retain(|alert| owned(&alert["labels"]));
+                    }
+                }
+            }
+            groups.retain(|group| group["rules"].as_array().is_some_and(|r| !r.is_empty()));
+        }
+    }
+    Ok(Bytes::from(doc.to_string()))
+}
+
+fn array_at<'a>(doc: &'a mut Value, pointer: &str) -> Result<&'a mut Vec<Value>, ProxyError> {
+    doc.pointer_mut(pointer)
+        .and_then(Value::as_array_mut)
+        .ok_or_else(|| unfilterable(format!("no array at {pointer}")))
+}
+
+fn unfilterable(why: String) -> ProxyError {
+    ProxyError::UpstreamUnavailable(format!("cannot filter the upstream response: {why}").into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tenant() -> TenantMatcher {
+        TenantMatcher::new("namespace", &["a".into()]).unwrap()
+    }
+
+    fn params(query: &str) -> Params {
+        Params::from_request(&Method::GET, Some(query), &http::HeaderMap::new(), b"").unwrap()
+    }
+
+    #[test]
+    fn query_is_required_and_enforced() {
+        let mut p = params("query=up&time=1");
+        enforce(&mut p, Selectors::Query, &tenant()).unwrap();
+        assert_eq!(p.get("query"), Some(r#"up{namespace="a"}"#));
+        assert_eq!(p.get("time"), Some("1"));
+        let mut missing = params("time=1");
+        assert!(matches!(
+            enforce(&mut missing, Selectors::Query, &tenant()),
+            Err(ProxyError::BadData(_))
+        ));
+    }
+
+    #[test]
+    fn every_match_is_enforced_and_one_is_added_when_none() {
+        let mut p = params("match[]=up&match[]={job=\"x\"}");
+        enforce(&mut p, Selectors::Matchers, &tenant()).unwrap();
+        let all: Vec<_> = p.values_mut(MATCH).map(|v| v.clone()).collect();
+        assert_eq!(all, [r#"up{namespace="a"}"#, r#"{job="x",namespace="a"}"#]);
+        let mut none = params("start=1");
+        enforce(&mut none, Selectors::Matchers, &tenant()).unwrap();
+        assert_eq!(none.get(MATCH), Some(r#"{namespace="a"}"#));
+    }
+
+    #[test]
+    fn rules_keep_only_the_tenants_rules_and_alerts() {
+        let doc = serde_json::json!({"status": "success", "data": {"groups": [
+            {"name": "mixed", "rules": [
+                {"name": "A", "labels": {"namespace": "a"}, "alerts": [
+                    {"labels": {"namespace": "a"}}, {"labels": {"namespace": "b"}}]},
+                {"name": "B", "labels": {"namespace": "b"}, "alerts": []},
+                {"name": "global", "labels": {}},
+            ]},
+            {"name": "only-b", "rules": [{"name": "B2", "labels": {"namespace": "b"}}]},
+        ]}});
+        let out = filter_document(
+            doc.to_string().as_bytes(),
+            ResponseFilter::Rules,
+            "namespace",
+            &["a".into()],
+        )
+        .unwrap();
+        let out: Value = serde_json::from_slice(&out).unwrap();
+        let groups = out["data"]["groups"].as_array().unwrap();
+        assert_eq!(groups.len(), 1);
+        let rules = groups[0]["rules"].as_array().unwrap();
+        assert_eq!(rules.len(), 1);
+        assert_eq!(rules[0]["name"], "A");
+        assert_eq!(rules[0]["alerts"].as_array().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn alerts_keep_only_the_tenants_and_odd_shapes_are_refused() {
+        let doc = r#"{"status":"success","data":{"alerts":[{"labels":{"namespace":"a"}},{"labels":{"namespace":"b"}},{"labels":{}}]}}"#;
+        let out = filter_document(
+            doc.as_bytes(),
+            ResponseFilter::Alerts,
+            "namespace",
+            &["a".into()],
+        )
+        .unwrap();
+        let out: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(out["data"]["alerts"].as_array().unwrap().len(), 1);
+        for odd in ["not json", r#"{"data":{}}"#, r#"{"data":{"alerts":{}}}"#] {
+            assert!(
+                filter_document(odd.as_bytes(), ResponseFilter::Alerts, "namespace", &[]).is_err()
+            );
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! A real Prometheus (Debian's package, 2.42) started on a free loopback
+//! port with a temporary data directory, fed through its remote-write
+//! receiver, and stopped by its PID when dropped.
+
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use http::{Method, StatusCode};
+use prost::Message;
+use tenant_proxy::prompb::{Label, Sample, TimeSeries, WriteRequest};
+
+pub struct PrometheusProcess {
+    pub addr: SocketAddr,
+    child: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for PrometheusProcess {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+impl PrometheusProcess {
+    /// `rules` is the content of a rule file, evaluated every second.
+    pub async fn start(rules: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("rules.yml"), rules).unwrap();
+        std::fs::write(
+            dir.path().join("prometheus.yml"),
+            "global:\n  scrape_interval: 1h\n  evaluation_interval: 1s\nrule_files: [rules.yml]\n",
+        )
+        .unwrap();
+        // A free port: bound, released, handed to Prometheus.
+        let addr = super::closed_port().await;
+        let child = Command::new("prometheus")
+            .arg(format!(
+                "--config.file={}",
+                dir.path().join("prometheus.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address={addr}"))
+            .arg("--web.enable-remote-write-receiver")
+            .arg("--log.level=warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the prometheus binary (Debian package `prometheus`; .ci/run installs it)");
+        let prometheus = Self {
+            addr,
+            child,
+            _dir: dir,
+        };
+        prometheus.wait_ready().await;
+        prometheus
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Polls `/-/ready`: an external process gives no other signal.
+    async fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let client =
+                hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                    .build_http::<http_body_util::Empty<Bytes>>();
+            let uri = format!("{}/-/ready", self.url()).parse().unwrap();
+            if let Ok(response) = client.get(uri).await {
+                if response.status() == StatusCode::OK {
+                    return;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "prometheus did not become ready in 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Writes one sample per series, now, straight into Prometheus.
+    pub async fn write(&self, series: &[(&[(&str, &str)], f64)]) {
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64;
+        let request = WriteRequest {
+            timeseries: series
+                .iter()
+                .map(|(labels, value)| time_series(labels, *value, now))
+                .collect(),
+            metadata: Vec::new(),
+        };
+        let body = snap::raw::Encoder::new()
+            .compress_vec(&request.encode_to_vec())
+            .unwrap();
+        let reply = super::send(
+            Method::POST,
+            &format!("{}/api/v1/write", self.url()),
+            None,
+            &[
+                ("content-type", "application/x-protobuf"),
+                ("content-encoding", "snappy"),
+                ("x-prometheus-remote-write-version", "0.1.0"),
+            ],
+            body,
+        )
+        .await;
+        assert_eq!(reply.status, StatusCode::NO_CONTENT, "{}", reply.text());
+    }
+}
+
+pub fn time_series(labels: &[(&str, &str)], value: f64, timestamp: i64) -> TimeSeries {
+    let mut labels: Vec<Label> = labels
+        .iter()
+        .map(|(name, value)| Label {
+            name: (*name).into(),
+            value: (*value).into(),
+        })
+        .collect();
+    labels.sort_by(|a, b| a.name.cmp(&b.name));
+    TimeSeries {
+        labels,
+        samples: vec![Sample { value, timestamp }],
+        exemplars: Vec::new(),
+        histograms: Vec::new(),
+    }
+}
