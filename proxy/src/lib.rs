@@ -9,6 +9,7 @@
 pub mod admin;
 pub mod auth;
 pub mod body;
+pub mod cli;
 pub mod config;
 pub mod error;
 pub mod headers;

@@ -6,8 +6,9 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use tenant_proxy::cli::{self, Subject};
 use tenant_proxy::config::Config;
-use tenant_proxy::{password, tenants_file, Proxy};
+use tenant_proxy::{password, Proxy};
 
 #[derive(Parser)]
 #[command(
@@ -38,6 +39,19 @@ enum Command {
     HashPassword,
     /// Validate the configuration and tenants file, print a summary.
     CheckConfig,
+    /// Print a PromQL query as label mode enforces it for a user or tenant.
+    Rewrite {
+        /// The user whose tenant the query runs for.
+        #[arg(long, required_unless_present = "tenant", conflicts_with = "tenant")]
+        user: Option<String>,
+        /// The tenant id the query runs for.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Treat the input as a `match[]` series selector.
+        #[arg(long)]
+        selector: bool,
+        query: String,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -45,9 +59,29 @@ fn main() -> anyhow::Result<()> {
     init_logging(&cli.log_format)?;
     match cli.command.unwrap_or(Command::Run) {
         Command::HashPassword => hash_password(),
-        Command::CheckConfig => check_config(&load_config(cli.config)?),
+        Command::CheckConfig => print(cli::check_config(&load_config(cli.config)?)),
+        Command::Rewrite {
+            user,
+            tenant,
+            selector,
+            query,
+        } => {
+            let subject = match (user, tenant) {
+                (Some(user), _) => Subject::User(user),
+                (None, Some(tenant)) => Subject::Tenant(tenant),
+                (None, None) => anyhow::bail!("pass --user or --tenant"),
+            };
+            let config = load_config(cli.config)?;
+            print(cli::rewrite(&config, &subject, &query, selector))
+        }
         Command::Run => run(load_config(cli.config)?),
     }
+}
+
+fn print(text: cli::CliResult) -> anyhow::Result<()> {
+    let text = text.map_err(|e| anyhow::anyhow!(e))?;
+    std::io::stdout().write_all(text.as_bytes())?;
+    Ok(())
 }
 
 fn load_config(path: Option<PathBuf>) -> anyhow::Result<Config> {
@@ -62,47 +96,6 @@ fn hash_password() -> anyhow::Result<()> {
     anyhow::ensure!(!password.is_empty(), "empty password on stdin");
     let hash = password::hash_password(password).map_err(anyhow::Error::msg)?;
     writeln!(std::io::stdout(), "{hash}")?;
-    Ok(())
-}
-
-fn check_config(config: &Config) -> anyhow::Result<()> {
-    let (store, notes) = tenants_file::load(&config.tenants_file, 1)?;
-    let mut out = std::io::stdout().lock();
-    writeln!(
-        out,
-        "config ok: listen {}, admin {}",
-        config.listen, config.admin_listen
-    )?;
-    writeln!(
-        out,
-        "tenants file {}: {} tenant(s)",
-        config.tenants_file.display(),
-        store.tenants().len()
-    )?;
-    if notes.plaintext_passwords {
-        writeln!(
-            out,
-            "warning: plaintext passwords (k8spin authn.yaml format)"
-        )?;
-    }
-    for tenant in store.tenants() {
-        writeln!(
-            out,
-            "  tenant {} namespaces [{}]",
-            tenant.id,
-            tenant.namespaces.join(", ")
-        )?;
-    }
-    for credential in store.credentials_sorted() {
-        let scopes: Vec<_> = credential.scopes.iter().map(|s| s.as_str()).collect();
-        writeln!(
-            out,
-            "  user {} -> tenant {} scopes [{}]",
-            credential.username,
-            credential.tenant.id,
-            scopes.join(", ")
-        )?;
-    }
     Ok(())
 }
 

@@ -48,12 +48,12 @@ pub struct Target {
 }
 
 impl Target {
-    fn tenant_matcher(&self, tenant: &Tenant) -> Result<TenantMatcher, ProxyError> {
+    fn tenant_matcher<'t>(&self, tenant: &'t Tenant) -> Result<&'t TenantMatcher, ProxyError> {
         let label = self
             .tenant_label
             .as_deref()
             .ok_or_else(|| ProxyError::Internal("label enforcement without a label".into()))?;
-        TenantMatcher::new(label, &tenant.namespaces).map_err(ProxyError::Internal)
+        tenant.metrics_matcher(label).map_err(ProxyError::Internal)
     }
 }
 
@@ -215,7 +215,7 @@ async fn proxy(
             let matcher = target.tenant_matcher(&credential.tenant)?;
             let limit = state.limits.max_body_bytes;
             let (query, bytes) =
-                prometheus::rewrite_request(&mut parts, body, limit, selectors, &matcher).await?;
+                prometheus::rewrite_request(&mut parts, body, limit, selectors, matcher).await?;
             (query, body::full(bytes))
         }
         _ => {

@@ -4,9 +4,10 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::password::Verifier;
+use crate::promql::TenantMatcher;
 
 // === impl TenantId ===
 
@@ -146,6 +147,29 @@ pub struct Tenant {
     pub id: TenantId,
     /// Values of the metrics tenant label this tenant owns; never empty.
     pub namespaces: Vec<String>,
+    /// Built on first use: a multi-value matcher compiles a regex (~100 µs),
+    /// which must not happen per request.
+    metrics_matcher: OnceLock<TenantMatcher>,
+}
+
+impl Tenant {
+    pub fn new(id: TenantId, namespaces: Vec<String>) -> Self {
+        Self {
+            id,
+            namespaces,
+            metrics_matcher: OnceLock::new(),
+        }
+    }
+
+    /// The label-mode matcher for this tenant. `label` is the process-wide
+    /// `metrics.label`, the same on every call.
+    pub fn metrics_matcher(&self, label: &str) -> Result<&TenantMatcher, String> {
+        if let Some(matcher) = self.metrics_matcher.get() {
+            return Ok(matcher);
+        }
+        let matcher = TenantMatcher::new(label, &self.namespaces)?;
+        Ok(self.metrics_matcher.get_or_init(|| matcher))
+    }
 }
 
 /// One username's way in. `Debug` shows no secret (see `Verifier`).

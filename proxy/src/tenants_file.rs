@@ -155,10 +155,7 @@ fn from_native(file: NativeFile) -> Result<(Vec<Arc<Tenant>>, Vec<Credential>), 
             Some(ns) => ns,
         };
         checks.tenant(&t.id, &namespaces)?;
-        let tenant = Arc::new(Tenant {
-            id: t.id,
-            namespaces,
-        });
+        let tenant = Arc::new(Tenant::new(t.id, namespaces));
         for u in t.users {
             let context = format!("tenant {}, user {:?}", tenant.id, u.username);
             checks
@@ -199,10 +196,8 @@ fn from_k8spin(file: K8spinFile) -> Result<(Vec<Arc<Tenant>>, Vec<Credential>), 
         let tenant = tenants
             .entry(u.orgid.clone())
             .or_insert_with(|| {
-                Arc::new(Tenant {
-                    namespaces: vec![u.orgid.as_str().to_owned()],
-                    id: u.orgid,
-                })
+                let namespaces = vec![u.orgid.as_str().to_owned()];
+                Arc::new(Tenant::new(u.orgid, namespaces))
             })
             .clone();
         let verifier = Verifier::plaintext(&u.password);

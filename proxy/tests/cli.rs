@@ -148,3 +148,53 @@ fn runs_until_sigterm_then_exits_cleanly() {
         "{rest:?}"
     );
 }
+
+#[test]
+fn rewrite_prints_the_enforced_query_for_a_user_or_tenant() {
+    let config = examples().join("config.yaml");
+    let config = config.to_str().unwrap();
+    let out = run(&[
+        "rewrite",
+        "--config",
+        config,
+        "--user",
+        "grafana-a",
+        "sum(rate(http_requests_total[5m]))",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        "sum(rate(http_requests_total{namespace=~\"team-a|team-a-staging\"}[5m]))\n"
+    );
+    let out = run(&[
+        "rewrite",
+        "--config",
+        config,
+        "--tenant",
+        "team-b",
+        "--selector",
+        "{job=\"api\"}",
+    ]);
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        "{job=\"api\",namespace=\"team-b\"}\n"
+    );
+    let out = run(&[
+        "rewrite",
+        "--config",
+        config,
+        "--tenant",
+        "team-b",
+        "up{a=\"1\" or b=\"2\"}",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8(out.stderr)
+        .unwrap()
+        .contains("`or` inside a label selector"));
+    let out = run(&["rewrite", "--config", config, "--user", "nobody", "up"]);
+    assert!(!out.status.success());
+}
