@@ -136,7 +136,10 @@ fn inject(vs: &mut VectorSelector, tenant: &TenantMatcher) -> Result<(), Enforce
     if !vs.matchers.or_matchers.is_empty() {
         return Err(EnforceError::OrInSelector);
     }
-    vs.matchers.matchers.push(tenant.matcher.clone());
+    // A user matcher identical to ours already enforces it.
+    if !vs.matchers.matchers.contains(&tenant.matcher) {
+        vs.matchers.matchers.push(tenant.matcher.clone());
+    }
     Ok(())
 }
 

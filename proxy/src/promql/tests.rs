@@ -103,6 +103,14 @@ fn user_matchers_on_the_tenant_label_are_kept_and_anded() {
 }
 
 #[test]
+fn an_identical_user_matcher_is_not_repeated() {
+    assert_eq!(
+        enforce_query(r#"up{namespace="team-a"}"#, &one()).as_deref(),
+        Ok(r#"up{namespace="team-a"}"#)
+    );
+}
+
+#[test]
 fn several_values_become_one_quoted_alternation() {
     let out = enforce_query("up", &two()).unwrap();
     assert_eq!(out, r#"up{namespace=~"team-a|team-a\\.prod"}"#);
