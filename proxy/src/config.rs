@@ -63,6 +63,20 @@ pub struct MetricsConfig {
     /// The tenant header in header mode (`THANOS-TENANT` for Thanos).
     #[serde(default = "defaults::tenant_header")]
     pub header: String,
+    /// Label mode, remote write: what to do with a pushed series whose tenant
+    /// label names a value the tenant does not own.
+    #[serde(default)]
+    pub foreign_label: ForeignLabelPolicy,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ForeignLabelPolicy {
+    /// Replace it with the tenant's first namespace.
+    #[default]
+    Overwrite,
+    /// Refuse the whole request (400) naming the series.
+    Reject,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -80,6 +94,10 @@ pub struct Limits {
     /// limit is far lower per stream; 16 MiB covers large agent batches.
     #[serde(default = "defaults::max_body_bytes")]
     pub max_body_bytes: u64,
+    /// Largest remote-write body after snappy decompression (413 above it),
+    /// checked from the snappy header before anything is allocated.
+    #[serde(default = "defaults::max_decompressed_bytes")]
+    pub max_decompressed_bytes: u64,
     /// Largest request head (request line and headers) accepted.
     #[serde(default = "defaults::max_header_bytes")]
     pub max_header_bytes: usize,
@@ -99,6 +117,7 @@ impl Default for Limits {
     fn default() -> Self {
         Self {
             max_body_bytes: defaults::max_body_bytes(),
+            max_decompressed_bytes: defaults::max_decompressed_bytes(),
             max_header_bytes: defaults::max_header_bytes(),
             header_read_timeout: defaults::header_read_timeout(),
             upstream_timeout: defaults::upstream_timeout(),
@@ -159,6 +178,9 @@ mod defaults {
     }
     pub fn max_body_bytes() -> u64 {
         16 * 1024 * 1024
+    }
+    pub fn max_decompressed_bytes() -> u64 {
+        64 * 1024 * 1024
     }
     pub fn max_header_bytes() -> usize {
         64 * 1024

@@ -32,12 +32,18 @@ pub enum ProxyError {
     BadData(String),
     #[error("request body larger than {limit} bytes")]
     BodyTooLarge { limit: u64 },
+    /// Remote write senders fall back from 2.0 to 1.0 on 415.
+    #[error("{0}")]
+    UnsupportedMediaType(String),
     #[error("tenants are not loaded yet; retry later")]
     TenantsNotLoaded,
     #[error("too many authentications in progress; retry later")]
     VerifierBusy,
     #[error("upstream unavailable")]
     UpstreamUnavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The same on a push path: 503, so every push client retries the data.
+    #[error("upstream unavailable; retry later")]
+    PushUpstreamUnavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
     #[error("upstream timed out")]
     UpstreamTimeout,
     #[error("internal error: {0}")]
@@ -57,7 +63,10 @@ impl ProxyError {
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::BadPath(_) | Self::BadData(_) => StatusCode::BAD_REQUEST,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::TenantsNotLoaded | Self::VerifierBusy => StatusCode::SERVICE_UNAVAILABLE,
+            Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::TenantsNotLoaded | Self::VerifierBusy | Self::PushUpstreamUnavailable(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Self::UpstreamUnavailable(_) => StatusCode::BAD_GATEWAY,
             Self::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -75,9 +84,12 @@ impl ProxyError {
             Self::BadPath(_) => "bad_path",
             Self::BadData(_) => "bad_data",
             Self::BodyTooLarge { .. } => "body_too_large",
+            Self::UnsupportedMediaType(_) => "unsupported_media_type",
             Self::TenantsNotLoaded => "tenants_not_loaded",
             Self::VerifierBusy => "verifier_busy",
-            Self::UpstreamUnavailable(_) => "upstream_unavailable",
+            Self::UpstreamUnavailable(_) | Self::PushUpstreamUnavailable(_) => {
+                "upstream_unavailable"
+            }
             Self::UpstreamTimeout => "upstream_timeout",
             Self::Internal(_) => "internal",
         }
@@ -86,11 +98,17 @@ impl ProxyError {
     /// The `errorType` of the Prometheus/Loki JSON error shape.
     fn error_type(&self) -> &'static str {
         match self.status() {
-            StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE => "bad_data",
+            StatusCode::BAD_REQUEST
+            | StatusCode::PAYLOAD_TOO_LARGE
+            | StatusCode::UNSUPPORTED_MEDIA_TYPE => "bad_data",
             StatusCode::UNAUTHORIZED => "unauthorized",
             StatusCode::FORBIDDEN => "forbidden",
             StatusCode::NOT_FOUND => "not_found",
-            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => "unavailable",
+            StatusCode::TOO_MANY_REQUESTS => "unavailable",
+            StatusCode::SERVICE_UNAVAILABLE if matches!(self, Self::PushUpstreamUnavailable(_)) => {
+                "upstream"
+            }
+            StatusCode::SERVICE_UNAVAILABLE => "unavailable",
             StatusCode::BAD_GATEWAY | StatusCode::GATEWAY_TIMEOUT => "upstream",
             _ => "internal",
         }
@@ -99,8 +117,18 @@ impl ProxyError {
     fn retry_after(&self) -> Option<Duration> {
         match self {
             Self::AuthThrottled { retry_after } => Some(*retry_after),
-            Self::TenantsNotLoaded | Self::VerifierBusy => Some(NOT_READY_RETRY_AFTER),
+            Self::TenantsNotLoaded | Self::VerifierBusy | Self::PushUpstreamUnavailable(_) => {
+                Some(NOT_READY_RETRY_AFTER)
+            }
             _ => None,
+        }
+    }
+
+    /// Push clients must retry when the upstream is unreachable: 503 there.
+    pub fn on_push_path(self) -> Self {
+        match self {
+            Self::UpstreamUnavailable(cause) => Self::PushUpstreamUnavailable(cause),
+            other => other,
         }
     }
 

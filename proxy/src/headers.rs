@@ -25,3 +25,8 @@ pub const IDENTITY_HEADERS: [HeaderName; 3] = [
     X_SCOPE_ORGID,
     X_PROM_LABEL_POLICY,
 ];
+
+/// A remote-write 2.0 receiver confirms what it stored with these; a 2xx
+/// without them means the receiver read the body as 1.0 (and stored nothing).
+pub const RW_SAMPLES_WRITTEN: HeaderName =
+    HeaderName::from_static("x-prometheus-remote-write-samples-written");

@@ -32,6 +32,18 @@ pub struct SurfaceLabels {
     pub surface: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantLabels {
+    pub tenant: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantActionLabels {
+    pub tenant: String,
+    /// `added`, `overwritten` or `rejected`.
+    pub action: &'static str,
+}
+
 #[derive(Clone)]
 pub struct LatencyHistogram;
 
@@ -54,6 +66,11 @@ pub struct Metrics {
     pub reload_failures: Counter,
     pub last_reload_success: Gauge,
     pub last_reload_timestamp: Gauge<f64, AtomicU64>,
+    pub remote_write_series: Family<TenantLabels, Counter>,
+    pub remote_write_samples: Family<TenantLabels, Counter>,
+    pub remote_write_bytes: Family<TenantLabels, Counter>,
+    pub remote_write_tenant_label: Family<TenantActionLabels, Counter>,
+    pub remote_write_decode_errors: Family<TenantLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -121,6 +138,36 @@ impl Default for Metrics {
             "Unix time of the last tenants file load attempt",
             last_reload_timestamp.clone(),
         );
+        let remote_write_series = Family::default();
+        registry.register(
+            "remote_write_series",
+            "Series received on remote write, by tenant",
+            remote_write_series.clone(),
+        );
+        let remote_write_samples = Family::default();
+        registry.register(
+            "remote_write_samples",
+            "Float samples received on remote write, by tenant",
+            remote_write_samples.clone(),
+        );
+        let remote_write_bytes = Family::default();
+        registry.register(
+            "remote_write_received_bytes",
+            "Compressed remote-write bytes received, by tenant",
+            remote_write_bytes.clone(),
+        );
+        let remote_write_tenant_label = Family::default();
+        registry.register(
+            "remote_write_tenant_label",
+            "Series whose tenant label the proxy added, overwrote or rejected",
+            remote_write_tenant_label.clone(),
+        );
+        let remote_write_decode_errors = Family::default();
+        registry.register(
+            "remote_write_decode_errors",
+            "Remote-write bodies refused as undecodable, oversized or unsupported",
+            remote_write_decode_errors.clone(),
+        );
         Self {
             registry,
             requests,
@@ -133,6 +180,11 @@ impl Default for Metrics {
             reload_failures,
             last_reload_success,
             last_reload_timestamp,
+            remote_write_series,
+            remote_write_samples,
+            remote_write_bytes,
+            remote_write_tenant_label,
+            remote_write_decode_errors,
         }
     }
 }

@@ -7,6 +7,7 @@ use http::header::{self, HeaderValue};
 use http::request::Parts;
 use http::Method;
 use http_body_util::{BodyExt, Limited};
+
 use serde_json::Value;
 
 use crate::error::ProxyError;
@@ -78,7 +79,7 @@ pub async fn rewrite_request(
     selectors: Selectors,
     tenant: &TenantMatcher,
 ) -> Result<(Option<String>, Bytes), ProxyError> {
-    let bytes = read_bounded(body, body_limit as usize).await?;
+    let bytes = crate::body::read_bounded(body, body_limit).await?;
     let mut params = Params::from_request(&parts.method, parts.uri.query(), &parts.headers, &bytes)
         .map_err(|e| ProxyError::BadData(e.to_string()))?;
     enforce(&mut params, selectors, tenant)?;
@@ -96,22 +97,6 @@ pub async fn rewrite_request(
         headers.remove(header::CONTENT_TYPE);
         headers.remove(header::CONTENT_LENGTH);
         Ok((Some(encoded), Bytes::new()))
-    }
-}
-
-async fn read_bounded<B>(body: B, limit: usize) -> Result<Bytes, ProxyError>
-where
-    B: hyper::body::Body,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ProxyError::BodyTooLarge {
-            limit: limit as u64,
-        }),
-        Err(e) => Err(ProxyError::BadData(format!(
-            "cannot read the request body: {e}"
-        ))),
     }
 }
 

@@ -25,14 +25,17 @@ use hyper_util::rt::TokioIo;
 
 use crate::auth::Authenticator;
 use crate::body::{self, ProxyBody};
-use crate::config::{Config, Limits, MetricsMode, Upstream};
+use crate::config::{Config, ForeignLabelPolicy, Limits, MetricsMode, Upstream};
 use crate::error::ProxyError;
-use crate::headers::X_SCOPE_ORGID;
-use crate::metrics::{self, Metrics, ReasonLabels, RequestLabels, SurfaceLabels};
+use crate::headers::{RW_SAMPLES_WRITTEN, X_SCOPE_ORGID};
+use crate::metrics::{
+    self, Metrics, ReasonLabels, RequestLabels, SurfaceLabels, TenantActionLabels, TenantLabels,
+};
 use crate::path;
 use crate::prometheus::{self, EMPTY_METADATA};
 use crate::promql::TenantMatcher;
 use crate::reload::Tenants;
+use crate::remote_write::{self, RemoteWriteError, TenantLabel};
 use crate::routes::{Operation, Route, RouteTable, Signal};
 use crate::tenants::{Credential, Tenant};
 use crate::upstream::{self, HttpClient};
@@ -45,6 +48,8 @@ pub struct Target {
     pub tenant_header: Option<HeaderName>,
     /// The label a tenant's `namespaces` are values of (metrics label mode).
     pub tenant_label: Option<String>,
+    /// Remote write in label mode: what to do with a foreign label value.
+    pub foreign_label: ForeignLabelPolicy,
 }
 
 impl Target {
@@ -54,6 +59,19 @@ impl Target {
             .as_deref()
             .ok_or_else(|| ProxyError::Internal("label enforcement without a label".into()))?;
         tenant.metrics_matcher(label).map_err(ProxyError::Internal)
+    }
+
+    fn remote_write_label<'t>(&'t self, tenant: &'t Tenant) -> Result<TenantLabel<'t>, ProxyError> {
+        let name = self
+            .tenant_label
+            .as_deref()
+            .ok_or_else(|| ProxyError::Internal("label enforcement without a label".into()))?;
+        Ok(TenantLabel {
+            name,
+            owned: &tenant.namespaces,
+            owned_by: tenant.id.as_str(),
+            policy: self.foreign_label,
+        })
     }
 }
 
@@ -76,18 +94,21 @@ impl AppState {
             upstream: l.upstream.clone(),
             tenant_header: Some(X_SCOPE_ORGID),
             tenant_label: None,
+            foreign_label: ForeignLabelPolicy::default(),
         });
         let metrics_target = config.metrics.as_ref().map(|m| match m.mode {
             MetricsMode::Label => Target {
                 upstream: m.upstream.clone(),
                 tenant_header: None,
                 tenant_label: Some(m.label.clone()),
+                foreign_label: m.foreign_label,
             },
             MetricsMode::Header => Target {
                 upstream: m.upstream.clone(),
                 // Validated as a header name when the config was loaded.
                 tenant_header: HeaderName::from_bytes(m.header.as_bytes()).ok(),
                 tenant_label: None,
+                foreign_label: m.foreign_label,
             },
         });
         Self {
@@ -210,6 +231,9 @@ async fn proxy(
             limit: state.limits.max_body_bytes,
         });
     }
+    // Read before the headers are rewritten: decides how the answer is judged.
+    let remote_write_v2 = route.operation == Operation::RemoteWrite
+        && remote_write::version_of(&parts.headers) == Ok(remote_write::Version::V2);
     let (query, body) = match route.operation {
         Operation::Enforce(selectors) => {
             let matcher = target.tenant_matcher(&credential.tenant)?;
@@ -217,6 +241,15 @@ async fn proxy(
             let (query, bytes) =
                 prometheus::rewrite_request(&mut parts, body, limit, selectors, matcher).await?;
             (query, body::full(bytes))
+        }
+        Operation::RemoteWrite => {
+            let compressed = body::read_bounded(body, state.limits.max_body_bytes).await?;
+            let tenant = target.remote_write_label(&credential.tenant)?;
+            let rewritten = rewrite_remote_write(state, &parts.headers, &compressed, &tenant)?;
+            parts
+                .headers
+                .insert(header::CONTENT_LENGTH, HeaderValue::from(rewritten.len()));
+            (parts.uri.query().map(str::to_owned), body::full(rewritten))
         }
         _ => {
             let limited = Limited::new(body, state.limits.max_body_bytes as usize);
@@ -248,7 +281,14 @@ async fn proxy(
         state.limits.upstream_timeout,
         state.limits.max_body_bytes,
     )
-    .await?;
+    .await
+    .map_err(|e| {
+        if route.operation.is_push() {
+            e.on_push_path()
+        } else {
+            e
+        }
+    })?;
     state
         .metrics
         .upstream_duration
@@ -267,6 +307,16 @@ async fn proxy(
 
     let (mut parts, body) = response.into_parts();
     upstream::strip_hop_by_hop(&mut parts.headers);
+    if remote_write_v2
+        && parts.status.is_success()
+        && !parts.headers.contains_key(RW_SAMPLES_WRITTEN)
+    {
+        // Per the 2.0 spec the sender should treat this as 415 itself; saying
+        // so makes every sender fall back to 1.0 and resend, losing nothing.
+        return Err(ProxyError::UnsupportedMediaType(
+            "the upstream did not confirm a remote-write 2.0 request; it may only speak 1.0".into(),
+        ));
+    }
     if let (Operation::Filter(filter), StatusCode::OK) = (route.operation, parts.status) {
         if parts.headers.contains_key(header::CONTENT_ENCODING) {
             return Err(ProxyError::UpstreamUnavailable(
@@ -283,6 +333,69 @@ async fn proxy(
         parts,
         body.map_err(Into::into).boxed_unsync(),
     ))
+}
+
+/// Rewrites a remote-write body for the tenant and counts what happened.
+fn rewrite_remote_write(
+    state: &AppState,
+    headers: &http::HeaderMap,
+    compressed: &[u8],
+    tenant: &TenantLabel<'_>,
+) -> Result<Vec<u8>, ProxyError> {
+    let metrics = &state.metrics;
+    let tenant_id = || TenantLabels {
+        tenant: tenant.owned_by.to_owned(),
+    };
+    metrics
+        .remote_write_bytes
+        .get_or_create(&tenant_id())
+        .inc_by(compressed.len() as u64);
+    let max = state.limits.max_decompressed_bytes;
+    match remote_write::rewrite_body(headers, compressed, tenant, max) {
+        Ok((body, stats)) => {
+            metrics
+                .remote_write_series
+                .get_or_create(&tenant_id())
+                .inc_by(stats.series);
+            metrics
+                .remote_write_samples
+                .get_or_create(&tenant_id())
+                .inc_by(stats.samples);
+            for (action, n) in [("added", stats.added), ("overwritten", stats.overwritten)] {
+                let labels = TenantActionLabels {
+                    tenant: tenant.owned_by.to_owned(),
+                    action,
+                };
+                metrics
+                    .remote_write_tenant_label
+                    .get_or_create(&labels)
+                    .inc_by(n);
+            }
+            Ok(body)
+        }
+        Err(error) => {
+            if let RemoteWriteError::ForeignLabel(_) = error {
+                let labels = TenantActionLabels {
+                    tenant: tenant.owned_by.to_owned(),
+                    action: "rejected",
+                };
+                metrics
+                    .remote_write_tenant_label
+                    .get_or_create(&labels)
+                    .inc();
+            } else {
+                metrics
+                    .remote_write_decode_errors
+                    .get_or_create(&tenant_id())
+                    .inc();
+            }
+            Err(match error {
+                RemoteWriteError::Unsupported(m) => ProxyError::UnsupportedMediaType(m),
+                RemoteWriteError::TooLarge { limit, .. } => ProxyError::BodyTooLarge { limit },
+                other => ProxyError::BadData(other.to_string()),
+            })
+        }
+    }
 }
 
 fn json_response(text: &'static str) -> Response<ProxyBody> {

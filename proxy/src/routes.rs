@@ -43,6 +43,16 @@ pub enum Operation {
     EmptyMetadata,
     /// Label mode: forwarded, then the response filtered to the tenant.
     Filter(ResponseFilter),
+    /// Label mode: remote-write body rewritten so every series carries the
+    /// tenant label.
+    RemoteWrite,
+}
+
+impl Operation {
+    /// Carries data in: an unreachable upstream must make the client retry.
+    pub const fn is_push(self) -> bool {
+        matches!(self, Operation::Push | Operation::RemoteWrite)
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -62,7 +72,7 @@ impl Route {
             (Signal::Logs, Operation::Push) => "logs_push",
             (Signal::Logs, Operation::Tail) => "logs_tail",
             (Signal::Logs, _) => "logs_query",
-            (Signal::Metrics, Operation::Push) => "metrics_push",
+            (Signal::Metrics, Operation::Push | Operation::RemoteWrite) => "metrics_push",
             (Signal::Metrics, _) => "metrics_query",
         }
     }
@@ -100,9 +110,10 @@ const fn logs(methods: &'static [Method], pattern: &'static str, operation: Oper
 }
 
 const fn metrics(methods: &'static [Method], pattern: &'static str, operation: Operation) -> Route {
-    let scope = match operation {
-        Operation::Push => Scope::MetricsWrite,
-        _ => Scope::MetricsRead,
+    let scope = if operation.is_push() {
+        Scope::MetricsWrite
+    } else {
+        Scope::MetricsRead
     };
     Route {
         methods,
@@ -161,7 +172,11 @@ pub const PROMETHEUS_ROUTES: &[Route] = &[
         Operation::Filter(ResponseFilter::Alerts),
     ),
     metrics(GET, "/api/v1/status/buildinfo", Operation::Read),
+    metrics(POST, "/api/v1/write", Operation::RemoteWrite),
 ];
+
+/// Header mode also accepts Mimir's and Cortex's push path.
+const HEADER_MODE_EXTRA_ROUTES: &[Route] = &[metrics(POST, "/api/v1/push", Operation::Push)];
 
 /// Loki, header mode. Every route here is tenant-scoped by `X-Scope-OrgID`.
 pub const LOKI_ROUTES: &[Route] = &[
@@ -204,10 +219,17 @@ impl RouteTable {
         match metrics {
             Some(MetricsMode::Label) => routes.extend_from_slice(PROMETHEUS_ROUTES),
             // Mimir and Cortex scope every one of these by the tenant header.
-            Some(MetricsMode::Header) => routes.extend(PROMETHEUS_ROUTES.iter().map(|r| Route {
-                operation: Operation::Read,
-                ..r.clone()
-            })),
+            Some(MetricsMode::Header) => {
+                routes.extend(PROMETHEUS_ROUTES.iter().map(|r| Route {
+                    operation: if r.operation.is_push() {
+                        Operation::Push
+                    } else {
+                        Operation::Read
+                    },
+                    ..r.clone()
+                }));
+                routes.extend_from_slice(HEADER_MODE_EXTRA_ROUTES);
+            }
             None => {}
         }
         Self { routes }
@@ -318,6 +340,19 @@ mod tests {
         let header = RouteTable::new(false, Some(MetricsMode::Header));
         let route = header.classify(&Method::GET, "/api/v1/series").unwrap();
         assert_eq!(route.operation, Operation::Read);
+        for path in ["/api/v1/write", "/api/v1/push"] {
+            let push = header.classify(&Method::POST, path).unwrap();
+            assert_eq!(
+                (push.operation, push.scope),
+                (Operation::Push, Scope::MetricsWrite)
+            );
+        }
+        let write = table().classify(&Method::POST, "/api/v1/write").unwrap();
+        assert_eq!(
+            (write.operation, write.scope),
+            (Operation::RemoteWrite, Scope::MetricsWrite)
+        );
+        assert!(table().classify(&Method::POST, "/api/v1/push").is_err());
     }
 
     #[test]

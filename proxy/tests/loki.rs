@@ -416,13 +416,18 @@ async fn missing_tenants_file_answers_503_until_it_appears() {
 }
 
 #[tokio::test]
-async fn upstream_down_is_502_and_slow_upstream_is_504() {
+async fn upstream_down_is_502_for_queries_503_for_pushes_and_slow_upstream_is_504() {
     support::captured_logs();
     let down =
         RunningProxy::start(ProxyOptions::new(format!("http://{}", closed_port().await))).await;
-    let reply = push(&down, &basic("alice", "alice-pw"), "x").await;
+    let reply = get(&down.url(QUERY), &basic("alice", "alice-pw")).await;
     assert_eq!(reply.status, StatusCode::BAD_GATEWAY);
     assert_eq!(reply.json()["errorType"], "upstream");
+    // Push clients retry a 503 (Fluent Bit, Promtail, Alloy, Prometheus).
+    let reply = push(&down, &basic("alice", "alice-pw"), "x").await;
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(reply.json()["errorType"], "upstream");
+    assert!(reply.headers.contains_key("retry-after"));
 
     let loki = LokiStandIn::start().await;
     let mut options = ProxyOptions::new(loki.url());

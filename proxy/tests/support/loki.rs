@@ -3,6 +3,8 @@
 //! `X-Scope-OrgID`, stores pushed bodies per tenant, answers queries with the
 //! asking tenant's data only, and serves live tail over WebSocket. It records
 //! every request so tests can assert on what the upstream actually received.
+//! On `/api/v1/write` it plays a Prometheus 3 remote-write receiver instead
+//! (no tenant header needed; 2.0 writes confirmed with the `*-Written` header).
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -150,6 +152,19 @@ async fn handle(
         return Ok(response);
     }
 
+    // Prometheus 3's receiver (no tenants): confirms 2.0 writes.
+    if received.path.ends_with("/api/v1/write") {
+        let mut response = reply(StatusCode::NO_CONTENT, "");
+        let v2 = header_str(&parts.headers, "content-type")
+            .is_some_and(|ct| ct.ends_with("proto=io.prometheus.write.v2.Request"));
+        if v2 {
+            response.headers_mut().insert(
+                "x-prometheus-remote-write-samples-written",
+                "1".parse().unwrap(),
+            );
+        }
+        return Ok(response);
+    }
     // Loki: exactly one org id, or the request is refused.
     let org_ids = received.org_ids();
     let tenant = match org_ids.as_slice() {

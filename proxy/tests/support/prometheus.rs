@@ -13,54 +13,93 @@ use tenant_proxy::prompb::{Label, Sample, TimeSeries, WriteRequest};
 
 pub struct PrometheusProcess {
     pub addr: SocketAddr,
-    child: Child,
-    _dir: tempfile::TempDir,
+    args: Vec<String>,
+    child: Option<Child>,
+    dir: tempfile::TempDir,
 }
 
 impl Drop for PrometheusProcess {
     fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let _ = self.child.wait();
+        self.stop();
     }
 }
 
 impl PrometheusProcess {
-    /// `rules` is the content of a rule file, evaluated every second.
+    /// A receiver: `rules` is the content of a rule file evaluated every second.
     pub async fn start(rules: &str) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("rules.yml"), rules).unwrap();
-        std::fs::write(
-            dir.path().join("prometheus.yml"),
-            "global:\n  scrape_interval: 1h\n  evaluation_interval: 1s\nrule_files: [rules.yml]\n",
+        let rules = rules.to_owned();
+        Self::spawn(
+            move |dir, _| {
+                std::fs::write(dir.join("rules.yml"), &rules).unwrap();
+                "global:\n  scrape_interval: 1h\n  evaluation_interval: 1s\nrule_files: [rules.yml]\n"
+                    .to_owned()
+            },
+            &["--web.enable-remote-write-receiver", "--storage.tsdb.path=data"],
         )
-        .unwrap();
+        .await
+    }
+
+    /// An agent (`--enable-feature=agent`): a real remote-write client.
+    /// `config` gets the agent's own address (for scraping itself).
+    pub async fn start_agent(config: impl FnOnce(SocketAddr) -> String) -> Self {
+        Self::spawn(
+            move |_, addr| config(addr),
+            // On SIGTERM an agent flushes its queue for up to this long.
+            &[
+                "--enable-feature=agent",
+                "--storage.agent.path=agent-data",
+                "--storage.remote.flush-deadline=1s",
+            ],
+        )
+        .await
+    }
+
+    async fn spawn(
+        config: impl FnOnce(&std::path::Path, SocketAddr) -> String,
+        args: &[&str],
+    ) -> Self {
+        let dir = tempfile::tempdir().unwrap();
         // A free port: bound, released, handed to Prometheus.
         let addr = super::closed_port().await;
+        std::fs::write(dir.path().join("prometheus.yml"), config(dir.path(), addr)).unwrap();
+        let mut all = vec![
+            "--config.file=prometheus.yml".to_owned(),
+            format!("--web.listen-address={addr}"),
+            "--log.level=warn".to_owned(),
+        ];
+        all.extend(args.iter().map(|a| a.to_string()));
+        let mut process = Self {
+            addr,
+            args: all,
+            child: None,
+            dir,
+        };
+        process.restart().await;
+        process
+    }
+
+    /// Stops the process by its PID and waits for it to exit.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it (again) with the same port, flags and data directory.
+    pub async fn restart(&mut self) {
+        self.stop();
         let child = Command::new("prometheus")
-            .arg(format!(
-                "--config.file={}",
-                dir.path().join("prometheus.yml").display()
-            ))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.path().join("data").display()
-            ))
-            .arg(format!("--web.listen-address={addr}"))
-            .arg("--web.enable-remote-write-receiver")
-            .arg("--log.level=warn")
+            .args(&self.args)
+            .current_dir(self.dir.path())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("the prometheus binary (Debian package `prometheus`; .ci/run installs it)");
-        let prometheus = Self {
-            addr,
-            child,
-            _dir: dir,
-        };
-        prometheus.wait_ready().await;
-        prometheus
+        self.child = Some(child);
+        self.wait_ready().await;
     }
 
     pub fn url(&self) -> String {

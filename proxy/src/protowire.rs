@@ -1,0 +1,186 @@
+//! Just enough of the protobuf wire format to splice messages: iterate the
+//! fields of a message as raw byte ranges, and write fields back. Fields the
+//! proxy does not touch are copied byte for byte, including ones newer
+//! senders add that no schema here knows about.
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("malformed protobuf: {0}")]
+pub struct WireError(pub &'static str);
+
+pub const VARINT: u8 = 0;
+pub const FIXED64: u8 = 1;
+pub const LEN: u8 = 2;
+pub const FIXED32: u8 = 5;
+
+/// One field of a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Field<'a> {
+    pub tag: u32,
+    pub wire_type: u8,
+    /// The payload: the bytes of a LEN field without its length prefix, the
+    /// varint bytes, or the fixed-size bytes.
+    pub payload: &'a [u8],
+    /// The whole field, key included, for verbatim copies.
+    pub raw: &'a [u8],
+}
+
+/// Iterates the fields of one message. Yields an error once and stops on
+/// malformed input.
+pub struct Fields<'a> {
+    rest: &'a [u8],
+    failed: bool,
+}
+
+pub fn fields(message: &[u8]) -> Fields<'_> {
+    Fields {
+        rest: message,
+        failed: false,
+    }
+}
+
+impl<'a> Iterator for Fields<'a> {
+    type Item = Result<Field<'a>, WireError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.rest.is_empty() || self.failed {
+            return None;
+        }
+        let result = self.read_field();
+        self.failed = result.is_err();
+        Some(result)
+    }
+}
+
+impl<'a> Fields<'a> {
+    fn read_field(&mut self) -> Result<Field<'a>, WireError> {
+        let start = self.rest;
+        let key = read_varint(&mut self.rest)?;
+        let tag = u32::try_from(key >> 3).map_err(|_| WireError("field number out of range"))?;
+        if tag == 0 {
+            return Err(WireError("field number 0"));
+        }
+        let wire_type = (key & 7) as u8;
+        let payload = match wire_type {
+            VARINT => {
+                let before = self.rest;
+                read_varint(&mut self.rest)?;
+                &before[..before.len() - self.rest.len()]
+            }
+            FIXED64 => self.take(8)?,
+            FIXED32 => self.take(4)?,
+            LEN => {
+                let len = read_varint(&mut self.rest)?;
+                let len = usize::try_from(len).map_err(|_| WireError("length out of range"))?;
+                self.take(len)?
+            }
+            _ => return Err(WireError("unsupported wire type")),
+        };
+        let raw = &start[..start.len() - self.rest.len()];
+        Ok(Field {
+            tag,
+            wire_type,
+            payload,
+            raw,
+        })
+    }
+
+    fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
+        if self.rest.len() < n {
+            return Err(WireError("truncated field"));
+        }
+        let (taken, rest) = self.rest.split_at(n);
+        self.rest = rest;
+        Ok(taken)
+    }
+}
+
+pub fn read_varint(buf: &mut &[u8]) -> Result<u64, WireError> {
+    let mut value = 0u64;
+    for i in 0..10 {
+        let (&byte, rest) = buf.split_first().ok_or(WireError("truncated varint"))?;
+        *buf = rest;
+        value |= u64::from(byte & 0x7f) << (7 * i);
+        if byte < 0x80 {
+            return Ok(value);
+        }
+    }
+    Err(WireError("varint longer than 10 bytes"))
+}
+
+pub fn write_varint(out: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        out.push((value as u8) | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
+}
+
+/// Writes a length-delimited field.
+pub fn write_len_field(out: &mut Vec<u8>, tag: u32, payload: &[u8]) {
+    write_varint(out, (u64::from(tag) << 3) | u64::from(LEN));
+    write_varint(out, payload.len() as u64);
+    out.extend_from_slice(payload);
+}
+
+/// Bytes a length-delimited field of `len` payload bytes takes (tag < 16).
+pub fn len_field_size(len: usize) -> usize {
+    1 + varint_size(len as u64) + len
+}
+
+fn varint_size(value: u64) -> usize {
+    (64 - value.max(1).leading_zeros() as usize).div_ceil(7)
+}
+
+/// The string fields 1 and 2 of a `Label { name = 1; value = 2; }`.
+pub fn label_pair(message: &[u8]) -> Result<(&[u8], &[u8]), WireError> {
+    let (mut name, mut value): (&[u8], &[u8]) = (b"", b"");
+    for field in fields(message) {
+        let field = field?;
+        match (field.tag, field.wire_type) {
+            (1, LEN) => name = field.payload,
+            (2, LEN) => value = field.payload,
+            _ => {}
+        }
+    }
+    Ok((name, value))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn varints_round_trip_and_sizes_match() {
+        for value in [
+            0u64,
+            1,
+            127,
+            128,
+            300,
+            16_383,
+            16_384,
+            u32::MAX as u64,
+            u64::MAX,
+        ] {
+            let mut out = Vec::new();
+            write_varint(&mut out, value);
+            assert_eq!(out.len(), varint_size(value), "{value}");
+            assert_eq!(read_varint(&mut out.as_slice()), Ok(value));
+        }
+    }
+
+    #[test]
+    fn iterates_fields_and_refuses_truncation() {
+        let mut msg = Vec::new();
+        write_len_field(&mut msg, 1, b"name");
+        write_varint(&mut msg, (3 << 3) | u64::from(VARINT));
+        write_varint(&mut msg, 150);
+        let all: Vec<_> = fields(&msg).collect::<Result<_, _>>().unwrap();
+        assert_eq!(all.len(), 2);
+        assert_eq!((all[0].tag, all[0].payload), (1, &b"name"[..]));
+        assert_eq!(all[1].raw, &msg[6..]);
+        assert!(fields(&msg[..msg.len() - 1]).any(|f| f.is_err()));
+        assert!(fields(&[0x0b]).any(|f| f.is_err()), "wire type 3 (groups)");
+        assert_eq!(len_field_size(4), 6);
+    }
+}

@@ -1,0 +1,424 @@
+//! Remote write in label mode: every pushed series leaves with the tenant's
+//! label value, whatever the sender put there.
+//!
+//! The body is snappy-compressed protobuf, 1.0 (`prometheus.WriteRequest`) or
+//! 2.0 (`io.prometheus.write.v2.Request`, labels as references into a symbols
+//! table). The rewrite splices bytes: only the label fields of each series
+//! are parsed and rebuilt; samples, exemplars, histograms, metadata and any
+//! field this code does not know are copied verbatim.
+//!
+//! Per series: no tenant label → the tenant's first namespace is added; one
+//! (or several equal) copies with a value the tenant owns → kept once;
+//! anything else → overwritten with the first namespace, or the request
+//! refused, per `metrics.foreign_label`. Every existing copy is removed
+//! first: Prometheus silently drops series with duplicate label names and
+//! still answers 2xx. Labels leave sorted by name.
+
+use http::header::{self, HeaderMap};
+
+use crate::config::ForeignLabelPolicy;
+use crate::protowire::{self, fields, WireError, LEN, VARINT};
+
+pub const V1_CONTENT_TYPE: &str = "application/x-protobuf";
+pub const V1_PROTO: &str = "prometheus.WriteRequest";
+pub const V2_PROTO: &str = "io.prometheus.write.v2.Request";
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RemoteWriteError {
+    /// 415: senders of 2.0 fall back to 1.0 on it, as the spec says.
+    #[error("unsupported remote-write content: {0}")]
+    Unsupported(String),
+    #[error("remote-write body decompresses to {size} bytes, more than {limit}")]
+    TooLarge { size: u64, limit: u64 },
+    #[error("cannot decode remote-write body: {0}")]
+    Malformed(String),
+    #[error("series {0} carries a tenant label value this tenant does not own")]
+    ForeignLabel(String),
+}
+
+impl From<WireError> for RemoteWriteError {
+    fn from(e: WireError) -> Self {
+        Self::Malformed(e.to_string())
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Version {
+    V1,
+    V2,
+}
+
+/// Reads `Content-Type` as Prometheus' receiver does, but strictly: exactly
+/// `application/x-protobuf`, optionally followed by `;proto=<message>`.
+/// Anything else (spaces, unknown parameters or messages) is 415, because a
+/// receiver that reads it differently from us would decode 2.0 as 1.0 and
+/// drop the data while answering 2xx.
+pub fn version_of(headers: &HeaderMap) -> Result<Version, RemoteWriteError> {
+    let Some(value) = headers.get(header::CONTENT_TYPE) else {
+        return Ok(Version::V1); // Prometheus 2.x senders before 2.0 support
+    };
+    let value = value
+        .to_str()
+        .map_err(|_| RemoteWriteError::Unsupported("non-ASCII content type".into()))?;
+    let (media, params) = value.split_once(';').unwrap_or((value, ""));
+    if media != V1_CONTENT_TYPE {
+        return Err(RemoteWriteError::Unsupported(format!(
+            "content type {value:?}"
+        )));
+    }
+    match params.strip_prefix("proto=") {
+        None if params.is_empty() => Ok(Version::V1),
+        Some(V1_PROTO) => Ok(Version::V1),
+        Some(V2_PROTO) => Ok(Version::V2),
+        _ => Err(RemoteWriteError::Unsupported(format!(
+            "content type {value:?}"
+        ))),
+    }
+}
+
+/// The tenant as remote write sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct TenantLabel<'a> {
+    pub name: &'a str,
+    /// Never empty; the first is used when adding or overwriting.
+    pub owned: &'a [String],
+    /// The tenant id, for metrics.
+    pub owned_by: &'a str,
+    pub policy: ForeignLabelPolicy,
+}
+
+impl<'a> TenantLabel<'a> {
+    fn default_value(&self) -> &'a [u8] {
+        self.owned[0].as_bytes()
+    }
+
+    fn owns(&self, value: &[u8]) -> bool {
+        self.owned.iter().any(|own| own.as_bytes() == value)
+    }
+}
+
+/// What a rewrite did, for metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub series: u64,
+    pub samples: u64,
+    pub added: u64,
+    pub overwritten: u64,
+}
+
+/// Decompresses (size checked first), rewrites and recompresses a body.
+pub fn rewrite_body(
+    headers: &HeaderMap,
+    compressed: &[u8],
+    tenant: &TenantLabel<'_>,
+    max_decompressed: u64,
+) -> Result<(Vec<u8>, Stats), RemoteWriteError> {
+    let version = version_of(headers)?;
+    let encoding = headers.get(header::CONTENT_ENCODING).map(|v| v.as_bytes());
+    if !matches!(encoding, None | Some(b"snappy")) {
+        return Err(RemoteWriteError::Unsupported(
+            "content encoding other than snappy".into(),
+        ));
+    }
+    let size = snap::raw::decompress_len(compressed)
+        .map_err(|e| RemoteWriteError::Malformed(format!("snappy: {e}")))? as u64;
+    if size > max_decompressed {
+        return Err(RemoteWriteError::TooLarge {
+            size,
+            limit: max_decompressed,
+        });
+    }
+    let message = snap::raw::Decoder::new()
+        .decompress_vec(compressed)
+        .map_err(|e| RemoteWriteError::Malformed(format!("snappy: {e}")))?;
+    let (rewritten, stats) = rewrite(version, &message, tenant)?;
+    let recompressed = snap::raw::Encoder::new()
+        .compress_vec(&rewritten)
+        .map_err(|e| RemoteWriteError::Malformed(format!("snappy: {e}")))?;
+    Ok((recompressed, stats))
+}
+
+/// Rewrites a decompressed message.
+pub fn rewrite(
+    version: Version,
+    message: &[u8],
+    tenant: &TenantLabel<'_>,
+) -> Result<(Vec<u8>, Stats), RemoteWriteError> {
+    let mut out = Vec::with_capacity(message.len() + message.len() / 8 + 64);
+    let mut stats = Stats::default();
+    match version {
+        Version::V1 => rewrite_v1(message, tenant, &mut stats, &mut out)?,
+        Version::V2 => rewrite_v2(message, tenant, &mut stats, &mut out)?,
+    }
+    Ok((out, stats))
+}
+
+/// What happens to the tenant label of one series.
+enum Decision<'v> {
+    Keep(&'v [u8]),
+    Add,
+    Overwrite,
+}
+
+fn decide<'v>(
+    values: &[&'v [u8]],
+    tenant: &TenantLabel<'_>,
+    describe: impl FnOnce() -> String,
+) -> Result<Decision<'v>, RemoteWriteError> {
+    match values {
+        [] => Ok(Decision::Add),
+        [first, rest @ ..] if tenant.owns(first) && rest.iter().all(|v| v == first) => {
+            Ok(Decision::Keep(first))
+        }
+        _ => match tenant.policy {
+            ForeignLabelPolicy::Overwrite => Ok(Decision::Overwrite),
+            ForeignLabelPolicy::Reject => Err(RemoteWriteError::ForeignLabel(describe())),
+        },
+    }
+}
+
+fn count(decision: &Decision<'_>, stats: &mut Stats) {
+    match decision {
+        Decision::Add => stats.added += 1,
+        Decision::Overwrite => stats.overwritten += 1,
+        Decision::Keep(_) => {}
+    }
+}
+
+fn describe_series<'a>(pairs: impl Iterator<Item = (&'a [u8], &'a [u8])>) -> String {
+    let inner: Vec<String> = pairs
+        .map(|(n, v)| {
+            format!(
+                "{}={:?}",
+                String::from_utf8_lossy(n),
+                String::from_utf8_lossy(v)
+            )
+        })
+        .collect();
+    format!("{{{}}}", inner.join(", "))
+}
+
+// === 1.0: WriteRequest { repeated TimeSeries timeseries = 1; ... } ===
+
+fn rewrite_v1(
+    message: &[u8],
+    tenant: &TenantLabel<'_>,
+    stats: &mut Stats,
+    out: &mut Vec<u8>,
+) -> Result<(), RemoteWriteError> {
+    let mut series_buf = Vec::new();
+    for field in fields(message) {
+        let field = field?;
+        if (field.tag, field.wire_type) == (1, LEN) {
+            series_buf.clear();
+            rewrite_series_v1(field.payload, tenant, stats, &mut series_buf)?;
+            protowire::write_len_field(out, 1, &series_buf);
+        } else {
+            out.extend_from_slice(field.raw);
+        }
+    }
+    Ok(())
+}
+
+/// TimeSeries { repeated Label labels = 1; repeated Sample samples = 2; ... }
+fn rewrite_series_v1(
+    series: &[u8],
+    tenant: &TenantLabel<'_>,
+    stats: &mut Stats,
+    out: &mut Vec<u8>,
+) -> Result<(), RemoteWriteError> {
+    stats.series += 1;
+    // (name, value, the Label message as sent)
+    let mut labels: Vec<(&[u8], &[u8], &[u8])> = Vec::with_capacity(24);
+    let mut others: Vec<&[u8]> = Vec::with_capacity(4);
+    for field in fields(series) {
+        let field = field?;
+        match (field.tag, field.wire_type) {
+            (1, LEN) => {
+                let (name, value) = protowire::label_pair(field.payload)?;
+                labels.push((name, value, field.payload));
+            }
+            (2, LEN) => {
+                stats.samples += 1;
+                others.push(field.raw);
+            }
+            _ => others.push(field.raw),
+        }
+    }
+    let name = tenant.name.as_bytes();
+    let ours: Vec<&[u8]> = labels.iter().filter(|l| l.0 == name).map(|l| l.1).collect();
+    let decision = decide(&ours, tenant, || {
+        describe_series(labels.iter().map(|l| (l.0, l.1)))
+    })?;
+    count(&decision, stats);
+    let value = match decision {
+        Decision::Keep(value) => value,
+        Decision::Add | Decision::Overwrite => tenant.default_value(),
+    };
+    let mut our_label = Vec::with_capacity(name.len() + value.len() + 4);
+    protowire::write_len_field(&mut our_label, 1, name);
+    protowire::write_len_field(&mut our_label, 2, value);
+
+    labels.retain(|l| l.0 != name);
+    labels.push((name, value, &our_label));
+    labels.sort_by(|a, b| a.0.cmp(b.0));
+    for (_, _, message) in &labels {
+        protowire::write_len_field(out, 1, message);
+    }
+    for raw in others {
+        out.extend_from_slice(raw);
+    }
+    Ok(())
+}
+
+// === 2.0: Request { repeated string symbols = 4; repeated TimeSeries timeseries = 5; } ===
+
+/// The symbols table, and the symbols this rewrite appends to it.
+struct Symbols<'a> {
+    all: Vec<&'a [u8]>,
+    sent: usize,
+}
+
+impl<'a> Symbols<'a> {
+    fn find_or_append(&mut self, symbol: &'a [u8]) -> u32 {
+        let index = match self.all.iter().position(|s| *s == symbol) {
+            Some(index) => index,
+            None => {
+                self.all.push(symbol);
+                self.all.len() - 1
+            }
+        };
+        index as u32
+    }
+
+    fn resolve(&self, reference: u32) -> &'a [u8] {
+        self.all[reference as usize]
+    }
+}
+
+fn rewrite_v2<'a>(
+    message: &'a [u8],
+    tenant: &TenantLabel<'a>,
+    stats: &mut Stats,
+    out: &mut Vec<u8>,
+) -> Result<(), RemoteWriteError> {
+    // Series may come before symbols on the wire: read all symbols first.
+    let mut all = Vec::new();
+    for field in fields(message) {
+        let field = field?;
+        if (field.tag, field.wire_type) == (4, LEN) {
+            all.push(field.payload);
+        }
+    }
+    let sent = all.len();
+    let mut symbols = Symbols { all, sent };
+    let name_ref = symbols.find_or_append(tenant.name.as_bytes());
+
+    let mut series_buf = Vec::new();
+    for field in fields(message) {
+        let field = field?;
+        if (field.tag, field.wire_type) == (5, LEN) {
+            series_buf.clear();
+            rewrite_series_v2(
+                field.payload,
+                tenant,
+                name_ref,
+                &mut symbols,
+                stats,
+                &mut series_buf,
+            )?;
+            protowire::write_len_field(out, 5, &series_buf);
+        } else {
+            out.extend_from_slice(field.raw);
+        }
+    }
+    // Appended after every symbol the sender wrote, so existing references
+    // (labels, exemplars, metadata) keep their meaning.
+    for symbol in &symbols.all[symbols.sent..] {
+        protowire::write_len_field(out, 4, symbol);
+    }
+    Ok(())
+}
+
+/// TimeSeries { repeated uint32 labels_refs = 1 (packed); samples = 2; ... }
+fn rewrite_series_v2<'a>(
+    series: &[u8],
+    tenant: &TenantLabel<'a>,
+    name_ref: u32,
+    symbols: &mut Symbols<'a>,
+    stats: &mut Stats,
+    out: &mut Vec<u8>,
+) -> Result<(), RemoteWriteError> {
+    stats.series += 1;
+    let mut refs: Vec<u32> = Vec::with_capacity(48);
+    let mut others: Vec<&[u8]> = Vec::with_capacity(4);
+    for field in fields(series) {
+        let field = field?;
+        match (field.tag, field.wire_type) {
+            (1, LEN) => {
+                let mut packed = field.payload;
+                while !packed.is_empty() {
+                    refs.push(read_ref(&mut packed)?);
+                }
+            }
+            (1, VARINT) => refs.push(read_ref(&mut &field.payload[..])?),
+            (2, LEN) => {
+                stats.samples += 1;
+                others.push(field.raw);
+            }
+            _ => others.push(field.raw),
+        }
+    }
+    if refs.len() % 2 != 0 {
+        return Err(RemoteWriteError::Malformed(
+            "odd number of label references".into(),
+        ));
+    }
+    if refs.iter().any(|r| *r as usize >= symbols.sent) {
+        return Err(RemoteWriteError::Malformed(
+            "label reference outside the symbols table".into(),
+        ));
+    }
+    let mut pairs: Vec<(u32, u32)> = refs.chunks_exact(2).map(|p| (p[0], p[1])).collect();
+    let name = tenant.name.as_bytes();
+    let ours: Vec<&[u8]> = pairs
+        .iter()
+        .filter(|(n, _)| symbols.resolve(*n) == name)
+        .map(|(_, v)| symbols.resolve(*v))
+        .collect();
+    let decision = decide(&ours, tenant, || {
+        describe_series(
+            pairs
+                .iter()
+                .map(|(n, v)| (symbols.resolve(*n), symbols.resolve(*v))),
+        )
+    })?;
+    count(&decision, stats);
+    let value_ref = match decision {
+        Decision::Keep(value) => symbols.find_or_append(value),
+        Decision::Add | Decision::Overwrite => symbols.find_or_append(tenant.default_value()),
+    };
+    pairs.retain(|(n, _)| symbols.resolve(*n) != name);
+    pairs.push((name_ref, value_ref));
+    pairs.sort_by(|a, b| symbols.resolve(a.0).cmp(symbols.resolve(b.0)));
+
+    let mut packed = Vec::with_capacity(pairs.len() * 4);
+    for (n, v) in pairs {
+        protowire::write_varint(&mut packed, u64::from(n));
+        protowire::write_varint(&mut packed, u64::from(v));
+    }
+    protowire::write_len_field(out, 1, &packed);
+    for raw in others {
+        out.extend_from_slice(raw);
+    }
+    Ok(())
+}
+
+fn read_ref(buf: &mut &[u8]) -> Result<u32, RemoteWriteError> {
+    let value = protowire::read_varint(buf)?;
+    u32::try_from(value)
+        .map_err(|_| RemoteWriteError::Malformed("label reference too large".into()))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,499 @@
+//! End-to-end remote write: agent-mode Prometheus instances push through the
+//! proxy (label mode) into a receiver Prometheus, and the proxy's query path
+//! shows each tenant only its own series.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant, SystemTime};
+
+use http::{Method, StatusCode};
+use prost::Message;
+use serde_json::Value;
+use support::loki::LokiStandIn;
+use support::prometheus::{time_series, PrometheusProcess};
+use support::{basic, send, ProxyOptions, Reply, RunningProxy, TenantSpec};
+use tenant_proxy::prompb::{v2, WriteRequest};
+
+fn tenants() -> String {
+    support::tenants_with_namespaces(&[
+        (
+            TenantSpec {
+                id: "team-a",
+                users: &[("alice", "alice-pw", None)],
+            },
+            &["team-a"],
+        ),
+        (
+            TenantSpec {
+                id: "team-b",
+                users: &[("bob", "bob-pw", None)],
+            },
+            &["team-b"],
+        ),
+    ])
+}
+
+async fn label_mode_proxy(upstream: &str, extra: &str) -> RunningProxy {
+    support::captured_logs();
+    let section = format!("  upstream: {upstream}\n  mode: label\n{extra}");
+    RunningProxy::start(ProxyOptions::metrics(tenants(), section)).await
+}
+
+/// An agent scraping itself every second and pushing through the proxy.
+async fn agent(
+    job: &str,
+    user: &str,
+    password: &str,
+    proxy: SocketAddr,
+    stamp: Option<&str>,
+) -> PrometheusProcess {
+    let external = stamp
+        .map(|ns| format!("  external_labels: {{namespace: {ns}}}\n"))
+        .unwrap_or_default();
+    let (job, user, password) = (job.to_owned(), user.to_owned(), password.to_owned());
+    PrometheusProcess::start_agent(move |own| {
+        format!(
+            "global:\n  scrape_interval: 1s\n{external}\
+             scrape_configs:\n  - job_name: {job}\n    static_configs: [{{targets: ['{own}']}}]\n\
+             remote_write:\n  - url: http://{proxy}/api/v1/write\n    basic_auth: {{username: {user}, password: {password}}}\n\
+             \x20   queue_config: {{batch_send_deadline: 1s, min_backoff: 100ms, max_backoff: 1s}}\n"
+        )
+    })
+    .await
+}
+
+async fn query(url: &str, auth: Option<&str>, promql: &str) -> Vec<Value> {
+    let body = format!(
+        "query={}",
+        form_urlencoded::byte_serialize(promql.as_bytes()).collect::<String>()
+    );
+    let reply = send(
+        Method::POST,
+        url,
+        auth,
+        &[("content-type", "application/x-www-form-urlencoded")],
+        body,
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    reply.json()["data"]["result"].as_array().unwrap().clone()
+}
+
+/// Polls (bounded): remote write is asynchronous and gives no other signal.
+async fn eventually(what: &str, timeout: Duration, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !check().await {
+        assert!(Instant::now() < deadline, "{what}: not within {timeout:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+// Several threads: stopping an agent blocks one while the proxy serves its flush.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_push_through_the_proxy_and_each_tenant_sees_only_its_own_series() {
+    let receiver = PrometheusProcess::start("groups: []\n").await;
+    let proxy = label_mode_proxy(&receiver.url(), "").await;
+    // Agent A claims team-b's namespace; agent B sets none.
+    let _a = agent("agent-a", "alice", "alice-pw", proxy.addr, Some("team-b")).await;
+    let _b = agent("agent-b", "bob", "bob-pw", proxy.addr, None).await;
+
+    let url = proxy.url("/api/v1/query");
+    let (alice, bob) = (basic("alice", "alice-pw"), basic("bob", "bob-pw"));
+    eventually(
+        "both agents' series arrive",
+        Duration::from_secs(60),
+        async || {
+            !query(&url, Some(&alice), "up").await.is_empty()
+                && !query(&url, Some(&bob), "up").await.is_empty()
+        },
+    )
+    .await;
+
+    for (auth, own_job, own_ns, other_job) in [
+        (&alice, "agent-a", "team-a", "agent-b"),
+        (&bob, "agent-b", "team-b", "agent-a"),
+    ] {
+        let series = query(
+            &url,
+            Some(auth),
+            r#"{__name__=~"up|prometheus_build_info"}"#,
+        )
+        .await;
+        assert!(!series.is_empty());
+        for s in &series {
+            assert_eq!(s["metric"]["job"], own_job, "{s}");
+            assert_eq!(s["metric"]["namespace"], own_ns, "{s}");
+        }
+        assert!(
+            query(&url, Some(auth), &format!("up{{job=\"{other_job}\"}}"))
+                .await
+                .is_empty()
+        );
+    }
+    // Straight from the receiver: A's attempt to write as team-b was stored as team-a.
+    let direct = format!("{}/api/v1/query", receiver.url());
+    assert!(
+        query(&direct, None, r#"up{job="agent-a",namespace="team-b"}"#)
+            .await
+            .is_empty()
+    );
+    assert!(
+        !query(&direct, None, r#"up{job="agent-a",namespace="team-a"}"#)
+            .await
+            .is_empty()
+    );
+
+    let metrics = proxy.metrics().await;
+    assert!(
+        metrics.contains(
+            r#"tenant_proxy_remote_write_tenant_label_total{tenant="team-a",action="overwritten"}"#
+        ),
+        "{metrics}"
+    );
+    assert!(metrics.contains(
+        r#"tenant_proxy_remote_write_tenant_label_total{tenant="team-b",action="added"}"#
+    ));
+    assert!(metrics.contains(r#"tenant_proxy_remote_write_samples_total{tenant="team-a"}"#));
+}
+
+// Several threads: stopping an agent blocks one while the proxy serves its flush.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_sample_is_lost_while_the_receiver_is_down() {
+    let mut receiver = PrometheusProcess::start("groups: []\n").await;
+    let proxy = label_mode_proxy(&receiver.url(), "").await;
+    let _agent = agent("agent-a", "alice", "alice-pw", proxy.addr, None).await;
+    let direct = format!("{}/api/v1/query", receiver.url());
+    eventually(
+        "three samples arrive",
+        Duration::from_secs(60),
+        async || {
+            let count = query(&direct, None, r#"count_over_time(up{job="agent-a"}[1m])"#).await;
+            count
+                .first()
+                .is_some_and(|s| s["value"][1].as_str().unwrap().parse::<f64>().unwrap() >= 3.0)
+        },
+    )
+    .await;
+
+    let outage_start = SystemTime::now();
+    receiver.stop();
+    // The outage itself: the agent keeps scraping and its pushes fail meanwhile.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    receiver.restart().await;
+    let restarted = SystemTime::now();
+
+    // Wait until samples scraped after the restart have arrived: by then the
+    // backlog (sent in order) has too.
+    let settled = restarted
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+        + 3.0;
+    eventually(
+        "the backlog is delivered",
+        Duration::from_secs(60),
+        async || {
+            let latest = query(&direct, None, r#"timestamp(up{job="agent-a"})"#).await;
+            latest
+                .first()
+                .is_some_and(|s| s["value"][1].as_str().unwrap().parse::<f64>().unwrap() > settled)
+        },
+    )
+    .await;
+
+    // Every scrape from before the outage to after it is stored: no gap.
+    let window = restarted.duration_since(outage_start).unwrap().as_secs() + 20;
+    let raw = query(&direct, None, &format!(r#"up{{job="agent-a"}}[{window}s]"#)).await;
+    let stamps: Vec<f64> = raw[0]["values"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v[0].as_f64().unwrap())
+        .collect();
+    let outage = outage_start
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!(
+        stamps.first().unwrap() < &(outage - 1.0),
+        "the window starts before the outage ({outage}): {stamps:?}"
+    );
+    let widest = stamps.windows(2).map(|w| w[1] - w[0]).fold(0.0, f64::max);
+    assert!(
+        widest < 2.5,
+        "a gap of {widest} s in samples scraped every 1 s: {stamps:?}"
+    );
+
+    let metrics = proxy.metrics().await;
+    assert!(
+        metrics.contains(r#"tenant_proxy_errors_total{reason="upstream_unavailable"}"#),
+        "the proxy saw the outage: {metrics}"
+    );
+}
+
+fn v1_body(series: &[(&[(&str, &str)], f64)]) -> Vec<u8> {
+    let request = WriteRequest {
+        timeseries: series
+            .iter()
+            .map(|(l, v)| time_series(l, *v, 1_700_000_000_000))
+            .collect(),
+        metadata: vec![],
+    };
+    snap::raw::Encoder::new()
+        .compress_vec(&request.encode_to_vec())
+        .unwrap()
+}
+
+const V1_HEADERS: &[(&str, &str)] = &[
+    ("content-type", "application/x-protobuf"),
+    ("content-encoding", "snappy"),
+    ("x-prometheus-remote-write-version", "0.1.0"),
+];
+const V2_CT: &str = "application/x-protobuf;proto=io.prometheus.write.v2.Request";
+
+async fn push(proxy: &RunningProxy, headers: &[(&str, &str)], body: Vec<u8>) -> Reply {
+    send(
+        Method::POST,
+        &proxy.url("/api/v1/write"),
+        Some(&basic("alice", "alice-pw")),
+        headers,
+        body,
+    )
+    .await
+}
+
+#[tokio::test]
+async fn remote_write_2_0_is_rewritten_and_confirmed_by_a_2_0_receiver() {
+    let receiver = LokiStandIn::start().await;
+    let proxy = label_mode_proxy(&receiver.url(), "").await;
+    let request = v2::Request {
+        symbols: vec![
+            "".into(),
+            "__name__".into(),
+            "up".into(),
+            "namespace".into(),
+            "team-b".into(),
+        ],
+        timeseries: vec![v2::TimeSeries {
+            labels_refs: vec![1, 2, 3, 4],
+            samples: vec![v2::Sample {
+                value: 1.0,
+                timestamp: 1,
+            }],
+            ..Default::default()
+        }],
+    };
+    let body = snap::raw::Encoder::new()
+        .compress_vec(&request.encode_to_vec())
+        .unwrap();
+    let headers = [
+        ("content-type", V2_CT),
+        ("content-encoding", "snappy"),
+        ("x-prometheus-remote-write-version", "2.0.0"),
+    ];
+    let reply = push(&proxy, &headers, body).await;
+    assert_eq!(reply.status, StatusCode::NO_CONTENT);
+    assert_eq!(
+        reply.headers["x-prometheus-remote-write-samples-written"],
+        "1"
+    );
+
+    let seen = receiver.last();
+    assert_eq!(
+        seen.headers["content-type"], V2_CT,
+        "Content-Type byte for byte"
+    );
+    assert_eq!(seen.headers["x-prometheus-remote-write-version"], "2.0.0");
+    assert!(!seen.headers.contains_key("authorization"));
+    let raw = snap::raw::Decoder::new()
+        .decompress_vec(&seen.body)
+        .unwrap();
+    let got = v2::Request::decode(raw.as_slice()).unwrap();
+    let labels: Vec<&str> = got.timeseries[0]
+        .labels_refs
+        .iter()
+        .map(|r| got.symbols[*r as usize].as_str())
+        .collect();
+    assert_eq!(labels, ["__name__", "up", "namespace", "team-a"]);
+}
+
+#[tokio::test]
+async fn remote_write_2_0_to_a_1_0_receiver_is_415_so_the_sender_falls_back() {
+    let receiver = PrometheusProcess::start("groups: []\n").await;
+    let proxy = label_mode_proxy(&receiver.url(), "").await;
+    let request = v2::Request {
+        symbols: vec!["".into(), "__name__".into(), "v2_only_metric".into()],
+        timeseries: vec![v2::TimeSeries {
+            labels_refs: vec![1, 2],
+            samples: vec![v2::Sample {
+                value: 1.0,
+                timestamp: 1,
+            }],
+            ..Default::default()
+        }],
+    };
+    let body = snap::raw::Encoder::new()
+        .compress_vec(&request.encode_to_vec())
+        .unwrap();
+    let reply = push(
+        &proxy,
+        &[("content-type", V2_CT), ("content-encoding", "snappy")],
+        body,
+    )
+    .await;
+    assert_eq!(
+        reply.status,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "{}",
+        reply.text()
+    );
+    // And 1.0 works.
+    let reply = push(
+        &proxy,
+        V1_HEADERS,
+        v1_body(&[(&[("__name__", "v1_metric")], 1.0)]),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::NO_CONTENT, "{}", reply.text());
+}
+
+#[tokio::test]
+async fn bad_remote_write_requests_are_refused_and_never_forwarded() {
+    let receiver = LokiStandIn::start().await;
+    let proxy = label_mode_proxy(&receiver.url(), "  foreign_label: reject\n").await;
+    let good = v1_body(&[(&[("__name__", "up")], 1.0)]);
+
+    let cases: Vec<(&str, Reply, StatusCode)> = vec![
+        (
+            "json body",
+            push(
+                &proxy,
+                &[("content-type", "application/json")],
+                b"{}".to_vec(),
+            )
+            .await,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        ),
+        (
+            "unknown proto",
+            push(
+                &proxy,
+                &[
+                    ("content-type", "application/x-protobuf;proto=x.Y"),
+                    ("content-encoding", "snappy"),
+                ],
+                good.clone(),
+            )
+            .await,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        ),
+        (
+            "gzip",
+            push(
+                &proxy,
+                &[
+                    ("content-type", "application/x-protobuf"),
+                    ("content-encoding", "gzip"),
+                ],
+                good.clone(),
+            )
+            .await,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        ),
+        (
+            "garbage",
+            push(&proxy, V1_HEADERS, b"not snappy at all".to_vec()).await,
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "truncated snappy",
+            push(&proxy, V1_HEADERS, good[..good.len() - 3].to_vec()).await,
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "foreign label, reject policy",
+            push(
+                &proxy,
+                V1_HEADERS,
+                v1_body(&[(&[("__name__", "stolen"), ("namespace", "team-b")], 1.0)]),
+            )
+            .await,
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "snappy bomb",
+            push(&proxy, V1_HEADERS, vec![0xff, 0xff, 0xff, 0xff, 0x0f, 0x00]).await,
+            StatusCode::PAYLOAD_TOO_LARGE,
+        ),
+    ];
+    for (case, reply, status) in &cases {
+        assert_eq!(reply.status, *status, "{case}: {}", reply.text());
+        assert_eq!(reply.json()["status"], "error", "{case}");
+    }
+    assert!(
+        cases[5].1.text().contains("stolen"),
+        "the refused series is named"
+    );
+    assert!(
+        receiver.received().is_empty(),
+        "nothing reached the receiver"
+    );
+    let metrics = proxy.metrics().await;
+    assert!(
+        metrics.contains(
+            r#"tenant_proxy_remote_write_tenant_label_total{tenant="team-a",action="rejected"} 1"#
+        ),
+        "{metrics}"
+    );
+
+    let reply = push(&proxy, V1_HEADERS, good).await;
+    assert_eq!(reply.status, StatusCode::NO_CONTENT);
+}
+
+#[tokio::test]
+async fn upstream_errors_reach_the_sender_so_it_retries_or_drops_correctly() {
+    let receiver = LokiStandIn::start().await;
+    let proxy = label_mode_proxy(&receiver.url(), "").await;
+    let body = v1_body(&[(&[("__name__", "up")], 1.0)]);
+    for code in ["500", "503", "429", "400"] {
+        let mut headers = V1_HEADERS.to_vec();
+        headers.push(("x-test-status", code));
+        let reply = push(&proxy, &headers, body.clone()).await;
+        assert_eq!(reply.status.as_str(), code);
+        assert_eq!(reply.headers["retry-after"], "7");
+    }
+    let down = label_mode_proxy(&format!("http://{}", support::closed_port().await), "").await;
+    let reply = push(&down, V1_HEADERS, body).await;
+    assert_eq!(
+        reply.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "unreachable upstream: the sender retries"
+    );
+}
+
+#[tokio::test]
+async fn header_mode_streams_the_push_untouched_with_the_tenant_header() {
+    support::captured_logs();
+    let mimir = LokiStandIn::start().await;
+    let section = format!("  upstream: {}\n  mode: header\n", mimir.url());
+    let proxy = RunningProxy::start(ProxyOptions::metrics(tenants(), section)).await;
+    let body = v1_body(&[(&[("__name__", "up"), ("namespace", "team-b")], 1.0)]);
+    let reply = send(
+        Method::POST,
+        &proxy.url("/api/v1/push"),
+        Some(&basic("alice", "alice-pw")),
+        V1_HEADERS,
+        body.clone(),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::NO_CONTENT);
+    let seen = mimir.last();
+    assert_eq!(seen.path, "/api/v1/push");
+    assert_eq!(seen.org_ids(), ["team-a"]);
+    assert_eq!(
+        seen.body.as_ref(),
+        body.as_slice(),
+        "header mode does not rewrite"
+    );
+}
