@@ -117,9 +117,15 @@ pub fn write_varint(out: &mut Vec<u8>, mut value: u64) {
 
 /// Writes a length-delimited field.
 pub fn write_len_field(out: &mut Vec<u8>, tag: u32, payload: &[u8]) {
-    write_varint(out, (u64::from(tag) << 3) | u64::from(LEN));
-    write_varint(out, payload.len() as u64);
+    write_field_header(out, tag, payload.len());
     out.extend_from_slice(payload);
+}
+
+/// Writes the key and length of a length-delimited field whose `len` payload
+/// bytes the caller writes next.
+pub fn write_field_header(out: &mut Vec<u8>, tag: u32, len: usize) {
+    write_varint(out, (u64::from(tag) << 3) | u64::from(LEN));
+    write_varint(out, len as u64);
 }
 
 /// Bytes a length-delimited field of `len` payload bytes takes (tag < 16).
@@ -129,6 +135,20 @@ pub fn len_field_size(len: usize) -> usize {
 
 fn varint_size(value: u64) -> usize {
     (64 - value.max(1).leading_zeros() as usize).div_ceil(7)
+}
+
+/// Field 1 of a `Label { name = 1; value = 2; }`, read without looking at
+/// the value when the name comes first (as every encoder writes it).
+pub fn label_name(message: &[u8]) -> Result<&[u8], WireError> {
+    // Key 0x0a: field 1, length-delimited.
+    if let [0x0a, rest @ ..] = message {
+        let mut rest = rest;
+        let len = read_varint(&mut rest)?;
+        if let Some(name) = usize::try_from(len).ok().and_then(|len| rest.get(..len)) {
+            return Ok(name);
+        }
+    }
+    label_pair(message).map(|(name, _)| name)
 }
 
 /// The string fields 1 and 2 of a `Label { name = 1; value = 2; }`.

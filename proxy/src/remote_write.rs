@@ -153,6 +153,26 @@ pub fn rewrite(
     Ok((out, stats))
 }
 
+/// The values of the tenant label a series came with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Found<'v> {
+    Nothing,
+    /// One or more copies, all with this value.
+    Same(&'v [u8]),
+    /// Copies with different values.
+    Mixed,
+}
+
+impl<'v> Found<'v> {
+    fn add(self, value: &'v [u8]) -> Self {
+        match self {
+            Found::Nothing => Found::Same(value),
+            Found::Same(first) if first == value => self,
+            _ => Found::Mixed,
+        }
+    }
+}
+
 /// What happens to the tenant label of one series.
 enum Decision<'v> {
     Keep(&'v [u8]),
@@ -161,15 +181,13 @@ enum Decision<'v> {
 }
 
 fn decide<'v>(
-    values: &[&'v [u8]],
+    found: Found<'v>,
     tenant: &TenantLabel<'_>,
     describe: impl FnOnce() -> String,
 ) -> Result<Decision<'v>, RemoteWriteError> {
-    match values {
-        [] => Ok(Decision::Add),
-        [first, rest @ ..] if tenant.owns(first) && rest.iter().all(|v| v == first) => {
-            Ok(Decision::Keep(first))
-        }
+    match found {
+        Found::Nothing => Ok(Decision::Add),
+        Found::Same(value) if tenant.owns(value) => Ok(Decision::Keep(value)),
         _ => match tenant.policy {
             ForeignLabelPolicy::Overwrite => Ok(Decision::Overwrite),
             ForeignLabelPolicy::Reject => Err(RemoteWriteError::ForeignLabel(describe())),
@@ -183,6 +201,15 @@ fn count(decision: &Decision<'_>, stats: &mut Stats) {
         Decision::Overwrite => stats.overwritten += 1,
         Decision::Keep(_) => {}
     }
+}
+
+/// The labels of a 1.0 series as text, for an error message.
+fn describe_v1(series: &[u8]) -> String {
+    let labels = fields(series)
+        .filter_map(Result::ok)
+        .filter(|f| (f.tag, f.wire_type) == (1, LEN))
+        .filter_map(|f| protowire::label_pair(f.payload).ok());
+    describe_series(labels)
 }
 
 fn describe_series<'a>(pairs: impl Iterator<Item = (&'a [u8], &'a [u8])>) -> String {
@@ -200,19 +227,44 @@ fn describe_series<'a>(pairs: impl Iterator<Item = (&'a [u8], &'a [u8])>) -> Str
 
 // === 1.0: WriteRequest { repeated TimeSeries timeseries = 1; ... } ===
 
+/// A label of a series: its name, and where the whole field lies in the series.
+type LabelField<'m> = (&'m [u8], std::ops::Range<usize>);
+
+/// Buffers reused for every series of a request: a batch of thousands of
+/// series must not allocate per series.
+struct V1Scratch<'m> {
+    labels: Vec<LabelField<'m>>,
+    others: Vec<&'m [u8]>,
+    /// The tenant label encoded once per owned value (`Label` messages).
+    encoded: Vec<Vec<u8>>,
+}
+
 fn rewrite_v1(
     message: &[u8],
     tenant: &TenantLabel<'_>,
     stats: &mut Stats,
     out: &mut Vec<u8>,
 ) -> Result<(), RemoteWriteError> {
-    let mut series_buf = Vec::new();
+    let name = tenant.name.as_bytes();
+    let encoded = tenant
+        .owned
+        .iter()
+        .map(|value| {
+            let mut label = Vec::with_capacity(name.len() + value.len() + 4);
+            protowire::write_len_field(&mut label, 1, name);
+            protowire::write_len_field(&mut label, 2, value.as_bytes());
+            label
+        })
+        .collect();
+    let mut scratch = V1Scratch {
+        labels: Vec::with_capacity(32),
+        others: Vec::with_capacity(4),
+        encoded,
+    };
     for field in fields(message) {
         let field = field?;
         if (field.tag, field.wire_type) == (1, LEN) {
-            series_buf.clear();
-            rewrite_series_v1(field.payload, tenant, stats, &mut series_buf)?;
-            protowire::write_len_field(out, 1, &series_buf);
+            rewrite_series_v1(field.payload, tenant, stats, &mut scratch, out)?;
         } else {
             out.extend_from_slice(field.raw);
         }
@@ -220,55 +272,86 @@ fn rewrite_v1(
     Ok(())
 }
 
-/// TimeSeries { repeated Label labels = 1; repeated Sample samples = 2; ... }
-fn rewrite_series_v1(
-    series: &[u8],
+/// TimeSeries { repeated Label labels = 1; repeated Sample samples = 2; ... },
+/// written to `out` as a whole `timeseries` field.
+fn rewrite_series_v1<'m>(
+    series: &'m [u8],
     tenant: &TenantLabel<'_>,
     stats: &mut Stats,
+    scratch: &mut V1Scratch<'m>,
     out: &mut Vec<u8>,
 ) -> Result<(), RemoteWriteError> {
     stats.series += 1;
-    // (name, value, the Label message as sent)
-    let mut labels: Vec<(&[u8], &[u8], &[u8])> = Vec::with_capacity(24);
-    let mut others: Vec<&[u8]> = Vec::with_capacity(4);
+    scratch.labels.clear();
+    scratch.others.clear();
+    let name = tenant.name.as_bytes();
+    let mut found = Found::Nothing;
+    let offset = |raw: &[u8]| raw.as_ptr() as usize - series.as_ptr() as usize;
     for field in fields(series) {
         let field = field?;
         match (field.tag, field.wire_type) {
             (1, LEN) => {
-                let (name, value) = protowire::label_pair(field.payload)?;
-                labels.push((name, value, field.payload));
+                // Only the tenant label's value is ever needed.
+                let label = protowire::label_name(field.payload)?;
+                if label == name {
+                    found = found.add(protowire::label_pair(field.payload)?.1);
+                } else {
+                    let start = offset(field.raw);
+                    scratch.labels.push((label, start..start + field.raw.len()));
+                }
             }
             (2, LEN) => {
                 stats.samples += 1;
-                others.push(field.raw);
+                scratch.others.push(field.raw);
             }
-            _ => others.push(field.raw),
+            _ => scratch.others.push(field.raw),
         }
     }
-    let name = tenant.name.as_bytes();
-    let ours: Vec<&[u8]> = labels.iter().filter(|l| l.0 == name).map(|l| l.1).collect();
-    let decision = decide(&ours, tenant, || {
-        describe_series(labels.iter().map(|l| (l.0, l.1)))
-    })?;
+    let decision = decide(found, tenant, || describe_v1(series))?;
     count(&decision, stats);
-    let value = match decision {
-        Decision::Keep(value) => value,
-        Decision::Add | Decision::Overwrite => tenant.default_value(),
-    };
-    let mut our_label = Vec::with_capacity(name.len() + value.len() + 4);
-    protowire::write_len_field(&mut our_label, 1, name);
-    protowire::write_len_field(&mut our_label, 2, value);
-
-    labels.retain(|l| l.0 != name);
-    labels.push((name, value, &our_label));
-    labels.sort_by(|a, b| a.0.cmp(b.0));
-    for (_, _, message) in &labels {
-        protowire::write_len_field(out, 1, message);
+    let owned_index = match decision {
+        Decision::Keep(value) => tenant.owned.iter().position(|o| o.as_bytes() == value),
+        Decision::Add | Decision::Overwrite => Some(0),
     }
-    for raw in others {
+    .unwrap_or(0);
+    let ours: &[u8] = &scratch.encoded[owned_index];
+
+    // Senders sort labels; sort only when one did not, then insert ours.
+    if !scratch.labels.is_sorted_by(|a, b| a.0 <= b.0) {
+        scratch.labels.sort_by(|a, b| a.0.cmp(b.0));
+    }
+    let at = scratch.labels.partition_point(|l| l.0 < name);
+
+    let size: usize = scratch.labels.iter().map(|l| l.1.len()).sum::<usize>()
+        + protowire::len_field_size(ours.len())
+        + scratch.others.iter().map(|raw| raw.len()).sum::<usize>();
+    protowire::write_field_header(out, 1, size);
+    copy_runs(out, series, &scratch.labels[..at]);
+    protowire::write_len_field(out, 1, ours);
+    copy_runs(out, series, &scratch.labels[at..]);
+    for raw in &scratch.others {
         out.extend_from_slice(raw);
     }
     Ok(())
+}
+
+/// Copies label fields verbatim, adjacent ones in a single copy: a sorted
+/// series' labels usually go out in two copies, before and after ours.
+fn copy_runs(out: &mut Vec<u8>, series: &[u8], labels: &[LabelField<'_>]) {
+    let mut run: Option<std::ops::Range<usize>> = None;
+    for (_, range) in labels {
+        run = match run {
+            Some(r) if r.end == range.start => Some(r.start..range.end),
+            Some(r) => {
+                out.extend_from_slice(&series[r]);
+                Some(range.clone())
+            }
+            None => Some(range.clone()),
+        };
+    }
+    if let Some(r) = run {
+        out.extend_from_slice(&series[r]);
+    }
 }
 
 // === 2.0: Request { repeated string symbols = 4; repeated TimeSeries timeseries = 5; } ===
@@ -381,12 +464,13 @@ fn rewrite_series_v2<'a>(
     }
     let mut pairs: Vec<(u32, u32)> = refs.chunks_exact(2).map(|p| (p[0], p[1])).collect();
     let name = tenant.name.as_bytes();
-    let ours: Vec<&[u8]> = pairs
+    let found = pairs
         .iter()
         .filter(|(n, _)| symbols.resolve(*n) == name)
-        .map(|(_, v)| symbols.resolve(*v))
-        .collect();
-    let decision = decide(&ours, tenant, || {
+        .fold(Found::Nothing, |found, (_, v)| {
+            found.add(symbols.resolve(*v))
+        });
+    let decision = decide(found, tenant, || {
         describe_series(
             pairs
                 .iter()

@@ -1,0 +1,113 @@
+//! Cost of rewriting remote-write bodies, per request and per sample.
+//! Run: `cargo bench -p tenant-proxy --bench remote_write`.
+//!
+//! Batches as Prometheus sends them (`max_samples_per_send` 2,000), series
+//! with 20 labels each. The reference is a plain prost decode + encode of the
+//! same body (what a rewrite through generated structs would cost at least).
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use http::header::{HeaderMap, HeaderValue, CONTENT_ENCODING, CONTENT_TYPE};
+use prost::Message;
+use std::hint::black_box;
+use tenant_proxy::config::ForeignLabelPolicy;
+use tenant_proxy::prompb::{Label, Sample, TimeSeries, WriteRequest};
+use tenant_proxy::remote_write::{rewrite, rewrite_body, TenantLabel, Version};
+
+/// `series` series of 20 labels (one of them a foreign `namespace`), one
+/// sample each.
+fn batch(series: usize) -> WriteRequest {
+    let timeseries = (0..series)
+        .map(|i| {
+            let mut labels = vec![
+                Label {
+                    name: "__name__".into(),
+                    value: format!("http_server_requests_seconds_bucket_{}", i % 50),
+                },
+                Label {
+                    name: "namespace".into(),
+                    value: "someone-else".into(),
+                },
+            ];
+            for l in 0..18 {
+                labels.push(Label {
+                    name: format!("label_{l:02}"),
+                    value: format!("value-{}-{}", l, i % 97),
+                });
+            }
+            labels.sort_by(|a, b| a.name.cmp(&b.name));
+            TimeSeries {
+                labels,
+                samples: vec![Sample {
+                    value: i as f64,
+                    timestamp: 1_700_000_000_000 + i as i64,
+                }],
+                exemplars: vec![],
+                histograms: vec![],
+            }
+        })
+        .collect();
+    WriteRequest {
+        timeseries,
+        metadata: vec![],
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let owned = vec!["team-a".to_string()];
+    let tenant = TenantLabel {
+        name: "namespace",
+        owned: &owned,
+        owned_by: "team-a",
+        policy: ForeignLabelPolicy::Overwrite,
+    };
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/x-protobuf"),
+    );
+    headers.insert(CONTENT_ENCODING, HeaderValue::from_static("snappy"));
+
+    let mut group = c.benchmark_group("remote_write");
+    for series in [500, 2_000] {
+        let raw = batch(series).encode_to_vec();
+        let compressed = snap::raw::Encoder::new().compress_vec(&raw).unwrap();
+        group.throughput(Throughput::Elements(series as u64));
+        group.bench_with_input(
+            BenchmarkId::new("rewrite_body_snappy", series),
+            &compressed,
+            |b, body| b.iter(|| rewrite_body(&headers, black_box(body), &tenant, 1 << 30).unwrap()),
+        );
+        group.bench_with_input(
+            BenchmarkId::new("rewrite_decompressed", series),
+            &raw,
+            |b, raw| b.iter(|| rewrite(Version::V1, black_box(raw), &tenant).unwrap()),
+        );
+        group.bench_with_input(
+            BenchmarkId::new("reference_prost_decode_encode", series),
+            &raw,
+            |b, raw| {
+                b.iter(|| {
+                    WriteRequest::decode(black_box(raw.as_slice()))
+                        .unwrap()
+                        .encode_to_vec()
+                })
+            },
+        );
+        group.bench_with_input(
+            BenchmarkId::new("reference_snappy_round_trip", series),
+            &compressed,
+            |b, body| {
+                b.iter(|| {
+                    let raw = snap::raw::Decoder::new()
+                        .decompress_vec(black_box(body))
+                        .unwrap();
+                    snap::raw::Encoder::new().compress_vec(&raw).unwrap()
+                })
+            },
+        );
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
