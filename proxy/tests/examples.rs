@@ -62,9 +62,25 @@ fn check(path: &Path) -> bool {
                 .verifier
                 .verify("example-only-password"));
         }
+        "prometheus/remote-write.yml" => promtool_check(path),
         _ => return false,
     }
     true
+}
+
+/// Prometheus' own validator, from the same Debian package the tests use.
+fn promtool_check(path: &Path) {
+    let out = std::process::Command::new("promtool")
+        .args(["check", "config"])
+        .arg(path)
+        .output()
+        .expect("promtool (Debian package `prometheus`; .ci/run installs it)");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]

@@ -497,3 +497,32 @@ async fn header_mode_streams_the_push_untouched_with_the_tenant_header() {
         "header mode does not rewrite"
     );
 }
+
+// Several threads: stopping an agent blocks one while the proxy serves its flush.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_remote_write_config_works_as_given() {
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let receiver = PrometheusProcess::start("groups: []\n").await;
+    let tenants = std::fs::read_to_string(examples.join("proxy/tenants.yaml")).unwrap();
+    let section = format!("  upstream: {}\n  mode: label\n", receiver.url());
+    support::captured_logs();
+    let proxy = RunningProxy::start(ProxyOptions::metrics(tenants, section)).await;
+    let example = std::fs::read_to_string(examples.join("prometheus/remote-write.yml")).unwrap();
+    // Only the addresses change: the test runs on free ports.
+    let _agent = PrometheusProcess::start_agent(|own| {
+        example
+            .replace("127.0.0.1:8080", &proxy.addr.to_string())
+            .replace("127.0.0.1:9090", &own.to_string())
+    })
+    .await;
+    let direct = format!("{}/api/v1/query", receiver.url());
+    eventually(
+        "the example agent's series arrive",
+        Duration::from_secs(60),
+        async || !query(&direct, None, r#"up{job="self"}"#).await.is_empty(),
+    )
+    .await;
+    for series in query(&direct, None, r#"{job="self"}"#).await {
+        assert_eq!(series["metric"]["namespace"], "team-a", "{series}");
+    }
+}
