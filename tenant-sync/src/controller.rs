@@ -1,0 +1,293 @@
+//! The sync loop: watch Namespaces and labelled `kubernetes.io/basic-auth`
+//! Secrets, keep the index current, and after a quiet moment render the
+//! tenants file and write it if it changed.
+//!
+//! Level-triggered: every sync renders the complete file from the complete
+//! index, so a missed or repeated event cannot leave the file wrong for long.
+//! Nothing is written before every watch has finished its initial list.
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use futures::stream::{self, BoxStream, StreamExt};
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client};
+use tokio::time::Instant;
+
+use crate::hashes::HashCache;
+use crate::index::{Conventions, Index, SecretKey, SkipReason};
+use crate::metrics::{Metrics, ReasonLabels, ResourceLabels};
+use crate::render;
+use crate::writer;
+
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub tenants_file: PathBuf,
+    pub conventions: Conventions,
+    /// Label selector a Secret must match, e.g. `tenant-proxy/credentials=true`.
+    pub secret_selector: String,
+    /// Label selector restricting the namespaces considered.
+    pub namespace_selector: Option<String>,
+    /// Watch Secrets only in these namespaces (RBAC by Role); empty: cluster-wide.
+    pub secret_namespaces: Vec<String>,
+    /// Quiet time after the last event before rendering.
+    pub debounce: Duration,
+    /// Render once after the initial lists, then return.
+    pub once: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    #[error("watching {resource} failed: {source}")]
+    Watch {
+        resource: &'static str,
+        #[source]
+        source: watcher::Error,
+    },
+    #[error("the watch streams ended")]
+    StreamsEnded,
+    #[error("rendering the tenants file: {0}")]
+    Render(String),
+    #[error("writing {path}: {source}")]
+    Write {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl SyncError {
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::Watch { .. } => "watch",
+            Self::StreamsEnded => "streams_ended",
+            Self::Render(_) => "render",
+            Self::Write { .. } => "write",
+        }
+    }
+}
+
+/// Readiness: the file on disk matches a complete picture of the cluster.
+#[derive(Debug, Default)]
+pub struct Status {
+    synced_once: AtomicBool,
+}
+
+impl Status {
+    pub fn is_ready(&self) -> bool {
+        self.synced_once.load(Ordering::Acquire)
+    }
+}
+
+enum Change {
+    Namespace(Result<watcher::Event<Namespace>, watcher::Error>),
+    Secret(String, Result<watcher::Event<Secret>, watcher::Error>),
+}
+
+pub struct Syncer {
+    options: Options,
+    index: Index,
+    hashes: HashCache,
+    metrics: Arc<Metrics>,
+    status: Arc<Status>,
+    last_skipped: BTreeSet<(SecretKey, SkipReason)>,
+}
+
+impl Syncer {
+    pub fn new(options: Options, metrics: Arc<Metrics>, status: Arc<Status>) -> Self {
+        let index = Index::new(options.conventions.clone(), &secret_scopes(&options));
+        Self {
+            options,
+            index,
+            hashes: HashCache::default(),
+            metrics,
+            status,
+            last_skipped: BTreeSet::new(),
+        }
+    }
+
+    /// Runs until `shutdown` resolves (or, with `once`, after one sync).
+    pub async fn run(
+        mut self,
+        client: Client,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<(), SyncError> {
+        let mut changes = watch_streams(client, &self.options);
+        tokio::pin!(shutdown);
+        let mut due: Option<Instant> = None;
+        loop {
+            let wait = async {
+                match due {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = &mut shutdown => return Ok(()),
+                change = changes.next() => {
+                    let change = change.ok_or(SyncError::StreamsEnded)?;
+                    if let Err(e) = self.apply(change) {
+                        if self.options.once {
+                            return Err(e);
+                        }
+                        // The watcher backs off and retries by itself.
+                        tracing::warn!(error = %e, "watch error; retrying");
+                    }
+                    if self.index.is_synced() {
+                        due = Some(Instant::now() + self.options.debounce);
+                    }
+                }
+                _ = wait => {
+                    due = None;
+                    match self.sync().await {
+                        Ok(()) if self.options.once => return Ok(()),
+                        Ok(()) => {}
+                        Err(e) if self.options.once => return Err(e),
+                        Err(e) => {
+                            self.metrics.write_errors.inc();
+                            tracing::error!(error = %e, "sync failed; the previous tenants file stays in force");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn apply(&mut self, change: Change) -> Result<(), SyncError> {
+        let (resource, result) = match change {
+            Change::Namespace(event) => ("namespaces", event.map(|e| self.on_namespace(e))),
+            Change::Secret(scope, event) => ("secrets", event.map(|e| self.on_secret(&scope, e))),
+        };
+        result.map_err(|source| {
+            self.metrics
+                .watch_errors
+                .get_or_create(&ResourceLabels { resource })
+                .inc();
+            SyncError::Watch { resource, source }
+        })
+    }
+
+    fn on_namespace(&mut self, event: watcher::Event<Namespace>) {
+        if matches!(event, watcher::Event::Init) {
+            self.count_relist("namespaces");
+        }
+        self.index.namespace_event(event);
+    }
+
+    fn on_secret(&mut self, scope: &str, event: watcher::Event<Secret>) {
+        if matches!(event, watcher::Event::Init) {
+            self.count_relist("secrets");
+        }
+        self.index.secret_event(scope, event);
+    }
+
+    fn count_relist(&self, resource: &'static str) {
+        self.metrics
+            .relists
+            .get_or_create(&ResourceLabels { resource })
+            .inc();
+    }
+
+    /// Renders the whole file from the index and writes it if it changed.
+    pub async fn sync(&mut self) -> Result<(), SyncError> {
+        let desired = self.index.desired();
+        let (hashes, stats) = self.hashes.resolve(&desired).await;
+        self.metrics.hashes_computed.inc_by(stats.computed);
+        self.metrics.hashes_reused.inc_by(stats.reused);
+        let text = render::render(&desired, &hashes).map_err(SyncError::Render)?;
+        let path = self.options.tenants_file.clone();
+        let changed = tokio::task::spawn_blocking(move || writer::write_if_changed(&path, &text))
+            .await
+            .expect("the write task does not panic")
+            .map_err(|source| SyncError::Write {
+                path: self.options.tenants_file.display().to_string(),
+                source,
+            })?;
+
+        let credentials: usize = desired.tenants.values().map(|t| t.users.len()).sum();
+        if changed {
+            self.metrics.writes.inc();
+            tracing::info!(
+                tenants = desired.tenants.len(),
+                credentials,
+                hashed = stats.computed,
+                "tenants file written"
+            );
+        }
+        self.metrics.tenants.set(desired.tenants.len() as i64);
+        self.metrics.credentials.set(credentials as i64);
+        self.report_skipped(&desired.skipped);
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        self.metrics.last_write.set(now.as_secs_f64());
+        self.status.synced_once.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Logs newly skipped Secrets once (not at every sync) and sets the gauges.
+    fn report_skipped(&mut self, skipped: &[(SecretKey, SkipReason)]) {
+        let now: BTreeSet<_> = skipped.iter().cloned().collect();
+        for ((namespace, name), reason) in now.difference(&self.last_skipped) {
+            tracing::warn!(%namespace, secret = %name, reason = reason.as_str(), "Secret skipped");
+        }
+        for reason in self
+            .last_skipped
+            .iter()
+            .chain(&now)
+            .map(|(_, r)| *r)
+            .collect::<BTreeSet<_>>()
+        {
+            let count = now.iter().filter(|(_, r)| *r == reason).count();
+            self.metrics
+                .skipped_secrets
+                .get_or_create(&ReasonLabels {
+                    reason: reason.as_str(),
+                })
+                .set(count as i64);
+        }
+        self.last_skipped = now;
+    }
+}
+
+fn secret_scopes(options: &Options) -> Vec<String> {
+    if options.secret_namespaces.is_empty() {
+        vec![String::new()]
+    } else {
+        options.secret_namespaces.clone()
+    }
+}
+
+/// One stream of every watch, each with back-off on errors.
+fn watch_streams(client: Client, options: &Options) -> BoxStream<'static, Change> {
+    let mut namespace_config = watcher::Config::default();
+    if let Some(selector) = &options.namespace_selector {
+        namespace_config = namespace_config.labels(selector);
+    }
+    let namespaces = watcher(Api::<Namespace>::all(client.clone()), namespace_config)
+        .default_backoff()
+        .map(Change::Namespace)
+        .boxed();
+    let secret_config = watcher::Config::default()
+        .labels(&options.secret_selector)
+        .fields(&format!("type={}", crate::index::SECRET_TYPE));
+    let mut streams = vec![namespaces];
+    for scope in secret_scopes(options) {
+        let api = if scope.is_empty() {
+            Api::<Secret>::all(client.clone())
+        } else {
+            Api::<Secret>::namespaced(client.clone(), &scope)
+        };
+        let secrets = watcher(api, secret_config.clone())
+            .default_backoff()
+            .map(move |event| Change::Secret(scope.clone(), event))
+            .boxed();
+        streams.push(secrets);
+    }
+    stream::select_all(streams).boxed()
+}

@@ -1,0 +1,356 @@
+//! The pure, in-memory picture of the cluster that matters to tenant-sync:
+//! which tenant each namespace belongs to, and the credentials its Secrets
+//! carry. Fed by watch events; knows nothing of HTTP.
+//!
+//! `Init … InitDone` (a re-list, after a restart or a `410 Gone`) builds a
+//! fresh map and swaps it in whole, so objects deleted while the watch was
+//! down disappear.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use kube::runtime::watcher::Event;
+use kube::ResourceExt;
+use tenant_proxy::password::Verifier;
+use tenant_proxy::tenants::{Scope, TenantId};
+
+/// How Secrets and Namespaces are read (from the command line).
+#[derive(Clone, Debug)]
+pub struct Conventions {
+    /// With a key, namespaces carrying this label join the tenant named by its
+    /// value (namespaces without it are ignored); without, each namespace is
+    /// its own tenant.
+    pub tenant_label: Option<String>,
+    /// Annotation on a Secret listing its scopes, e.g. `logs:write,metrics:write`.
+    pub scopes_annotation: String,
+}
+
+pub const SECRET_TYPE: &str = "kubernetes.io/basic-auth";
+
+// === credentials read from Secrets ===
+
+/// The secret half of a credential. `Debug` never prints it.
+#[derive(Clone, PartialEq, Eq)]
+pub enum Password {
+    Plain(String),
+    /// A validated argon2id PHC string from the Secret's `password-hash` key.
+    Hashed(String),
+}
+
+impl fmt::Debug for Password {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Password::Plain(_) => f.write_str("Plain(**REDACTED**)"),
+            Password::Hashed(_) => f.write_str("Hashed(**REDACTED**)"),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SecretCredential {
+    pub username: String,
+    pub password: Password,
+    /// `None`: all scopes.
+    pub scopes: Option<Vec<Scope>>,
+}
+
+/// Why a Secret contributes no credential. The label of a metric.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SkipReason {
+    WrongType,
+    MissingUsername,
+    InvalidUsername,
+    MissingPassword,
+    InvalidPasswordHash,
+    InvalidScopes,
+    NamespaceNotATenant,
+    DuplicateUsername,
+}
+
+impl SkipReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::WrongType => "wrong_type",
+            Self::MissingUsername => "missing_username",
+            Self::InvalidUsername => "invalid_username",
+            Self::MissingPassword => "missing_password",
+            Self::InvalidPasswordHash => "invalid_password_hash",
+            Self::InvalidScopes => "invalid_scopes",
+            Self::NamespaceNotATenant => "namespace_not_a_tenant",
+            Self::DuplicateUsername => "duplicate_username",
+        }
+    }
+}
+
+/// One Secret as the index keeps it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SecretEntry {
+    /// RFC 3339, for the duplicate-username rule (oldest wins).
+    pub created: String,
+    pub credential: Result<SecretCredential, SkipReason>,
+}
+
+pub fn read_secret(secret: &Secret, conventions: &Conventions) -> SecretEntry {
+    let created = secret
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| t.0.to_string())
+        .unwrap_or_default();
+    SecretEntry {
+        created,
+        credential: read_credential(secret, conventions),
+    }
+}
+
+fn read_credential(
+    secret: &Secret,
+    conventions: &Conventions,
+) -> Result<SecretCredential, SkipReason> {
+    if secret.type_.as_deref() != Some(SECRET_TYPE) {
+        return Err(SkipReason::WrongType);
+    }
+    let data = secret.data.clone().unwrap_or_default();
+    // None: absent; Some(Err): not UTF-8.
+    let text = |key: &str| {
+        data.get(key)
+            .map(|bytes| String::from_utf8(bytes.0.clone()).ok().ok_or(()))
+    };
+    let username = match text("username") {
+        None => return Err(SkipReason::MissingUsername),
+        Some(Err(_)) => return Err(SkipReason::InvalidUsername),
+        Some(Ok(u)) => u,
+    };
+    if username.is_empty() || username.contains(':') || username.chars().any(char::is_control) {
+        return Err(SkipReason::InvalidUsername);
+    }
+    // A pre-hashed password wins: nothing plaintext needs to be kept.
+    let password = match (text("password-hash"), text("password")) {
+        (Some(Ok(hash)), _) => {
+            let hash = hash.trim().to_owned();
+            Verifier::argon2id(&hash).map_err(|_| SkipReason::InvalidPasswordHash)?;
+            Password::Hashed(hash)
+        }
+        (Some(Err(_)), _) => return Err(SkipReason::InvalidPasswordHash),
+        (None, Some(Ok(plain))) if !plain.is_empty() => Password::Plain(plain),
+        (None, _) => return Err(SkipReason::MissingPassword),
+    };
+    let scopes = match secret.annotations().get(&conventions.scopes_annotation) {
+        None => None,
+        Some(list) => Some(parse_scopes(list).ok_or(SkipReason::InvalidScopes)?),
+    };
+    Ok(SecretCredential {
+        username,
+        password,
+        scopes,
+    })
+}
+
+/// `logs:read, metrics:write` → scopes; `None` for anything unknown or empty.
+pub fn parse_scopes(list: &str) -> Option<Vec<Scope>> {
+    let mut scopes = Vec::new();
+    for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let scope = Scope::ALL.into_iter().find(|s| s.as_str() == item)?;
+        if !scopes.contains(&scope) {
+            scopes.push(scope);
+        }
+    }
+    (!scopes.is_empty()).then_some(scopes)
+}
+
+/// The tenant a namespace belongs to, or `None` when it is not a tenant's.
+pub fn tenant_of(namespace: &Namespace, conventions: &Conventions) -> Option<TenantId> {
+    let value = match &conventions.tenant_label {
+        None => namespace.name_any(),
+        Some(key) => namespace.labels().get(key)?.clone(),
+    };
+    match TenantId::parse(&value) {
+        Ok(id) => Some(id),
+        Err(e) => {
+            tracing::warn!(namespace = %namespace.name_any(), error = %e, "namespace names no valid tenant; ignored");
+            None
+        }
+    }
+}
+
+// === the index ===
+
+/// `(namespace, name)` of a Secret.
+pub type SecretKey = (String, String);
+
+/// One watched resource's objects, with a re-list in progress if any.
+#[derive(Debug)]
+struct Store<V> {
+    current: BTreeMap<String, V>,
+    relist: Option<BTreeMap<String, V>>,
+    synced: bool,
+}
+
+impl<V> Default for Store<V> {
+    fn default() -> Self {
+        Self {
+            current: BTreeMap::new(),
+            relist: None,
+            synced: false,
+        }
+    }
+}
+
+impl<V> Store<V> {
+    /// Applies one event; `read` turns an object into its key and value.
+    fn apply<K>(&mut self, event: Event<K>, read: impl Fn(&K) -> (String, V)) {
+        match event {
+            Event::Init => self.relist = Some(BTreeMap::new()),
+            Event::InitApply(object) => {
+                let (key, value) = read(&object);
+                self.relist
+                    .get_or_insert_with(BTreeMap::new)
+                    .insert(key, value);
+            }
+            Event::InitDone => {
+                if let Some(fresh) = self.relist.take() {
+                    self.current = fresh;
+                }
+                self.synced = true;
+            }
+            Event::Apply(object) => {
+                let (key, value) = read(&object);
+                self.current.insert(key, value);
+            }
+            Event::Delete(object) => {
+                let (key, _) = read(&object);
+                self.current.remove(&key);
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct Index {
+    conventions: Conventions,
+    namespaces: Store<Option<TenantId>>,
+    /// One store per Secret watch: `""` for a cluster-wide watch, else the
+    /// namespace watched. Each store is keyed `namespace/name`.
+    secrets: BTreeMap<String, Store<(SecretKey, SecretEntry)>>,
+}
+
+/// The tenants file's content, before passwords are hashed.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Desired {
+    pub tenants: BTreeMap<TenantId, DesiredTenant>,
+    /// Secrets left out, with why.
+    pub skipped: Vec<(SecretKey, SkipReason)>,
+}
+
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct DesiredTenant {
+    pub namespaces: BTreeSet<String>,
+    /// Sorted by username.
+    pub users: Vec<DesiredUser>,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub struct DesiredUser {
+    /// The Secret it came from, for hash reuse.
+    pub source: SecretKey,
+    pub credential: SecretCredential,
+}
+
+impl Index {
+    /// `secret_scopes`: the Secret watches that will feed the index (`""`
+    /// for one cluster-wide watch); all must finish their initial list.
+    pub fn new(conventions: Conventions, secret_scopes: &[String]) -> Self {
+        Self {
+            conventions,
+            namespaces: Store::default(),
+            secrets: secret_scopes
+                .iter()
+                .map(|s| (s.clone(), Store::default()))
+                .collect(),
+        }
+    }
+
+    pub fn namespace_event(&mut self, event: Event<Namespace>) {
+        let conventions = &self.conventions;
+        self.namespaces
+            .apply(event, |ns| (ns.name_any(), tenant_of(ns, conventions)));
+    }
+
+    pub fn secret_event(&mut self, scope: &str, event: Event<Secret>) {
+        let conventions = &self.conventions;
+        let store = self.secrets.entry(scope.to_owned()).or_default();
+        store.apply(event, |secret| {
+            let key = (secret.namespace().unwrap_or_default(), secret.name_any());
+            let joined = format!("{}/{}", key.0, key.1);
+            (joined, (key, read_secret(secret, conventions)))
+        });
+    }
+
+    /// Both initial lists are complete: rendering now cannot publish a
+    /// partial file.
+    pub fn is_synced(&self) -> bool {
+        self.namespaces.synced && self.secrets.values().all(|s| s.synced)
+    }
+
+    /// Applies the rules: a Secret speaks only for its own namespace's tenant;
+    /// of several Secrets with one username the oldest wins (then the first by
+    /// namespace/name); invalid Secrets are skipped with a reason.
+    pub fn desired(&self) -> Desired {
+        let mut desired = Desired::default();
+        for (namespace, tenant) in &self.namespaces.current {
+            if let Some(tenant) = tenant {
+                let entry = desired.tenants.entry(tenant.clone()).or_default();
+                entry.namespaces.insert(namespace.clone());
+            }
+        }
+        let mut secrets: Vec<&(SecretKey, SecretEntry)> = self
+            .secrets
+            .values()
+            .flat_map(|s| s.current.values())
+            .collect();
+        secrets.sort_by(|a, b| (&a.1.created, &a.0).cmp(&(&b.1.created, &b.0)));
+        let mut taken = BTreeSet::new();
+        for (key, entry) in secrets {
+            let credential = match &entry.credential {
+                Ok(credential) => credential,
+                Err(reason) => {
+                    desired.skipped.push((key.clone(), *reason));
+                    continue;
+                }
+            };
+            let Some(Some(tenant)) = self.namespaces.current.get(&key.0) else {
+                desired
+                    .skipped
+                    .push((key.clone(), SkipReason::NamespaceNotATenant));
+                continue;
+            };
+            if !taken.insert(credential.username.clone()) {
+                desired
+                    .skipped
+                    .push((key.clone(), SkipReason::DuplicateUsername));
+                continue;
+            }
+            let users = &mut desired
+                .tenants
+                .get_mut(tenant)
+                .expect("tenant listed above")
+                .users;
+            users.push(DesiredUser {
+                source: key.clone(),
+                credential: credential.clone(),
+            });
+        }
+        desired.tenants.retain(|_, t| !t.users.is_empty());
+        for tenant in desired.tenants.values_mut() {
+            tenant
+                .users
+                .sort_by(|a, b| a.credential.username.cmp(&b.credential.username));
+        }
+        desired.skipped.sort();
+        desired
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,310 @@
+use super::*;
+use base64::Engine;
+use serde_json::json;
+
+fn b64(s: &str) -> String {
+    base64::engine::general_purpose::STANDARD.encode(s)
+}
+
+fn conventions(tenant_label: Option<&str>) -> Conventions {
+    Conventions {
+        tenant_label: tenant_label.map(str::to_owned),
+        scopes_annotation: "tenant-proxy/scopes".into(),
+    }
+}
+
+fn namespace(name: &str, labels: serde_json::Value) -> Namespace {
+    serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}})).unwrap()
+}
+
+fn secret(
+    ns: &str,
+    name: &str,
+    created: &str,
+    data: serde_json::Value,
+    annotations: serde_json::Value,
+) -> Secret {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": ns, "creationTimestamp": created, "annotations": annotations},
+        "type": SECRET_TYPE,
+        "data": data,
+    }))
+    .unwrap()
+}
+
+fn basic(ns: &str, name: &str, user: &str, password: &str) -> Secret {
+    secret(
+        ns,
+        name,
+        "2026-01-01T00:00:00Z",
+        json!({"username": b64(user), "password": b64(password)}),
+        json!({}),
+    )
+}
+
+fn synced(index: &mut Index, namespaces: Vec<Namespace>, secrets: Vec<Secret>) {
+    index.namespace_event(Event::Init);
+    for ns in namespaces {
+        index.namespace_event(Event::InitApply(ns));
+    }
+    index.namespace_event(Event::InitDone);
+    index.secret_event("", Event::Init);
+    for s in secrets {
+        index.secret_event("", Event::InitApply(s));
+    }
+    index.secret_event("", Event::InitDone);
+}
+
+fn users(desired: &Desired, tenant: &str) -> Vec<String> {
+    desired.tenants[&TenantId::parse(tenant).unwrap()]
+        .users
+        .iter()
+        .map(|u| u.credential.username.clone())
+        .collect()
+}
+
+#[test]
+fn each_namespace_is_a_tenant_by_default_and_secrets_speak_for_their_own() {
+    let mut index = Index::new(conventions(None), &[String::new()]);
+    assert!(!index.is_synced());
+    synced(
+        &mut index,
+        vec![
+            namespace("team-a", json!({})),
+            namespace("team-b", json!({})),
+        ],
+        vec![
+            basic("team-a", "grafana", "grafana-a", "pa"),
+            basic("team-b", "push", "push-b", "pb"),
+        ],
+    );
+    assert!(index.is_synced());
+    let desired = index.desired();
+    assert_eq!(users(&desired, "team-a"), ["grafana-a"]);
+    assert_eq!(users(&desired, "team-b"), ["push-b"]);
+    assert!(desired.skipped.is_empty());
+}
+
+#[test]
+fn tenant_label_groups_namespaces_and_ignores_unlabelled_ones() {
+    let mut index = Index::new(conventions(Some("example.com/tenant")), &[String::new()]);
+    synced(
+        &mut index,
+        vec![
+            namespace("shop-prod", json!({"example.com/tenant": "shop"})),
+            namespace("shop-dev", json!({"example.com/tenant": "shop"})),
+            namespace("kube-system", json!({})),
+        ],
+        vec![
+            basic("shop-dev", "s", "shop-user", "p"),
+            basic("kube-system", "s", "sneaky", "p"),
+        ],
+    );
+    let desired = index.desired();
+    let shop = &desired.tenants[&TenantId::parse("shop").unwrap()];
+    assert_eq!(
+        shop.namespaces.iter().collect::<Vec<_>>(),
+        ["shop-dev", "shop-prod"]
+    );
+    assert_eq!(users(&desired, "shop"), ["shop-user"]);
+    assert_eq!(
+        desired.skipped,
+        [(
+            ("kube-system".into(), "s".into()),
+            SkipReason::NamespaceNotATenant
+        )]
+    );
+}
+
+#[test]
+fn a_relabelled_namespace_moves_its_secrets_to_the_new_tenant() {
+    let mut index = Index::new(conventions(Some("t")), &[String::new()]);
+    synced(
+        &mut index,
+        vec![namespace("ns", json!({"t": "one"}))],
+        vec![basic("ns", "s", "u", "p")],
+    );
+    assert_eq!(users(&index.desired(), "one"), ["u"]);
+    index.namespace_event(Event::Apply(namespace("ns", json!({"t": "two"}))));
+    let desired = index.desired();
+    assert!(!desired
+        .tenants
+        .contains_key(&TenantId::parse("one").unwrap()));
+    assert_eq!(users(&desired, "two"), ["u"]);
+}
+
+#[test]
+fn deletes_and_relists_remove_what_disappeared() {
+    let mut index = Index::new(conventions(None), &[String::new()]);
+    synced(
+        &mut index,
+        vec![namespace("a", json!({})), namespace("b", json!({}))],
+        vec![
+            basic("a", "s1", "u1", "p"),
+            basic("a", "s2", "u2", "p"),
+            basic("b", "s", "u3", "p"),
+        ],
+    );
+    index.secret_event("", Event::Delete(basic("a", "s1", "u1", "p")));
+    assert_eq!(users(&index.desired(), "a"), ["u2"]);
+    // A re-list (say after 410 Gone) that no longer holds s2 or namespace b.
+    index.namespace_event(Event::Init);
+    index.namespace_event(Event::InitApply(namespace("a", json!({}))));
+    index.secret_event("", Event::Init);
+    index.secret_event("", Event::InitApply(basic("b", "s", "u3", "p")));
+    // Until InitDone the old picture stays in force.
+    assert_eq!(users(&index.desired(), "a"), ["u2"]);
+    index.namespace_event(Event::InitDone);
+    index.secret_event("", Event::InitDone);
+    let desired = index.desired();
+    assert!(desired.tenants.is_empty(), "{desired:?}");
+    assert_eq!(
+        desired.skipped,
+        [(("b".into(), "s".into()), SkipReason::NamespaceNotATenant)]
+    );
+}
+
+#[test]
+fn duplicate_usernames_go_to_the_oldest_secret() {
+    let mut index = Index::new(conventions(None), &[String::new()]);
+    let older = secret(
+        "b",
+        "old",
+        "2025-01-01T00:00:00Z",
+        json!({"username": b64("dup"), "password": b64("x")}),
+        json!({}),
+    );
+    let newer = secret(
+        "a",
+        "new",
+        "2026-01-01T00:00:00Z",
+        json!({"username": b64("dup"), "password": b64("y")}),
+        json!({}),
+    );
+    synced(
+        &mut index,
+        vec![namespace("a", json!({})), namespace("b", json!({}))],
+        vec![newer, older],
+    );
+    let desired = index.desired();
+    assert_eq!(users(&desired, "b"), ["dup"]);
+    assert!(!desired.tenants.contains_key(&TenantId::parse("a").unwrap()));
+    assert_eq!(
+        desired.skipped,
+        [(("a".into(), "new".into()), SkipReason::DuplicateUsername)]
+    );
+}
+
+#[test]
+fn invalid_secrets_are_skipped_with_a_reason_and_break_nothing_else() {
+    let mut index = Index::new(conventions(None), &[String::new()]);
+    let hash = tenant_proxy::password::hash_password("pw").unwrap();
+    let cases = vec![
+        secret(
+            "a",
+            "no-user",
+            "2026-01-01T00:00:00Z",
+            json!({"password": b64("p")}),
+            json!({}),
+        ),
+        secret(
+            "a",
+            "colon",
+            "2026-01-01T00:00:00Z",
+            json!({"username": b64("a:b"), "password": b64("p")}),
+            json!({}),
+        ),
+        secret(
+            "a",
+            "no-pass",
+            "2026-01-01T00:00:00Z",
+            json!({"username": b64("x")}),
+            json!({}),
+        ),
+        secret(
+            "a",
+            "bad-hash",
+            "2026-01-01T00:00:00Z",
+            json!({"username": b64("y"), "password-hash": b64("$2b$bcrypt")}),
+            json!({}),
+        ),
+        secret(
+            "a",
+            "bad-scopes",
+            "2026-01-01T00:00:00Z",
+            json!({"username": b64("z"), "password": b64("p")}),
+            json!({"tenant-proxy/scopes": "logs:admin"}),
+        ),
+        secret(
+            "a",
+            "hashed",
+            "2026-01-01T00:00:00Z",
+            json!({"username": b64("hashed-user"), "password-hash": b64(&hash)}),
+            json!({"tenant-proxy/scopes": "logs:write, metrics:write"}),
+        ),
+    ];
+    synced(&mut index, vec![namespace("a", json!({}))], cases);
+    let desired = index.desired();
+    let reasons: Vec<_> = desired
+        .skipped
+        .iter()
+        .map(|(k, r)| (k.1.as_str(), *r))
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            ("bad-hash", SkipReason::InvalidPasswordHash),
+            ("bad-scopes", SkipReason::InvalidScopes),
+            ("colon", SkipReason::InvalidUsername),
+            ("no-pass", SkipReason::MissingPassword),
+            ("no-user", SkipReason::MissingUsername),
+        ]
+    );
+    let user = &desired.tenants[&TenantId::parse("a").unwrap()].users[0];
+    assert_eq!(user.credential.username, "hashed-user");
+    assert_eq!(user.credential.password, Password::Hashed(hash));
+    assert_eq!(
+        user.credential.scopes,
+        Some(vec![Scope::LogsWrite, Scope::MetricsWrite])
+    );
+}
+
+#[test]
+fn secrets_of_another_type_are_skipped() {
+    let mut s = basic("a", "opaque", "u", "p");
+    s.type_ = Some("Opaque".into());
+    assert_eq!(
+        read_secret(&s, &conventions(None)).credential,
+        Err(SkipReason::WrongType)
+    );
+}
+
+#[test]
+fn passwords_never_show_in_debug_output() {
+    let entry = read_secret(&basic("a", "s", "u", "hunter2"), &conventions(None));
+    assert!(!format!("{entry:?}").contains("hunter2"));
+}
+
+#[test]
+fn per_namespace_secret_watches_must_all_finish_listing() {
+    let scopes = vec!["a".to_string(), "b".to_string()];
+    let mut index = Index::new(conventions(None), &scopes);
+    index.namespace_event(Event::Init);
+    index.namespace_event(Event::InitApply(namespace("a", json!({}))));
+    index.namespace_event(Event::InitApply(namespace("b", json!({}))));
+    index.namespace_event(Event::InitDone);
+    index.secret_event("a", Event::Init);
+    index.secret_event("a", Event::InitApply(basic("a", "s", "ua", "p")));
+    index.secret_event("a", Event::InitDone);
+    assert!(!index.is_synced(), "b has not listed yet");
+    index.secret_event("b", Event::Init);
+    index.secret_event("b", Event::InitApply(basic("b", "s", "ub", "p")));
+    index.secret_event("b", Event::InitDone);
+    assert!(index.is_synced());
+    // A re-list of one namespace's watch leaves the other's Secrets alone.
+    index.secret_event("a", Event::Init);
+    index.secret_event("a", Event::InitDone);
+    let desired = index.desired();
+    assert_eq!(users(&desired, "b"), ["ub"]);
+    assert!(!desired.tenants.contains_key(&TenantId::parse("a").unwrap()));
+}

@@ -1,0 +1,14 @@
+//! tenant-sync: keeps tenant-proxy's tenants file current from Kubernetes
+//! Namespaces and `kubernetes.io/basic-auth` Secrets.
+//!
+//! `index` is the pure picture fed by watch events; `hashes` turns plaintext
+//! passwords into argon2id once; `render` produces the file; `writer`
+//! replaces it atomically; `controller` runs the loop; `admin` reports.
+
+pub mod admin;
+pub mod controller;
+pub mod hashes;
+pub mod index;
+pub mod metrics;
+pub mod render;
+pub mod writer;

@@ -1,0 +1,118 @@
+//! The `tenant-sync` binary: flags → options, a kube client, the admin
+//! listener, and the sync loop until SIGTERM (or one sync with `--once`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use tenant_proxy::server::Shutdown;
+use tenant_sync::controller::{Options, Status, Syncer};
+use tenant_sync::index::Conventions;
+use tenant_sync::metrics::Metrics;
+
+#[derive(Parser)]
+#[command(
+    version,
+    about = "Renders tenant-proxy's tenants file from Namespaces and Secrets"
+)]
+struct Cli {
+    /// The tenants file to write (shared with the proxy, e.g. an emptyDir).
+    #[arg(long, env = "TENANT_SYNC_TENANTS_FILE")]
+    tenants_file: PathBuf,
+    /// Namespaces carrying this label join the tenant named by its value;
+    /// without it, each namespace is its own tenant.
+    #[arg(long)]
+    tenant_label: Option<String>,
+    /// Only namespaces matching this label selector are considered.
+    #[arg(long)]
+    namespace_selector: Option<String>,
+    /// Secrets must carry this label selector.
+    #[arg(long, default_value = "tenant-proxy/credentials=true")]
+    secret_selector: String,
+    /// Annotation on a Secret listing its scopes (`logs:write,metrics:write`).
+    #[arg(long, default_value = "tenant-proxy/scopes")]
+    scopes_annotation: String,
+    /// Watch Secrets only in these namespaces (comma-separated; RBAC by Role).
+    #[arg(long, value_delimiter = ',')]
+    secret_namespaces: Vec<String>,
+    /// `/metrics`, `/healthz`, `/readyz`.
+    #[arg(long, default_value = "0.0.0.0:8082")]
+    admin_listen: SocketAddr,
+    /// Quiet time after the last change before the file is rendered.
+    #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
+    debounce: Duration,
+    /// Render once after the initial lists and exit (init containers, CI).
+    #[arg(long)]
+    once: bool,
+    /// Log format: `text` or `json`.
+    #[arg(long, default_value = "text")]
+    log_format: String,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    init_logging(&cli.log_format)?;
+    let options = Options {
+        tenants_file: cli.tenants_file,
+        conventions: Conventions {
+            tenant_label: cli.tenant_label,
+            scopes_annotation: cli.scopes_annotation,
+        },
+        secret_selector: cli.secret_selector,
+        namespace_selector: cli.namespace_selector,
+        secret_namespaces: cli.secret_namespaces,
+        debounce: cli.debounce,
+        once: cli.once,
+    };
+    // In-cluster service account, or KUBECONFIG / ~/.kube/config.
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to the Kubernetes API")?;
+    let metrics = Arc::new(Metrics::default());
+    let status = Arc::new(Status::default());
+    let shutdown = Shutdown::new(shutdown_signal());
+    if !options.once {
+        let listener = tokio::net::TcpListener::bind(cli.admin_listen)
+            .await
+            .with_context(|| format!("binding {}", cli.admin_listen))?;
+        tokio::spawn(tenant_sync::admin::serve(
+            listener,
+            metrics.clone(),
+            status.clone(),
+            shutdown.clone(),
+        ));
+    }
+    tracing::info!(tenants_file = %options.tenants_file.display(), "tenant-sync starting");
+    Syncer::new(options, metrics, status)
+        .run(client, shutdown.wait())
+        .await?;
+    tracing::info!("tenant-sync stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+fn init_logging(format: &str) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        "json" => builder.json().init(),
+        "text" => builder.init(),
+        other => anyhow::bail!("unknown --log-format {other:?} (text or json)"),
+    }
+    Ok(())
+}

@@ -1,0 +1,128 @@
+//! tenant-sync's own metrics (`tenant_sync_*`), with bounded labels.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResourceLabels {
+    /// `namespaces` or `secrets`.
+    pub resource: &'static str,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    pub tenants: Gauge,
+    pub credentials: Gauge,
+    pub skipped_secrets: Family<ReasonLabels, Gauge>,
+    pub writes: Counter,
+    pub write_errors: Counter,
+    pub last_write: Gauge<f64, AtomicU64>,
+    pub relists: Family<ResourceLabels, Counter>,
+    pub watch_errors: Family<ResourceLabels, Counter>,
+    pub hashes_computed: Counter,
+    pub hashes_reused: Counter,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("tenant_sync");
+        let tenants = Gauge::default();
+        registry.register(
+            "tenants",
+            "Tenants in the last rendered file",
+            tenants.clone(),
+        );
+        let credentials = Gauge::default();
+        registry.register(
+            "credentials",
+            "Credentials in the last rendered file",
+            credentials.clone(),
+        );
+        let skipped_secrets = Family::default();
+        registry.register(
+            "skipped_secrets",
+            "Secrets currently left out of the file, by reason",
+            skipped_secrets.clone(),
+        );
+        let writes = Counter::default();
+        registry.register(
+            "writes",
+            "Times the tenants file was replaced",
+            writes.clone(),
+        );
+        let write_errors = Counter::default();
+        registry.register(
+            "write_errors",
+            "Failed renders or writes",
+            write_errors.clone(),
+        );
+        let last_write = Gauge::default();
+        registry.register(
+            "last_successful_sync_timestamp_seconds",
+            "Unix time the file last matched the cluster (written or already current)",
+            last_write.clone(),
+        );
+        let relists = Family::default();
+        registry.register(
+            "watch_relists",
+            "Full re-lists (start, 410 Gone, reconnect)",
+            relists.clone(),
+        );
+        let watch_errors = Family::default();
+        registry.register(
+            "watch_errors",
+            "Watch errors (retried with back-off)",
+            watch_errors.clone(),
+        );
+        let hashes_computed = Counter::default();
+        registry.register(
+            "hashes_computed",
+            "argon2id hashes computed",
+            hashes_computed.clone(),
+        );
+        let hashes_reused = Counter::default();
+        registry.register(
+            "hashes_reused",
+            "Hashes reused for unchanged passwords",
+            hashes_reused.clone(),
+        );
+        Self {
+            registry,
+            tenants,
+            credentials,
+            skipped_secrets,
+            writes,
+            write_errors,
+            last_write,
+            relists,
+            watch_errors,
+            hashes_computed,
+            hashes_reused,
+        }
+    }
+}
+
+impl Metrics {
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+}

@@ -1,0 +1,78 @@
+//! The tenants file, rendered from the desired state in the proxy's native
+//! format, deterministically (same state, same bytes), and checked with the
+//! proxy's own parser before anyone may write it.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use crate::index::{Desired, SecretKey};
+
+#[derive(Serialize)]
+struct File<'a> {
+    version: u32,
+    tenants: Vec<Tenant<'a>>,
+}
+
+#[derive(Serialize)]
+struct Tenant<'a> {
+    id: &'a str,
+    namespaces: Vec<&'a str>,
+    users: Vec<User<'a>>,
+}
+
+#[derive(Serialize)]
+struct User<'a> {
+    username: &'a str,
+    password_hash: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    scopes: Option<Vec<&'static str>>,
+}
+
+const HEADER: &str =
+    "# Written by tenant-sync from Namespaces and Secrets; edits are overwritten.\n";
+
+/// Renders and validates. An error here is a bug in tenant-sync: the file
+/// is then not written and the previous one stays in force.
+pub fn render(desired: &Desired, hashes: &HashMap<SecretKey, String>) -> Result<String, String> {
+    let tenants = desired
+        .tenants
+        .iter()
+        .map(|(id, tenant)| {
+            let users = tenant
+                .users
+                .iter()
+                .map(|user| {
+                    let password_hash = hashes.get(&user.source).ok_or_else(|| {
+                        format!("no hash for user {:?}", user.credential.username)
+                    })?;
+                    Ok(User {
+                        username: &user.credential.username,
+                        password_hash,
+                        scopes: user
+                            .credential
+                            .scopes
+                            .as_ref()
+                            .map(|s| s.iter().map(|scope| scope.as_str()).collect()),
+                    })
+                })
+                .collect::<Result<_, String>>()?;
+            Ok(Tenant {
+                id: id.as_str(),
+                namespaces: tenant.namespaces.iter().map(String::as_str).collect(),
+                users,
+            })
+        })
+        .collect::<Result<_, String>>()?;
+    let file = File {
+        version: tenant_proxy::tenants_file::CURRENT_VERSION,
+        tenants,
+    };
+    let text = format!(
+        "{HEADER}{}",
+        serde_yaml_ng::to_string(&file).map_err(|e| e.to_string())?
+    );
+    tenant_proxy::tenants_file::parse(&text, 0)
+        .map_err(|e| format!("rendered file is invalid: {e}"))?;
+    Ok(text)
+}
