@@ -72,15 +72,31 @@ impl SyncError {
     }
 }
 
-/// Readiness: the file on disk matches a complete picture of the cluster.
-#[derive(Debug, Default)]
+/// Readiness (the file on disk matches a complete picture of the cluster),
+/// and a count of writes others can wait on.
+#[derive(Debug)]
 pub struct Status {
     synced_once: AtomicBool,
+    writes: tokio::sync::watch::Sender<u64>,
+}
+
+impl Default for Status {
+    fn default() -> Self {
+        Self {
+            synced_once: AtomicBool::new(false),
+            writes: tokio::sync::watch::Sender::new(0),
+        }
+    }
 }
 
 impl Status {
     pub fn is_ready(&self) -> bool {
         self.synced_once.load(Ordering::Acquire)
+    }
+
+    /// Times the tenants file was replaced; changes on every write.
+    pub fn writes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.writes.subscribe()
     }
 }
 
@@ -212,6 +228,7 @@ impl Syncer {
         let credentials: usize = desired.tenants.values().map(|t| t.users.len()).sum();
         if changed {
             self.metrics.writes.inc();
+            self.status.writes.send_modify(|n| *n += 1);
             tracing::info!(
                 tenants = desired.tenants.len(),
                 credentials,

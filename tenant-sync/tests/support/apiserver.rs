@@ -1,0 +1,421 @@
+//! An in-process stand-in for the Kubernetes API server (behaviour of
+//! Kubernetes 1.33, core/v1): list and watch of Namespaces and Secrets over
+//! HTTP, so the real `kube` client and watcher code runs against it.
+//!
+//! It keeps a resourceVersion counter and an event log, filters by label
+//! selector (`k=v`, `k`) and field selector (`type=`, `metadata.namespace=`),
+//! streams watch events as newline-delimited JSON, sends a BOOKMARK once a
+//! watch has caught up, and answers a watch from a compacted resourceVersion
+//! with `410 Expired` as the real server does. Tests change objects, compact
+//! the log, hold a list, or cut every watch.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use tokio::sync::{broadcast, mpsc, watch, Notify};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kind {
+    Namespace,
+    Secret,
+}
+
+#[derive(Clone, Debug)]
+struct Change {
+    rv: u64,
+    kind: Kind,
+    kind_type: &'static str,
+    object: Value,
+}
+
+#[derive(Default)]
+struct Data {
+    rv: u64,
+    objects: BTreeMap<(Kind, String), Value>,
+    log: Vec<Change>,
+    /// Watches from below this resourceVersion get 410.
+    compacted_below: u64,
+}
+
+struct State {
+    data: Mutex<Data>,
+    changes: broadcast::Sender<Change>,
+    /// Bumped to end every open watch.
+    cut: watch::Sender<u64>,
+    /// While set, list requests for that kind wait for `release`.
+    held: Mutex<Option<Kind>>,
+    release: Notify,
+    requests: watch::Sender<Vec<String>>,
+}
+
+pub struct ApiServer {
+    pub addr: SocketAddr,
+    state: Arc<State>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl ApiServer {
+    pub async fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let state = Arc::new(State {
+            data: Mutex::default(),
+            changes: broadcast::channel(100_000).0,
+            cut: watch::Sender::new(0),
+            held: Mutex::new(None),
+            release: Notify::new(),
+            requests: watch::Sender::new(Vec::new()),
+        });
+        let shared = state.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let state = shared.clone();
+                let service = service_fn(move |request| handle(state.clone(), request));
+                tokio::spawn(
+                    hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service),
+                );
+            }
+        });
+        Self { addr, state, task }
+    }
+
+    pub fn client(&self) -> kube::Client {
+        let config = kube::Config::new(format!("http://{}", self.addr).parse().unwrap());
+        kube::Client::try_from(config).unwrap()
+    }
+
+    pub fn namespace(&self, name: &str, labels: Value) {
+        self.put(
+            Kind::Namespace,
+            name.to_owned(),
+            json!({
+                "apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": name, "labels": labels},
+            }),
+        );
+    }
+
+    /// A labelled basic-auth Secret. `data` values are plain strings.
+    pub fn secret(&self, namespace: &str, name: &str, data: &[(&str, &str)], annotations: Value) {
+        use base64::Engine;
+        let data: serde_json::Map<String, Value> = data
+            .iter()
+            .map(|(k, v)| {
+                (
+                    (*k).to_owned(),
+                    Value::String(base64::engine::general_purpose::STANDARD.encode(v)),
+                )
+            })
+            .collect();
+        self.put(
+            Kind::Secret,
+            format!("{namespace}/{name}"),
+            json!({
+                "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/basic-auth",
+                "metadata": {
+                    "name": name, "namespace": namespace,
+                    "labels": {"tenant-proxy/credentials": "true"},
+                    "annotations": annotations,
+                    "creationTimestamp": "2026-01-01T00:00:00Z",
+                },
+                "data": data,
+            }),
+        );
+    }
+
+    pub fn delete(&self, kind: Kind, key: &str) {
+        let mut data = self.state.data.lock().unwrap();
+        if let Some(mut object) = data.objects.remove(&(kind, key.to_owned())) {
+            data.rv += 1;
+            object["metadata"]["resourceVersion"] = json!(data.rv.to_string());
+            record(&self.state, &mut data, kind, "DELETED", object);
+        }
+    }
+
+    fn put(&self, kind: Kind, key: String, mut object: Value) {
+        let mut data = self.state.data.lock().unwrap();
+        data.rv += 1;
+        object["metadata"]["resourceVersion"] = json!(data.rv.to_string());
+        object["metadata"]["uid"] = json!(format!("uid-{key}"));
+        let kind_type = if data.objects.contains_key(&(kind, key.clone())) {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
+        data.objects.insert((kind, key), object.clone());
+        record(&self.state, &mut data, kind, kind_type, object);
+    }
+
+    /// Forgets the event log: a watch resuming from before now gets 410.
+    pub fn compact(&self) {
+        let mut data = self.state.data.lock().unwrap();
+        data.compacted_below = data.rv + 1;
+        data.log.clear();
+    }
+
+    /// Ends every open watch (clients reconnect from their last resourceVersion).
+    pub fn cut_watches(&self) {
+        self.state.cut.send_modify(|n| *n += 1);
+    }
+
+    /// List requests for `kind` wait until `release_lists`.
+    pub fn hold_lists(&self, kind: Kind) {
+        *self.state.held.lock().unwrap() = Some(kind);
+    }
+
+    pub fn release_lists(&self) {
+        *self.state.held.lock().unwrap() = None;
+        self.state.release.notify_waiters();
+    }
+
+    /// Waits until a request whose path and query contain `needle` arrived.
+    pub async fn wait_for_request(&self, needle: &str) {
+        let mut requests = self.state.requests.subscribe();
+        let wait = requests.wait_for(|seen| seen.iter().any(|r| r.contains(needle)));
+        tokio::time::timeout(std::time::Duration::from_secs(10), wait)
+            .await
+            .expect("the request arrived within 10 s")
+            .unwrap();
+    }
+
+    pub fn requests(&self) -> Vec<String> {
+        self.state.requests.borrow().clone()
+    }
+}
+
+fn record(state: &State, data: &mut Data, kind: Kind, kind_type: &'static str, object: Value) {
+    let change = Change {
+        rv: data.rv,
+        kind,
+        kind_type,
+        object,
+    };
+    data.log.push(change.clone());
+    let _ = state.changes.send(change);
+}
+
+type Body = BoxBody<Bytes, Infallible>;
+
+fn json_response(code: StatusCode, value: Value) -> Response<Body> {
+    let mut response = Response::new(Full::new(Bytes::from(value.to_string())).boxed());
+    *response.status_mut() = code;
+    response
+        .headers_mut()
+        .insert("content-type", "application/json".parse().unwrap());
+    response
+}
+
+/// What a request asks for.
+struct Query {
+    kind: Kind,
+    namespace: Option<String>,
+    labels: Vec<(String, Option<String>)>,
+    fields: Vec<(String, String)>,
+    watch: bool,
+    rv: u64,
+    bookmarks: bool,
+}
+
+impl Query {
+    fn matches(&self, object: &Value) -> bool {
+        let meta = &object["metadata"];
+        let namespace_ok = self
+            .namespace
+            .as_deref()
+            .is_none_or(|ns| meta["namespace"] == ns);
+        let labels_ok = self.labels.iter().all(|(k, v)| match v {
+            Some(v) => meta["labels"][k] == v.as_str(),
+            None => !meta["labels"][k].is_null(),
+        });
+        let fields_ok = self.fields.iter().all(|(k, v)| match k.as_str() {
+            "type" => object["type"] == v.as_str(),
+            "metadata.namespace" => meta["namespace"] == v.as_str(),
+            _ => false,
+        });
+        namespace_ok && labels_ok && fields_ok
+    }
+}
+
+fn parse(request: &Request<Incoming>) -> Option<Query> {
+    let path: Vec<&str> = request.uri().path().trim_matches('/').split('/').collect();
+    let (kind, namespace) = match path.as_slice() {
+        ["api", "v1", "namespaces"] => (Kind::Namespace, None),
+        ["api", "v1", "secrets"] => (Kind::Secret, None),
+        ["api", "v1", "namespaces", ns, "secrets"] => (Kind::Secret, Some((*ns).to_owned())),
+        _ => return None,
+    };
+    let params: Vec<(String, String)> =
+        form_urlencoded::parse(request.uri().query().unwrap_or_default().as_bytes())
+            .into_owned()
+            .collect();
+    let get = |key: &str| {
+        params
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.clone())
+    };
+    let pairs = |s: Option<String>| -> Vec<(String, Option<String>)> {
+        s.unwrap_or_default()
+            .split(',')
+            .filter(|p| !p.is_empty())
+            .map(|p| match p.split_once('=') {
+                Some((k, v)) => (k.to_owned(), Some(v.to_owned())),
+                None => (p.to_owned(), None),
+            })
+            .collect()
+    };
+    Some(Query {
+        kind,
+        namespace,
+        labels: pairs(get("labelSelector")),
+        fields: pairs(get("fieldSelector"))
+            .into_iter()
+            .map(|(k, v)| (k, v.unwrap_or_default()))
+            .collect(),
+        watch: matches!(get("watch").as_deref(), Some("true" | "1")),
+        rv: get("resourceVersion")
+            .and_then(|rv| rv.parse().ok())
+            .unwrap_or(0),
+        bookmarks: get("allowWatchBookmarks").as_deref() == Some("true"),
+    })
+}
+
+async fn handle(
+    state: Arc<State>,
+    request: Request<Incoming>,
+) -> Result<Response<Body>, Infallible> {
+    let seen = format!(
+        "{}?{}",
+        request.uri().path(),
+        request.uri().query().unwrap_or_default()
+    );
+    state.requests.send_modify(|all| all.push(seen));
+    let Some(query) = parse(&request) else {
+        return Ok(json_response(
+            StatusCode::NOT_FOUND,
+            json!({"kind": "Status", "code": 404}),
+        ));
+    };
+    if query.watch {
+        return Ok(watch_response(state, query));
+    }
+    loop {
+        let notified = state.release.notified();
+        if *state.held.lock().unwrap() != Some(query.kind) {
+            break;
+        }
+        notified.await;
+    }
+    let data = state.data.lock().unwrap();
+    let items: Vec<Value> = data
+        .objects
+        .iter()
+        .filter(|((kind, _), object)| *kind == query.kind && query.matches(object))
+        .map(|(_, object)| object.clone())
+        .collect();
+    let list_kind = match query.kind {
+        Kind::Namespace => "NamespaceList",
+        Kind::Secret => "SecretList",
+    };
+    Ok(json_response(
+        StatusCode::OK,
+        json!({
+            "apiVersion": "v1", "kind": list_kind,
+            "metadata": {"resourceVersion": data.rv.to_string()},
+            "items": items,
+        }),
+    ))
+}
+
+fn event_line(kind_type: &str, object: &Value) -> Bytes {
+    Bytes::from(format!(
+        "{}\n",
+        json!({"type": kind_type, "object": object})
+    ))
+}
+
+fn watch_response(state: Arc<State>, query: Query) -> Response<Body> {
+    let (tx, rx) = mpsc::channel::<Bytes>(1024);
+    // Subscribe before reading the log, so no change falls in between.
+    let mut live = state.changes.subscribe();
+    let mut cut = state.cut.subscribe();
+    cut.borrow_and_update();
+    let (backlog, current, expired) = {
+        let data = state.data.lock().unwrap();
+        let expired = query.rv != 0 && query.rv < data.compacted_below;
+        let backlog: Vec<Change> = data
+            .log
+            .iter()
+            .filter(|c| c.rv > query.rv)
+            .cloned()
+            .collect();
+        (backlog, data.rv, expired)
+    };
+    tokio::spawn(async move {
+        if expired {
+            let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                "message": "too old resource version", "reason": "Expired", "code": 410});
+            let _ = tx.send(event_line("ERROR", &status)).await;
+            return;
+        }
+        let mut last = query.rv;
+        for change in backlog {
+            last = change.rv;
+            if change.kind == query.kind && query.matches(&change.object) {
+                let _ = tx.send(event_line(change.kind_type, &change.object)).await;
+            }
+        }
+        if query.bookmarks {
+            let kind = match query.kind {
+                Kind::Namespace => "Namespace",
+                Kind::Secret => "Secret",
+            };
+            let bookmark = json!({"kind": kind, "apiVersion": "v1",
+                "metadata": {"resourceVersion": current.max(last).to_string()}});
+            let _ = tx.send(event_line("BOOKMARK", &bookmark)).await;
+        }
+        loop {
+            tokio::select! {
+                _ = cut.changed() => return,
+                change = live.recv() => match change {
+                    Ok(change) if change.rv > last => {
+                        last = change.rv;
+                        if change.kind == query.kind && query.matches(&change.object)
+                            && tx.send(event_line(change.kind_type, &change.object)).await.is_err() {
+                            return;
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(_) => return,
+                },
+            }
+        }
+    });
+    let frames = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|bytes| (Ok::<_, Infallible>(Frame::data(bytes)), rx))
+    });
+    let mut response = Response::new(StreamBody::new(frames).boxed());
+    response
+        .headers_mut()
+        .insert("content-type", "application/json".parse().unwrap());
+    response
+}

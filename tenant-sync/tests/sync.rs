@@ -1,0 +1,163 @@
+//! tenant-sync against an API server stand-in: the real kube client lists and
+//! watches, and the tenants file follows.
+
+mod support;
+
+use serde_json::json;
+use support::apiserver::{ApiServer, Kind};
+use support::{map, RunningSync};
+
+async fn cluster() -> ApiServer {
+    let api = ApiServer::start().await;
+    api.namespace("team-a", json!({}));
+    api.namespace("team-b", json!({}));
+    api.secret(
+        "team-a",
+        "grafana",
+        &[("username", "grafana-a"), ("password", "pw-a")],
+        json!({"tenant-proxy/scopes": "logs:read"}),
+    );
+    api
+}
+
+#[tokio::test]
+async fn the_file_follows_creates_updates_and_deletes() {
+    let api = cluster().await;
+    let mut sync = RunningSync::start(&api, |_| {});
+    assert_eq!(sync.next_write().await, map(&[("grafana-a", "team-a")]));
+    assert!(sync.status.is_ready());
+    assert!(sync.verifies("grafana-a", "pw-a"));
+
+    api.secret(
+        "team-b",
+        "push",
+        &[("username", "push-b"), ("password", "pw-b")],
+        json!({}),
+    );
+    assert_eq!(
+        sync.next_write().await,
+        map(&[("grafana-a", "team-a"), ("push-b", "team-b")])
+    );
+
+    api.secret(
+        "team-a",
+        "grafana",
+        &[("username", "grafana-a"), ("password", "rotated")],
+        json!({}),
+    );
+    sync.next_write().await;
+    assert!(sync.verifies("grafana-a", "rotated"));
+    assert!(!sync.verifies("grafana-a", "pw-a"));
+
+    api.delete(Kind::Secret, "team-b/push");
+    assert_eq!(sync.next_write().await, map(&[("grafana-a", "team-a")]));
+    api.delete(Kind::Namespace, "team-a");
+    assert_eq!(sync.next_write().await, map(&[]));
+
+    let text = std::fs::read_to_string(&sync.file).unwrap();
+    for secret in ["pw-a", "pw-b", "rotated"] {
+        assert!(!text.contains(secret), "no plaintext in the file");
+    }
+    sync.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_secret_cannot_claim_another_namespace_and_relabelling_moves_it() {
+    let api = ApiServer::start().await;
+    api.namespace("shop-prod", json!({"tenant": "shop"}));
+    api.namespace("blog", json!({"tenant": "blog"}));
+    api.secret(
+        "shop-prod",
+        "s",
+        &[("username", "shop-user"), ("password", "p")],
+        json!({}),
+    );
+    let mut sync = RunningSync::start(&api, |o| o.conventions.tenant_label = Some("tenant".into()));
+    assert_eq!(sync.next_write().await, map(&[("shop-user", "shop")]));
+    api.namespace("shop-prod", json!({"tenant": "blog"}));
+    assert_eq!(sync.next_write().await, map(&[("shop-user", "blog")]));
+    sync.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_missed_delete_is_caught_by_the_relist_after_410_gone() {
+    let api = cluster().await;
+    api.secret(
+        "team-b",
+        "push",
+        &[("username", "push-b"), ("password", "pw-b")],
+        json!({}),
+    );
+    let mut sync = RunningSync::start(&api, |_| {});
+    assert_eq!(
+        sync.next_write().await,
+        map(&[("grafana-a", "team-a"), ("push-b", "team-b")])
+    );
+
+    // The watch is cut, the Secret deleted while nobody watches, the event
+    // log compacted: the reconnecting watch gets 410 and must re-list.
+    api.cut_watches();
+    api.delete(Kind::Secret, "team-b/push");
+    api.compact();
+    assert_eq!(sync.next_write().await, map(&[("grafana-a", "team-a")]));
+    let metrics = sync.metrics.encode();
+    assert!(
+        metrics.contains("tenant_sync_watch_relists_total{resource=\"secrets\"} 2"),
+        "{metrics}"
+    );
+    assert!(api
+        .requests()
+        .iter()
+        .any(|r| r.contains("allowWatchBookmarks=true")));
+    sync.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn nothing_is_written_before_every_initial_list_completes() {
+    let api = cluster().await;
+    api.hold_lists(Kind::Secret);
+    let mut sync = RunningSync::start(&api, |_| {});
+    api.wait_for_request("/api/v1/secrets?").await;
+    api.wait_for_request("/api/v1/namespaces?").await;
+    assert!(
+        !sync.file.exists(),
+        "no partial file while Secrets are still listing"
+    );
+    assert!(!sync.status.is_ready());
+    api.release_lists();
+    assert_eq!(sync.next_write().await, map(&[("grafana-a", "team-a")]));
+    sync.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn once_renders_after_the_initial_lists_and_exits() {
+    let api = cluster().await;
+    let mut sync = RunningSync::start(&api, |o| o.once = true);
+    sync.finished().await.unwrap();
+    assert_eq!(sync.users(), map(&[("grafana-a", "team-a")]));
+}
+
+#[tokio::test]
+async fn skipped_secrets_are_counted_by_reason() {
+    let api = cluster().await;
+    api.secret(
+        "team-b",
+        "dup",
+        &[("username", "grafana-a"), ("password", "x")],
+        json!({}),
+    );
+    api.secret("team-b", "broken", &[("password", "x")], json!({}));
+    let mut sync = RunningSync::start(&api, |_| {});
+    // Same creation time: the first by namespace/name wins, team-a/grafana.
+    assert_eq!(sync.next_write().await, map(&[("grafana-a", "team-a")]));
+    let metrics = sync.metrics.encode();
+    assert!(
+        metrics.contains("tenant_sync_skipped_secrets{reason=\"duplicate_username\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("tenant_sync_skipped_secrets{reason=\"missing_username\"} 1"),
+        "{metrics}"
+    );
+    sync.stop().await.unwrap();
+}
