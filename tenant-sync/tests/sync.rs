@@ -94,11 +94,16 @@ async fn a_missed_delete_is_caught_by_the_relist_after_410_gone() {
         map(&[("grafana-a", "team-a"), ("push-b", "team-b")])
     );
 
-    // The watch is cut, the Secret deleted while nobody watches, the event
-    // log compacted: the reconnecting watch gets 410 and must re-list.
+    // The watch is cut and held off, the Secret deleted while nobody
+    // watches, the event log compacted: the reconnecting watch gets 410 and
+    // must re-list to notice.
+    api.hold_watches(Kind::Secret);
     api.cut_watches();
+    api.wait_for_requests("/api/v1/secrets?&watch=true", 2)
+        .await;
     api.delete(Kind::Secret, "team-b/push");
     api.compact();
+    api.release();
     assert_eq!(sync.next_write().await, map(&[("grafana-a", "team-a")]));
     let metrics = sync.metrics.encode();
     assert!(
@@ -124,7 +129,7 @@ async fn nothing_is_written_before_every_initial_list_completes() {
         "no partial file while Secrets are still listing"
     );
     assert!(!sync.status.is_ready());
-    api.release_lists();
+    api.release();
     assert_eq!(sync.next_write().await, map(&[("grafana-a", "team-a")]));
     sync.stop().await.unwrap();
 }

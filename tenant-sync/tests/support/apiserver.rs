@@ -52,8 +52,9 @@ struct State {
     changes: broadcast::Sender<Change>,
     /// Bumped to end every open watch.
     cut: watch::Sender<u64>,
-    /// While set, list requests for that kind wait for `release`.
-    held: Mutex<Option<Kind>>,
+    /// While set, list (false) or watch (true) requests for that kind wait
+    /// for `release`.
+    held: Mutex<Option<(Kind, bool)>>,
     release: Notify,
     requests: watch::Sender<Vec<String>>,
 }
@@ -175,20 +176,31 @@ impl ApiServer {
         self.state.cut.send_modify(|n| *n += 1);
     }
 
-    /// List requests for `kind` wait until `release_lists`.
+    /// List requests for `kind` wait until `release`.
     pub fn hold_lists(&self, kind: Kind) {
-        *self.state.held.lock().unwrap() = Some(kind);
+        *self.state.held.lock().unwrap() = Some((kind, false));
     }
 
-    pub fn release_lists(&self) {
+    /// Watch requests for `kind` wait until `release`.
+    pub fn hold_watches(&self, kind: Kind) {
+        *self.state.held.lock().unwrap() = Some((kind, true));
+    }
+
+    pub fn release(&self) {
         *self.state.held.lock().unwrap() = None;
         self.state.release.notify_waiters();
     }
 
     /// Waits until a request whose path and query contain `needle` arrived.
     pub async fn wait_for_request(&self, needle: &str) {
+        self.wait_for_requests(needle, 1).await;
+    }
+
+    /// Waits until `count` requests containing `needle` arrived.
+    pub async fn wait_for_requests(&self, needle: &str, count: usize) {
         let mut requests = self.state.requests.subscribe();
-        let wait = requests.wait_for(|seen| seen.iter().any(|r| r.contains(needle)));
+        let wait =
+            requests.wait_for(|seen| seen.iter().filter(|r| r.contains(needle)).count() >= count);
         tokio::time::timeout(std::time::Duration::from_secs(10), wait)
             .await
             .expect("the request arrived within 10 s")
@@ -313,15 +325,15 @@ async fn handle(
             json!({"kind": "Status", "code": 404}),
         ));
     };
-    if query.watch {
-        return Ok(watch_response(state, query));
-    }
     loop {
         let notified = state.release.notified();
-        if *state.held.lock().unwrap() != Some(query.kind) {
+        if *state.held.lock().unwrap() != Some((query.kind, query.watch)) {
             break;
         }
         notified.await;
+    }
+    if query.watch {
+        return Ok(watch_response(state, query));
     }
     let data = state.data.lock().unwrap();
     let items: Vec<Value> = data
