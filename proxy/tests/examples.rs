@@ -31,6 +31,10 @@ fn check(path: &Path) -> bool {
         .to_str()
         .unwrap()
         .to_owned();
+    if name.starts_with("tenant-sync/") {
+        // Kubernetes objects: checked by tenant-sync/tests/examples.rs.
+        return true;
+    }
     match name.as_str() {
         "proxy/config.yaml" => {
             let config = Config::load(path).unwrap();
