@@ -225,6 +225,9 @@ impl Syncer {
                 source,
             })?;
 
+        // Ready as soon as the file matches the cluster: before anything
+        // else reports the sync.
+        self.status.synced_once.store(true, Ordering::Release);
         let credentials: usize = desired.tenants.values().map(|t| t.users.len()).sum();
         if changed {
             self.metrics.writes.inc();
@@ -243,7 +246,6 @@ impl Syncer {
             .duration_since(SystemTime::UNIX_EPOCH)
             .unwrap_or_default();
         self.metrics.last_write.set(now.as_secs_f64());
-        self.status.synced_once.store(true, Ordering::Release);
         Ok(())
     }
 
