@@ -1,0 +1,242 @@
+//! The load loops. Every loop is bounded by time and by request count, and
+//! targets a loopback address only.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use bytes::Bytes;
+use hdrhistogram::Histogram;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+
+use crate::bodies::Prepared;
+use crate::scenario::{Mode, Scenario};
+
+/// What one measured phase produced.
+#[derive(Debug)]
+pub struct Outcome {
+    pub elapsed: Duration,
+    pub latency_us: Histogram<u64>,
+    pub statuses: BTreeMap<u16, u64>,
+    pub transport_errors: u64,
+}
+
+impl Outcome {
+    pub fn requests(&self) -> u64 {
+        self.statuses.values().sum::<u64>() + self.transport_errors
+    }
+}
+
+/// The mix, expanded by weight, and the Authorization values to rotate.
+pub struct Workload {
+    pub requests: Vec<Prepared>,
+    pub auths: Vec<String>,
+}
+
+impl Workload {
+    pub fn new(scenario: &Scenario, prepared: Vec<Prepared>) -> Self {
+        let mut requests = Vec::new();
+        for (template, request) in scenario.requests.iter().zip(prepared) {
+            for _ in 0..template.weight {
+                requests.push(request.clone());
+            }
+        }
+        // Every n-th credential use carries a wrong password.
+        let wrong_every = if scenario.wrong_password_share > 0.0 {
+            (1.0 / scenario.wrong_password_share).round().max(1.0) as usize
+        } else {
+            usize::MAX
+        };
+        let slots = (scenario.users * 10).max(10);
+        let auths = (0..slots)
+            .map(|slot| {
+                let user = slot % scenario.users;
+                let password = if slot % wrong_every == wrong_every - 1 {
+                    format!("wrong-{slot}")
+                } else {
+                    format!("pw-{user}")
+                };
+                let token = base64::engine::general_purpose::STANDARD
+                    .encode(format!("user-{user}:{password}"));
+                format!("Basic {token}")
+            })
+            .collect();
+        Self { requests, auths }
+    }
+}
+
+struct Shared {
+    recording: AtomicBool,
+    stop: AtomicBool,
+    measured: AtomicU64,
+    max_requests: u64,
+    results: Mutex<(Histogram<u64>, BTreeMap<u16, u64>, u64)>,
+}
+
+/// Runs warm-up then the measured phase; `on_measure(start)` is called as
+/// the measured phase starts (true) and ends (false), to snapshot the proxy.
+pub async fn run(
+    target: SocketAddr,
+    scenario: &Scenario,
+    workload: Arc<Workload>,
+    mut on_measure: impl FnMut(bool),
+) -> Outcome {
+    let shared = Arc::new(Shared {
+        recording: AtomicBool::new(false),
+        stop: AtomicBool::new(false),
+        measured: AtomicU64::new(0),
+        max_requests: scenario.max_requests,
+        results: Mutex::new((Histogram::new(3).unwrap(), BTreeMap::new(), 0)),
+    });
+    let connections = scenario.connections.max(1);
+    // Open loop: each connection sends at its share of the rate.
+    let interval = match scenario.mode {
+        Mode::Closed => None,
+        Mode::Open => Some(Duration::from_secs_f64(
+            connections as f64 / scenario.rate as f64,
+        )),
+    };
+    let workers: Vec<_> = (0..connections)
+        .map(|i| {
+            tokio::spawn(worker(
+                i,
+                target,
+                workload.clone(),
+                shared.clone(),
+                interval,
+            ))
+        })
+        .collect();
+    tokio::time::sleep(scenario.warmup).await;
+    on_measure(true);
+    let started = Instant::now();
+    shared.recording.store(true, Ordering::Release);
+    let deadline = started + scenario.duration;
+    while Instant::now() < deadline
+        && shared.measured.load(Ordering::Relaxed) < scenario.max_requests
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    shared.recording.store(false, Ordering::Release);
+    let elapsed = started.elapsed();
+    on_measure(false);
+    shared.stop.store(true, Ordering::Release);
+    for worker in workers {
+        let _ = worker.await;
+    }
+    let (latency_us, statuses, transport_errors) = std::mem::replace(
+        &mut *shared.results.lock().unwrap(),
+        (Histogram::new(3).unwrap(), BTreeMap::new(), 0),
+    );
+    Outcome {
+        elapsed,
+        latency_us,
+        statuses,
+        transport_errors,
+    }
+}
+
+type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+
+async fn connect(target: SocketAddr) -> Option<Sender> {
+    let stream = tokio::net::TcpStream::connect(target).await.ok()?;
+    let _ = stream.set_nodelay(true);
+    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .ok()?;
+    tokio::spawn(connection);
+    Some(sender)
+}
+
+async fn worker(
+    index: usize,
+    target: SocketAddr,
+    workload: Arc<Workload>,
+    shared: Arc<Shared>,
+    interval: Option<Duration>,
+) {
+    let mut histogram = Histogram::<u64>::new(3).unwrap();
+    let mut statuses: BTreeMap<u16, u64> = BTreeMap::new();
+    let mut transport_errors = 0u64;
+    let mut sender: Option<Sender> = None;
+    let mut n = index;
+    // Open loop: spread the connections' schedules over one interval.
+    let mut intended = interval.map(|i| Instant::now() + i.mul_f64(index as f64 / 8.0));
+    while !shared.stop.load(Ordering::Acquire) {
+        if let (Some(at), Some(step)) = (intended.as_mut(), interval) {
+            let now = Instant::now();
+            if *at > now {
+                tokio::time::sleep_until((*at).into()).await;
+            }
+            *at += step;
+        }
+        let start = match intended {
+            // Latency from when the request should have been sent.
+            Some(at) => at - interval.unwrap(),
+            None => Instant::now(),
+        };
+        let request = &workload.requests[n % workload.requests.len()];
+        let auth = &workload.auths[n % workload.auths.len()];
+        n += 1;
+        if sender.is_none() {
+            sender = connect(target).await;
+        }
+        let result = match sender.as_mut() {
+            None => None,
+            Some(s) => send(s, target, request, auth).await,
+        };
+        let recording = shared.recording.load(Ordering::Acquire);
+        match result {
+            Some(status) => {
+                if recording {
+                    let micros = start.elapsed().as_micros() as u64;
+                    let _ = histogram.record(micros.max(1));
+                    *statuses.entry(status).or_default() += 1;
+                }
+            }
+            None => {
+                sender = None;
+                if recording {
+                    transport_errors += 1;
+                }
+            }
+        }
+        if recording && shared.measured.fetch_add(1, Ordering::Relaxed) + 1 >= shared.max_requests {
+            break;
+        }
+    }
+    let mut results = shared.results.lock().unwrap();
+    results.0.add(&histogram).unwrap();
+    for (status, count) in statuses {
+        *results.1.entry(status).or_default() += count;
+    }
+    results.2 += transport_errors;
+}
+
+async fn send(
+    sender: &mut Sender,
+    target: SocketAddr,
+    request: &Prepared,
+    auth: &str,
+) -> Option<u16> {
+    sender.ready().await.ok()?;
+    let mut builder = http::Request::builder()
+        .method(request.method.clone())
+        .uri(&request.path)
+        .header(http::header::HOST, target.to_string())
+        .header(http::header::AUTHORIZATION, auth);
+    for (name, value) in &request.headers {
+        builder = builder.header(*name, *value);
+    }
+    let response = sender
+        .send_request(builder.body(Full::new(request.body.clone())).ok()?)
+        .await
+        .ok()?;
+    let status = response.status().as_u16();
+    response.into_body().collect().await.ok()?;
+    Some(status)
+}

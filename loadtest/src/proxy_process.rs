@@ -1,0 +1,190 @@
+//! The proxy under test, as its own process (so its CPU time is its own):
+//! a generated tenants file and config, started, waited for, measured
+//! through /proc, and stopped by its PID.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct ProxyProcess {
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+    child: Child,
+    _dir: tempfile_dir::Dir,
+}
+
+/// A temporary directory removed on drop (the loadtest binary has no
+/// dev-dependencies at run time).
+mod tempfile_dir {
+    pub struct Dir(pub std::path::PathBuf);
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// CPU time (user + system) and peak RSS of a process.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ProcessStats {
+    pub cpu: Duration,
+    pub peak_rss_kib: u64,
+    pub rss_kib: u64,
+}
+
+pub fn stats(pid: u32) -> std::io::Result<ProcessStats> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name (which may contain spaces) in parentheses.
+    let rest = &stat[stat.rfind(')').map_or(0, |i| i + 2)..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 =
+        fields[11].parse::<u64>().unwrap_or(0) + fields[12].parse::<u64>().unwrap_or(0);
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kib = |key: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(key))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    Ok(ProcessStats {
+        cpu: Duration::from_micros(ticks * 1_000_000 / clock_ticks()),
+        peak_rss_kib: kib("VmHWM:"),
+        rss_kib: kib("VmRSS:"),
+    })
+}
+
+fn clock_ticks() -> u64 {
+    static TICKS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(100)
+    })
+}
+
+/// The `tenant-proxy` binary built next to this one.
+pub fn default_binary() -> PathBuf {
+    let me = std::env::current_exe().expect("own path");
+    me.parent().expect("a directory").join("tenant-proxy")
+}
+
+fn free_port() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// `users` credentials `user-<i>` / `pw-<i>`, one tenant each, hashed with
+/// the proxy's real (default) argon2id parameters.
+pub fn tenants_file(users: usize) -> String {
+    let hashes: Vec<String> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..users)
+            .map(|i| {
+                scope.spawn(move || {
+                    tenant_proxy::password::hash_password(&format!("pw-{i}")).unwrap()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut out = String::from("version: 1\ntenants:\n");
+    for (i, hash) in hashes.iter().enumerate() {
+        out.push_str(&format!(
+            "  - id: tenant-{i}\n    users:\n      - username: user-{i}\n        password_hash: \"{hash}\"\n"
+        ));
+    }
+    out
+}
+
+impl ProxyProcess {
+    pub async fn start(
+        binary: &Path,
+        upstream: SocketAddr,
+        tenants: &str,
+        access_log: bool,
+    ) -> anyhow::Result<Self> {
+        let dir =
+            std::env::temp_dir().join(format!("tenant-proxy-loadtest-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let dir = tempfile_dir::Dir(dir);
+        std::fs::write(dir.0.join("tenants.yaml"), tenants)?;
+        let (addr, admin) = (free_port(), free_port());
+        std::fs::write(
+            dir.0.join("config.yaml"),
+            format!(
+                "listen: {addr}\nadmin_listen: {admin}\ntenants_file: tenants.yaml\n\
+                 logs:\n  upstream: http://{upstream}\nmetrics:\n  upstream: http://{upstream}\n  mode: label\n\
+                 auth:\n  max_failures_per_client: 0\n  max_failures_per_user: 0\n"
+            ),
+        )?;
+        let log = if access_log {
+            "info"
+        } else {
+            "info,access=off"
+        };
+        let child = Command::new(binary)
+            .arg("--config")
+            .arg(dir.0.join("config.yaml"))
+            .env("RUST_LOG", log)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "starting {}: {e} (build it: cargo build --release -p tenant-proxy)",
+                    binary.display()
+                )
+            })?;
+        let process = Self {
+            addr,
+            admin,
+            child,
+            _dir: dir,
+        };
+        process.wait_ready().await?;
+        Ok(process)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    async fn wait_ready(&self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(mut stream) = tokio::net::TcpStream::connect(self.admin).await {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                stream
+                    .write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    .await?;
+                let mut reply = String::new();
+                stream.read_to_string(&mut reply).await?;
+                if reply.starts_with("HTTP/1.1 200") {
+                    return Ok(());
+                }
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the proxy did not become ready in 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for ProxyProcess {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+}

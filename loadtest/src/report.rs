@@ -1,0 +1,95 @@
+//! One row per (scenario, target): a table for people, JSON for tools.
+
+use serde::Serialize;
+
+use crate::load::Outcome;
+
+#[derive(Debug, Serialize)]
+pub struct Row {
+    pub scenario: String,
+    /// `direct` (load generator → sink) or `proxy` (→ tenant-proxy → sink).
+    pub target: &'static str,
+    pub requests: u64,
+    pub requests_per_second: f64,
+    pub p50_ms: f64,
+    pub p90_ms: f64,
+    pub p99_ms: f64,
+    pub p999_ms: f64,
+    /// Responses by status code.
+    pub statuses: std::collections::BTreeMap<u16, u64>,
+    pub transport_errors: u64,
+    /// The proxy's user + system CPU time over the measured interval ÷ requests.
+    pub proxy_cpu_us_per_request: Option<f64>,
+    /// New upstream connections per 1,000 requests.
+    pub upstream_connections_per_1000: f64,
+    pub proxy_idle_rss_mib: Option<f64>,
+    pub proxy_peak_rss_mib: Option<f64>,
+}
+
+impl Row {
+    pub fn new(
+        scenario: &str,
+        target: &'static str,
+        outcome: &Outcome,
+        upstream_connections: u64,
+    ) -> Self {
+        let requests = outcome.requests();
+        let q = |quantile: f64| outcome.latency_us.value_at_quantile(quantile) as f64 / 1000.0;
+        Self {
+            scenario: scenario.to_owned(),
+            target,
+            requests,
+            requests_per_second: requests as f64 / outcome.elapsed.as_secs_f64(),
+            p50_ms: q(0.5),
+            p90_ms: q(0.9),
+            p99_ms: q(0.99),
+            p999_ms: q(0.999),
+            statuses: outcome.statuses.clone(),
+            transport_errors: outcome.transport_errors,
+            proxy_cpu_us_per_request: None,
+            upstream_connections_per_1000: upstream_connections as f64 * 1000.0
+                / requests.max(1) as f64,
+            proxy_idle_rss_mib: None,
+            proxy_peak_rss_mib: None,
+        }
+    }
+}
+
+pub fn table(rows: &[Row]) -> String {
+    let mut out = String::from(
+        "| scenario | target | requests | req/s | p50 ms | p90 ms | p99 ms | p99.9 ms | statuses | proxy CPU µs/req | upstream conns/1k | proxy RSS idle/peak MiB |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|\n",
+    );
+    for r in rows {
+        let statuses: Vec<String> = r.statuses.iter().map(|(s, n)| format!("{s}×{n}")).collect();
+        let errors = if r.transport_errors > 0 {
+            format!(" err×{}", r.transport_errors)
+        } else {
+            String::new()
+        };
+        let cpu = r
+            .proxy_cpu_us_per_request
+            .map_or("–".into(), |c| format!("{c:.0}"));
+        let rss = match (r.proxy_idle_rss_mib, r.proxy_peak_rss_mib) {
+            (Some(idle), Some(peak)) => format!("{idle:.1} / {peak:.1}"),
+            _ => "–".into(),
+        };
+        out.push_str(&format!(
+            "| {} | {} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {}{} | {} | {:.1} | {} |\n",
+            r.scenario,
+            r.target,
+            r.requests,
+            r.requests_per_second,
+            r.p50_ms,
+            r.p90_ms,
+            r.p99_ms,
+            r.p999_ms,
+            statuses.join(" "),
+            errors,
+            cpu,
+            r.upstream_connections_per_1000,
+            rss
+        ));
+    }
+    out
+}

@@ -1,0 +1,115 @@
+//! A scenario file (loadtest/scenarios/*.yaml): what to send, how hard, for
+//! how long. Unknown keys are errors, like every config in this project.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    pub name: String,
+    pub description: String,
+    #[serde(default)]
+    pub mode: Mode,
+    /// Connections (closed loop: one request in flight on each).
+    #[serde(default = "defaults::connections")]
+    pub connections: usize,
+    /// Open loop: requests per second across all connections.
+    #[serde(default)]
+    pub rate: u64,
+    #[serde(default = "defaults::duration", with = "humantime_serde")]
+    pub duration: Duration,
+    #[serde(default = "defaults::warmup", with = "humantime_serde")]
+    pub warmup: Duration,
+    /// A hard bound on measured requests, whatever the duration.
+    #[serde(default = "defaults::max_requests")]
+    pub max_requests: u64,
+    /// Distinct credentials used round-robin.
+    #[serde(default = "defaults::users")]
+    pub users: usize,
+    /// Share of requests sent with a wrong password (auth-heavy scenarios).
+    #[serde(default)]
+    pub wrong_password_share: f64,
+    pub requests: Vec<RequestTemplate>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// N connections, each sending its next request when the last answered.
+    #[default]
+    Closed,
+    /// A fixed arrival rate; latency counted from the intended send time, so
+    /// a stalled server cannot hide its queueing (no coordinated omission).
+    Open,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RequestTemplate {
+    #[serde(default = "defaults::weight")]
+    pub weight: u32,
+    pub method: String,
+    pub path: String,
+    #[serde(default)]
+    pub body: BodyKind,
+}
+
+/// In YAML: `body: loki_json`, `body: !remote_write {series: 500, labels: 20}`,
+/// `body: !form "query=up"`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BodyKind {
+    #[default]
+    None,
+    /// A Fluent Bit style JSON push: one stream, 100 lines.
+    LokiJson,
+    /// A Promtail/Alloy style push: snappy protobuf, one stream, 100 lines.
+    LokiProtobuf,
+    /// Remote write 1.0: `series` series of `labels` labels, one sample each.
+    RemoteWrite { series: usize, labels: usize },
+    /// An `application/x-www-form-urlencoded` body, as Grafana POSTs queries.
+    Form(String),
+}
+
+mod defaults {
+    use std::time::Duration;
+    pub fn connections() -> usize {
+        32
+    }
+    pub fn duration() -> Duration {
+        Duration::from_secs(10)
+    }
+    pub fn warmup() -> Duration {
+        Duration::from_secs(2)
+    }
+    pub fn max_requests() -> u64 {
+        2_000_000
+    }
+    pub fn users() -> usize {
+        1
+    }
+    pub fn weight() -> u32 {
+        1
+    }
+}
+
+impl Scenario {
+    pub fn load(path: &std::path::Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path)?;
+        let scenario: Scenario = serde_yaml_ng::from_str(&text)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        anyhow::ensure!(
+            !scenario.requests.is_empty(),
+            "{}: no requests",
+            path.display()
+        );
+        anyhow::ensure!(
+            scenario.mode == Mode::Closed || scenario.rate > 0,
+            "{}: open mode needs a rate",
+            path.display()
+        );
+        Ok(scenario)
+    }
+}

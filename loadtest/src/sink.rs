@@ -1,0 +1,83 @@
+//! A minimal backend that answers like Loki and Prometheus with fixed small
+//! bodies, so the proxy's own cost can be isolated. It counts the
+//! connections it accepts (how well the proxy reuses upstream connections).
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+
+#[derive(Clone, Default)]
+pub struct SinkStats {
+    pub connections: Arc<AtomicU64>,
+    pub requests: Arc<AtomicU64>,
+}
+
+impl SinkStats {
+    pub fn connections(&self) -> u64 {
+        self.connections.load(Ordering::Relaxed)
+    }
+}
+
+/// Binds 127.0.0.1:0 and serves until the process ends.
+pub async fn start() -> std::io::Result<(SocketAddr, SinkStats)> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let stats = SinkStats::default();
+    let shared = stats.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let _ = stream.set_nodelay(true);
+            shared.connections.fetch_add(1, Ordering::Relaxed);
+            let requests = shared.requests.clone();
+            let service = service_fn(move |request| answer(requests.clone(), request));
+            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            tokio::spawn(async move {
+                let _ = builder
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    Ok((addr, stats))
+}
+
+const LOKI_STREAMS: &str = r#"{"status":"success","data":{"resultType":"streams","result":[]}}"#;
+const PROM_MATRIX: &str = r#"{"status":"success","data":{"resultType":"matrix","result":[]}}"#;
+const LIST: &str = r#"{"status":"success","data":[]}"#;
+
+async fn answer(
+    requests: Arc<AtomicU64>,
+    request: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    requests.fetch_add(1, Ordering::Relaxed);
+    let path = request.uri().path().to_owned();
+    // Read the whole body, as a real backend would.
+    let _ = request.into_body().collect().await;
+    let (status, body) = if path.ends_with("/push") || path.ends_with("/write") {
+        (StatusCode::NO_CONTENT, "")
+    } else if path.starts_with("/loki/") {
+        (StatusCode::OK, LOKI_STREAMS)
+    } else if path.ends_with("/query") || path.ends_with("/query_range") {
+        (StatusCode::OK, PROM_MATRIX)
+    } else {
+        (StatusCode::OK, LIST)
+    };
+    let mut response = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+    *response.status_mut() = status;
+    if !body.is_empty() {
+        response.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            "application/json".parse().unwrap(),
+        );
+    }
+    Ok(response)
+}

@@ -1,0 +1,86 @@
+//! Every scenario file parses and prepares; the load loop runs against the
+//! sink and counts what it sent (a smoke test: no time is asserted).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use loadtest::load::{self, Workload};
+use loadtest::scenario::Scenario;
+use loadtest::{bodies, sink};
+
+fn scenarios() -> Vec<Scenario> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+    let mut all: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    all.sort();
+    all.iter().map(|p| Scenario::load(p).unwrap()).collect()
+}
+
+#[test]
+fn every_scenario_parses_and_its_bodies_prepare() {
+    let all = scenarios();
+    assert!(all.len() >= 8);
+    for scenario in all {
+        for r in &scenario.requests {
+            bodies::prepare(&r.method, &r.path, &r.body).unwrap();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closed_and_open_loops_send_bounded_load_to_the_sink() {
+    let (addr, stats) = sink::start().await.unwrap();
+    for mut scenario in scenarios()
+        .into_iter()
+        .filter(|s| s.name == "mixed" || s.name == "loki-open-loop")
+    {
+        scenario.duration = Duration::from_millis(500);
+        scenario.warmup = Duration::from_millis(100);
+        scenario.max_requests = 300;
+        scenario.connections = 4;
+        let prepared = scenario
+            .requests
+            .iter()
+            .map(|r| bodies::prepare(&r.method, &r.path, &r.body).unwrap())
+            .collect();
+        let workload = Arc::new(Workload::new(&scenario, prepared));
+        let mut phases = Vec::new();
+        let outcome = load::run(addr, &scenario, workload, |starting| phases.push(starting)).await;
+        assert_eq!(phases, [true, false]);
+        assert!(
+            outcome.requests() > 0 && outcome.requests() <= 300 + 4,
+            "{outcome:?}"
+        );
+        assert_eq!(outcome.transport_errors, 0);
+        assert!(
+            outcome.statuses.keys().all(|s| (200..300).contains(s)),
+            "{:?}",
+            outcome.statuses
+        );
+    }
+    assert!(stats.connections() >= 4);
+}
+
+#[test]
+fn wrong_password_share_marks_that_share_of_credentials() {
+    let scenario = scenarios()
+        .into_iter()
+        .find(|s| s.name == "auth-heavy")
+        .unwrap();
+    let workload = Workload::new(&scenario, vec![]);
+    let wrong = workload
+        .auths
+        .iter()
+        .filter(|a| {
+            use base64::Engine;
+            let decoded = base64::engine::general_purpose::STANDARD
+                .decode(a.trim_start_matches("Basic "))
+                .unwrap();
+            String::from_utf8(decoded).unwrap().contains(":wrong-")
+        })
+        .count();
+    assert_eq!(wrong * 10, workload.auths.len());
+}
