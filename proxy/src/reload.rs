@@ -195,6 +195,22 @@ impl Reloader {
     }
 }
 
+/// Whether an event can mean new content. Opening and reading the file (as
+/// every check does) raises access events: reacting to those made the
+/// reloader re-read the file in a loop, burning a core while idle.
+fn may_change_content(kind: &notify::EventKind) -> bool {
+    use notify::event::{EventKind, ModifyKind};
+    match kind {
+        EventKind::Access(_) => false,
+        EventKind::Modify(ModifyKind::Metadata(_)) => false,
+        EventKind::Any
+        | EventKind::Create(_)
+        | EventKind::Modify(_)
+        | EventKind::Remove(_)
+        | EventKind::Other => true,
+    }
+}
+
 /// Watches the directory holding `path`: editors, tenant-sync and kubelet
 /// replace files by rename, which a watch on the file itself would lose.
 fn watch_directory(
@@ -207,11 +223,46 @@ fn watch_directory(
         .unwrap_or_else(|| Path::new("."))
         .to_owned();
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        if event.is_ok() {
+        if event.is_ok_and(|e| may_change_content(&e.kind)) {
             // A full channel already holds a wake-up: nothing is lost.
             let _ = events.try_send(());
         }
     })?;
     watcher.watch(&dir, RecursiveMode::NonRecursive)?;
     Ok(watcher)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::may_change_content;
+    use notify::event::{
+        AccessKind, AccessMode, CreateKind, EventKind, MetadataKind, ModifyKind, RenameMode,
+    };
+
+    #[test]
+    fn reading_the_file_does_not_trigger_a_reload() {
+        assert!(!may_change_content(&EventKind::Access(AccessKind::Open(
+            AccessMode::Read
+        ))));
+        assert!(!may_change_content(&EventKind::Access(AccessKind::Close(
+            AccessMode::Read
+        ))));
+        assert!(!may_change_content(&EventKind::Modify(
+            ModifyKind::Metadata(MetadataKind::AccessTime)
+        )));
+    }
+
+    #[test]
+    fn writes_renames_and_removals_do() {
+        assert!(may_change_content(&EventKind::Create(CreateKind::File)));
+        assert!(may_change_content(&EventKind::Modify(ModifyKind::Name(
+            RenameMode::To
+        ))));
+        assert!(may_change_content(&EventKind::Modify(ModifyKind::Data(
+            notify::event::DataChange::Content
+        ))));
+        assert!(may_change_content(&EventKind::Remove(
+            notify::event::RemoveKind::File
+        )));
+    }
 }
