@@ -1,0 +1,47 @@
+//! Authentication of a credential already verified once: the hot path of
+//! every request (keyed digest, cache lookup, fingerprint check).
+//! Run: `cargo bench -p tenant-proxy --bench auth`. Includes driving the
+//! async function on a current-thread runtime (well under a microsecond).
+
+use std::hint::black_box;
+use std::net::{IpAddr, Ipv4Addr};
+
+use base64::Engine;
+use criterion::{criterion_group, criterion_main, Criterion};
+use http::{header, HeaderMap, HeaderValue};
+use tenant_proxy::auth::Authenticator;
+use tenant_proxy::config::AuthConfig;
+use tenant_proxy::{password, tenants_file};
+
+fn bench(c: &mut Criterion) {
+    let hash = password::hash_password("correct horse").unwrap();
+    let text =
+        format!("tenants:\n- id: a\n  users: [{{username: grafana, password_hash: \"{hash}\"}}]\n");
+    let (store, _) = tenants_file::parse(&text, 1).unwrap();
+    let auth = Authenticator::new(&AuthConfig::default());
+    let mut headers = HeaderMap::new();
+    let token = base64::engine::general_purpose::STANDARD.encode("grafana:correct horse");
+    headers.insert(
+        header::AUTHORIZATION,
+        HeaderValue::from_str(&format!("Basic {token}")).unwrap(),
+    );
+    let client = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // The first call verifies with argon2 and fills the cache.
+    runtime
+        .block_on(auth.authenticate(&store, &headers, client))
+        .unwrap();
+    c.bench_function("authenticate_cached", |b| {
+        b.iter(|| {
+            runtime
+                .block_on(auth.authenticate(black_box(&store), &headers, client))
+                .unwrap()
+        })
+    });
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
