@@ -67,6 +67,14 @@ fn check(path: &Path) -> bool {
                 .verify("example-only-password"));
         }
         "prometheus/remote-write.yml" => promtool_check(path),
+        // Run end to end by .ci/run (`run.sh --check`); here: it is executable
+        // and keeps its non-interactive mode.
+        "quickstart/run.sh" => {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(path).unwrap().permissions().mode();
+            assert!(mode & 0o111 != 0, "run.sh is executable");
+            assert!(std::fs::read_to_string(path).unwrap().contains("--check"));
+        }
         _ => return false,
     }
     true
