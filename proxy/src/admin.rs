@@ -1,34 +1,81 @@
 //! The admin listener: `/metrics`, `/healthz`, `/readyz`. Kept off the tenant
-//! listener so tenants can never reach it.
+//! listener so tenants can never reach it. Shared by both binaries: each
+//! says what its metrics are and when it is ready.
 
 use std::convert::Infallible;
 use std::sync::Arc;
 
 use http::{header, HeaderValue, Request, Response, StatusCode};
 use hyper::body::Incoming;
+use tokio::net::TcpListener;
 
 use crate::body::{self, ProxyBody};
+use crate::config::Limits;
 use crate::metrics::Metrics;
 use crate::reload::Tenants;
+use crate::server::{serve_connections, Shutdown};
 
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-pub async fn handle(
-    metrics: Arc<Metrics>,
-    tenants: Arc<Tenants>,
+/// What an admin listener reports.
+pub trait AdminState: Send + Sync + 'static {
+    /// The OpenMetrics text for `/metrics`.
+    fn metrics(&self) -> String;
+    /// `Err(why)` while not ready.
+    fn readiness(&self) -> Result<(), &'static str>;
+}
+
+/// The proxy's: ready once a tenants file is loaded, since before that every
+/// tenant request would get 503.
+pub struct ProxyAdmin {
+    pub metrics: Arc<Metrics>,
+    pub tenants: Arc<Tenants>,
+}
+
+impl AdminState for ProxyAdmin {
+    fn metrics(&self) -> String {
+        self.metrics.encode()
+    }
+
+    fn readiness(&self) -> Result<(), &'static str> {
+        if self.tenants.is_loaded() {
+            Ok(())
+        } else {
+            Err("tenants file not loaded")
+        }
+    }
+}
+
+pub async fn serve(
+    listener: TcpListener,
+    state: Arc<dyn AdminState>,
+    limits: &Limits,
+    shutdown: Shutdown,
+) {
+    serve_connections(
+        listener,
+        limits,
+        move |_, request| handle(state.clone(), request),
+        shutdown,
+    )
+    .await;
+}
+
+async fn handle(
+    state: Arc<dyn AdminState>,
     request: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, Infallible> {
     let (status, content_type, text) = match request.uri().path() {
-        "/metrics" => (StatusCode::OK, OPENMETRICS, metrics.encode()),
+        "/metrics" => (StatusCode::OK, OPENMETRICS, state.metrics()),
         "/healthz" => (StatusCode::OK, "text/plain", "ok\n".to_owned()),
-        // Ready once a tenants file is loaded: before that every tenant
-        // request would get 503.
-        "/readyz" if tenants.is_loaded() => (StatusCode::OK, "text/plain", "ready\n".to_owned()),
-        "/readyz" => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "text/plain",
-            "tenants file not loaded\n".to_owned(),
-        ),
+        "/readyz" => match state.readiness() {
+            Ok(()) => (StatusCode::OK, "text/plain", "ready\n".to_owned()),
+            Err(why) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain",
+                format!("{why}\n"),
+            ),
+        },
         _ => (
             StatusCode::NOT_FOUND,
             "text/plain",

@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod params;
 pub mod password;
 pub mod path;
+pub mod process;
 pub mod prometheus;
 pub mod prompb;
 pub mod promql;
@@ -93,13 +94,11 @@ impl Proxy {
         let reload =
             tokio::spawn(reloader.run(config.tenants_poll_interval, shutdown.clone().wait()));
 
-        let (metrics, tenants) = (state.metrics.clone(), state.tenants.clone());
-        let admin_server = serve_connections(
-            admin,
-            &config.limits,
-            move |_, request| admin::handle(metrics.clone(), tenants.clone(), request),
-            shutdown.clone(),
-        );
+        let admin_state = Arc::new(admin::ProxyAdmin {
+            metrics: state.metrics.clone(),
+            tenants: state.tenants.clone(),
+        });
+        let admin_server = admin::serve(admin, admin_state, &config.limits, shutdown.clone());
         let tenant_server = serve_connections(
             listener,
             &config.limits,

@@ -56,7 +56,7 @@ enum Command {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    init_logging(&cli.log_format)?;
+    tenant_proxy::process::init_logging(&cli.log_format).map_err(anyhow::Error::msg)?;
     match cli.command.unwrap_or(Command::Run) {
         Command::HashPassword => hash_password(),
         Command::CheckConfig => print(cli::check_config(&load_config(cli.config)?)),
@@ -109,32 +109,9 @@ async fn run(config: Config) -> anyhow::Result<()> {
         .with_context(|| format!("binding {}", config.admin_listen))?;
     tracing::info!(listen = %listener.local_addr()?, admin = %admin.local_addr()?, "tenant-proxy serving");
     let proxy = Proxy::new(config)?;
-    proxy.serve(listener, admin, shutdown_signal()).await;
+    proxy
+        .serve(listener, admin, tenant_proxy::process::shutdown_signal())
+        .await;
     tracing::info!("tenant-proxy stopped");
-    Ok(())
-}
-
-/// SIGTERM (Kubernetes) or SIGINT (a terminal).
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
-    tracing::info!("shutting down; letting in-flight requests finish");
-}
-
-fn init_logging(format: &str) -> anyhow::Result<()> {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        "json" => builder.json().init(),
-        "text" => builder.init(),
-        other => anyhow::bail!("unknown --log-format {other:?} (text or json)"),
-    }
     Ok(())
 }

@@ -1,63 +1,28 @@
-//! `/metrics`, `/healthz`, `/readyz` (ready once the file matches a complete
-//! initial list of the cluster).
+//! What tenant-sync's admin listener reports (served by tenant-proxy's admin
+//! module): ready once the file matches a complete initial list.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
-use http::{header, HeaderValue, Request, Response, StatusCode};
-use hyper::body::Incoming;
-use tenant_proxy::body::{self, ProxyBody};
-use tenant_proxy::config::Limits;
-use tenant_proxy::server::{serve_connections, Shutdown};
-use tokio::net::TcpListener;
+use tenant_proxy::admin::AdminState;
 
 use crate::controller::Status;
 use crate::metrics::Metrics;
 
-pub async fn serve(
-    listener: TcpListener,
-    metrics: Arc<Metrics>,
-    status: Arc<Status>,
-    shutdown: Shutdown,
-) {
-    let limits = Limits::default();
-    serve_connections(
-        listener,
-        &limits,
-        move |_, request| handle(metrics.clone(), status.clone(), request),
-        shutdown,
-    )
-    .await;
+pub struct SyncAdmin {
+    pub metrics: Arc<Metrics>,
+    pub status: Arc<Status>,
 }
 
-async fn handle(
-    metrics: Arc<Metrics>,
-    status: Arc<Status>,
-    request: Request<Incoming>,
-) -> Result<Response<ProxyBody>, Infallible> {
-    let (code, content_type, text) = match request.uri().path() {
-        "/metrics" => (
-            StatusCode::OK,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            metrics.encode(),
-        ),
-        "/healthz" => (StatusCode::OK, "text/plain", "ok\n".to_owned()),
-        "/readyz" if status.is_ready() => (StatusCode::OK, "text/plain", "ready\n".to_owned()),
-        "/readyz" => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "text/plain",
-            "initial sync not complete\n".to_owned(),
-        ),
-        _ => (
-            StatusCode::NOT_FOUND,
-            "text/plain",
-            "not found\n".to_owned(),
-        ),
-    };
-    let mut response = Response::new(body::full(text));
-    *response.status_mut() = code;
-    response
-        .headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    Ok(response)
+impl AdminState for SyncAdmin {
+    fn metrics(&self) -> String {
+        self.metrics.encode()
+    }
+
+    fn readiness(&self) -> Result<(), &'static str> {
+        if self.status.is_ready() {
+            Ok(())
+        } else {
+            Err("initial sync not complete")
+        }
+    }
 }

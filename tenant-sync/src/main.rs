@@ -55,7 +55,7 @@ struct Cli {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    init_logging(&cli.log_format)?;
+    tenant_proxy::process::init_logging(&cli.log_format).map_err(anyhow::Error::msg)?;
     let options = Options {
         tenants_file: cli.tenants_file,
         conventions: Conventions {
@@ -74,45 +74,25 @@ async fn main() -> anyhow::Result<()> {
         .context("connecting to the Kubernetes API")?;
     let metrics = Arc::new(Metrics::default());
     let status = Arc::new(Status::default());
-    let shutdown = Shutdown::new(shutdown_signal());
+    let shutdown = Shutdown::new(tenant_proxy::process::shutdown_signal());
     if !options.once {
         let listener = tokio::net::TcpListener::bind(cli.admin_listen)
             .await
             .with_context(|| format!("binding {}", cli.admin_listen))?;
-        tokio::spawn(tenant_sync::admin::serve(
-            listener,
-            metrics.clone(),
-            status.clone(),
-            shutdown.clone(),
-        ));
+        let admin_state = Arc::new(tenant_sync::admin::SyncAdmin {
+            metrics: metrics.clone(),
+            status: status.clone(),
+        });
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let limits = tenant_proxy::config::Limits::default();
+            tenant_proxy::admin::serve(listener, admin_state, &limits, shutdown).await
+        });
     }
     tracing::info!(tenants_file = %options.tenants_file.display(), "tenant-sync starting");
     Syncer::new(options, metrics, status)
         .run(client, shutdown.wait())
         .await?;
     tracing::info!("tenant-sync stopped");
-    Ok(())
-}
-
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
-}
-
-fn init_logging(format: &str) -> anyhow::Result<()> {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        "json" => builder.json().init(),
-        "text" => builder.init(),
-        other => anyhow::bail!("unknown --log-format {other:?} (text or json)"),
-    }
     Ok(())
 }
