@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use crate::error::ProxyError;
 use crate::params::{Params, MATCH};
-use crate::promql::{self, EnforceError, TenantMatcher};
+use crate::promql::{EnforceError, Memo, TenantMatcher};
 
 /// `metadata` takes no selector, so upstream it would list every tenant's
 /// metric names and help texts. Grafana calls it and copes with empty data.
@@ -46,6 +46,7 @@ pub fn enforce(
     params: &mut Params,
     selectors: Selectors,
     tenant: &TenantMatcher,
+    memo: &Memo,
 ) -> Result<(), ProxyError> {
     match selectors {
         Selectors::Query => {
@@ -53,12 +54,12 @@ pub fn enforce(
                 .values_mut("query")
                 .next()
                 .ok_or_else(|| ProxyError::BadData("parameter \"query\" is required".into()))?;
-            *query = promql::enforce_query(query, tenant)?;
+            *query = memo.enforce_query(query, tenant)?.to_string();
         }
         Selectors::Matchers => {
             let mut given = 0;
             for selector in params.values_mut(MATCH) {
-                *selector = promql::enforce_selector(selector, tenant)?;
+                *selector = memo.enforce_selector(selector, tenant)?.to_string();
                 given += 1;
             }
             if given == 0 {
@@ -78,11 +79,12 @@ pub async fn rewrite_request(
     body_limit: u64,
     selectors: Selectors,
     tenant: &TenantMatcher,
+    memo: &Memo,
 ) -> Result<(Option<String>, Bytes), ProxyError> {
     let bytes = crate::body::read_bounded(body, body_limit).await?;
     let mut params = Params::from_request(&parts.method, parts.uri.query(), &parts.headers, &bytes)
         .map_err(|e| ProxyError::BadData(e.to_string()))?;
-    enforce(&mut params, selectors, tenant)?;
+    enforce(&mut params, selectors, tenant, memo)?;
     let encoded = params.encode();
     let headers = &mut parts.headers;
     headers.remove(header::CONTENT_ENCODING);
@@ -186,12 +188,12 @@ mod tests {
     #[test]
     fn query_is_required_and_enforced() {
         let mut p = params("query=up&time=1");
-        enforce(&mut p, Selectors::Query, &tenant()).unwrap();
+        enforce(&mut p, Selectors::Query, &tenant(), &Memo::new(0)).unwrap();
         assert_eq!(p.get("query"), Some(r#"up{namespace="a"}"#));
         assert_eq!(p.get("time"), Some("1"));
         let mut missing = params("time=1");
         assert!(matches!(
-            enforce(&mut missing, Selectors::Query, &tenant()),
+            enforce(&mut missing, Selectors::Query, &tenant(), &Memo::new(0)),
             Err(ProxyError::BadData(_))
         ));
     }
@@ -199,11 +201,11 @@ mod tests {
     #[test]
     fn every_match_is_enforced_and_one_is_added_when_none() {
         let mut p = params("match[]=up&match[]={job=\"x\"}");
-        enforce(&mut p, Selectors::Matchers, &tenant()).unwrap();
+        enforce(&mut p, Selectors::Matchers, &tenant(), &Memo::new(0)).unwrap();
         let all: Vec<_> = p.values_mut(MATCH).map(|v| v.clone()).collect();
         assert_eq!(all, [r#"up{namespace="a"}"#, r#"{job="x",namespace="a"}"#]);
         let mut none = params("start=1");
-        enforce(&mut none, Selectors::Matchers, &tenant()).unwrap();
+        enforce(&mut none, Selectors::Matchers, &tenant(), &Memo::new(0)).unwrap();
         assert_eq!(none.get(MATCH), Some(r#"{namespace="a"}"#));
     }
 

@@ -17,6 +17,9 @@
 //! - the output is parsed again and every selector checked; a miss is a bug,
 //!   reported as such (500), never forwarded.
 
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
 use promql_parser::label::{MatchOp, Matcher};
 use promql_parser::parser::{self, Expr, VectorSelector};
 
@@ -30,7 +33,7 @@ pub const MAX_QUERY_BYTES: usize = 128 * 1024;
 /// above what dashboards write (tested below).
 pub const MAX_NESTING_TOKENS: usize = 256;
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum EnforceError {
     #[error("query longer than {MAX_QUERY_BYTES} bytes")]
     TooLong,
@@ -64,6 +67,8 @@ impl EnforceError {
 #[derive(Clone, Debug)]
 pub struct TenantMatcher {
     matcher: Matcher,
+    /// The matcher as printed: identifies it by content (for the memo).
+    printed: Arc<str>,
 }
 
 impl TenantMatcher {
@@ -82,13 +87,14 @@ impl TenantMatcher {
                 Matcher::new(MatchOp::Re(regex), label, &alternation)
             }
         };
-        Ok(Self { matcher })
+        let printed = matcher.to_string().into();
+        Ok(Self { matcher, printed })
     }
 
     /// A series selector selecting exactly the tenant's series, for
     /// endpoints called without `match[]`.
     pub fn selector(&self) -> String {
-        format!("{{{}}}", self.matcher)
+        format!("{{{}}}", self.printed)
     }
 
     fn is_carried_by(&self, vs: &VectorSelector) -> bool {
@@ -252,6 +258,84 @@ fn for_each_selector(
         }
         Expr::NumberLiteral(_) | Expr::StringLiteral(_) => Ok(()),
         Expr::Extension(_) => Err(EnforceError::Unsupported),
+    }
+}
+
+// === impl Memo ===
+
+/// Remembers enforcement results: dashboards send the same queries on every
+/// refresh, and parsing (which compiles every regex, twice with the check)
+/// dominates the query path. Keyed by the tenant matcher's printed form, so
+/// a tenant whose namespaces change never gets a stale rewrite.
+#[derive(Debug)]
+pub struct Memo {
+    entries: RwLock<HashMap<MemoKey, Result<Arc<str>, EnforceError>>>,
+    capacity: usize,
+}
+
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct MemoKey {
+    tenant: Arc<str>,
+    selector_only: bool,
+    input: Box<str>,
+}
+
+impl Memo {
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            entries: RwLock::new(HashMap::new()),
+            capacity,
+        }
+    }
+
+    pub fn enforce_query(
+        &self,
+        query: &str,
+        tenant: &TenantMatcher,
+    ) -> Result<Arc<str>, EnforceError> {
+        self.remember(query, tenant, false, || enforce_query(query, tenant))
+    }
+
+    pub fn enforce_selector(
+        &self,
+        selector: &str,
+        tenant: &TenantMatcher,
+    ) -> Result<Arc<str>, EnforceError> {
+        self.remember(selector, tenant, true, || {
+            enforce_selector(selector, tenant)
+        })
+    }
+
+    fn remember(
+        &self,
+        input: &str,
+        tenant: &TenantMatcher,
+        selector_only: bool,
+        enforce: impl FnOnce() -> Result<String, EnforceError>,
+    ) -> Result<Arc<str>, EnforceError> {
+        let key = MemoKey {
+            tenant: tenant.printed.clone(),
+            selector_only,
+            input: input.into(),
+        };
+        if let Some(hit) = self
+            .entries
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+        {
+            return hit.clone();
+        }
+        // Inputs longer than this are rare and would crowd the memo out.
+        let result = enforce().map(Arc::from);
+        if input.len() <= 4096 && self.capacity > 0 {
+            let mut entries = self.entries.write().unwrap_or_else(|e| e.into_inner());
+            if entries.len() >= self.capacity {
+                entries.clear();
+            }
+            entries.insert(key, result.clone());
+        }
+        result
     }
 }
 

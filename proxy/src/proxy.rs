@@ -33,7 +33,7 @@ use crate::metrics::{
 };
 use crate::path;
 use crate::prometheus::{self, EMPTY_METADATA};
-use crate::promql::TenantMatcher;
+use crate::promql::{Memo, TenantMatcher};
 use crate::reload::Tenants;
 use crate::remote_write::{self, RemoteWriteError, TenantLabel};
 use crate::routes::{Operation, Route, RouteTable, Signal};
@@ -86,6 +86,8 @@ pub struct AppState {
     pub client: HttpClient,
     pub metrics: Arc<Metrics>,
     pub limits: Limits,
+    /// Enforced queries by (tenant, query): dashboards repeat themselves.
+    pub memo: Memo,
 }
 
 impl AppState {
@@ -120,6 +122,7 @@ impl AppState {
             client: upstream::client(),
             metrics,
             limits: config.limits.clone(),
+            memo: Memo::new(10_000),
         }
     }
 
@@ -238,8 +241,15 @@ async fn proxy(
         Operation::Enforce(selectors) => {
             let matcher = target.tenant_matcher(&credential.tenant)?;
             let limit = state.limits.max_body_bytes;
-            let (query, bytes) =
-                prometheus::rewrite_request(&mut parts, body, limit, selectors, matcher).await?;
+            let (query, bytes) = prometheus::rewrite_request(
+                &mut parts,
+                body,
+                limit,
+                selectors,
+                matcher,
+                &state.memo,
+            )
+            .await?;
             (query, body::full(bytes))
         }
         Operation::RemoteWrite => {

@@ -308,3 +308,43 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn the_memo_answers_as_enforcement_does_and_keys_by_tenant() {
+    let memo = Memo::new(100);
+    for (query, want) in CASES {
+        assert_eq!(memo.enforce_query(query, &one()).as_deref(), Ok(*want));
+        assert_eq!(
+            memo.enforce_query(query, &one()).as_deref(),
+            Ok(*want),
+            "from the memo"
+        );
+    }
+    // The same query for another tenant is not served from the first's entry.
+    let other = TenantMatcher::new("namespace", &["team-b".into()]).unwrap();
+    assert_eq!(
+        memo.enforce_query("up", &other).as_deref(),
+        Ok(r#"up{namespace="team-b"}"#)
+    );
+    assert_eq!(
+        memo.enforce_query("info(up)", &one()),
+        Err(EnforceError::InfoFunction)
+    );
+    assert_eq!(
+        memo.enforce_query("info(up)", &one()),
+        Err(EnforceError::InfoFunction)
+    );
+    assert_eq!(
+        memo.enforce_selector("up", &one()).as_deref(),
+        Ok(r#"up{namespace="team-a"}"#)
+    );
+}
+
+#[test]
+fn a_full_memo_starts_over_instead_of_growing() {
+    let memo = Memo::new(2);
+    for i in 0..10 {
+        memo.enforce_query(&format!("metric_{i}"), &one()).unwrap();
+    }
+    assert!(memo.entries.read().unwrap().len() <= 2);
+}
