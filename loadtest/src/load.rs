@@ -102,12 +102,16 @@ pub async fn run(
     };
     let workers: Vec<_> = (0..connections)
         .map(|i| {
+            // Open loop: connection i starts i/N of an interval in, so the
+            // arrivals are evenly spread.
+            let offset = interval.map(|step| step.mul_f64(i as f64 / connections as f64));
+            let schedule = interval.zip(offset);
             tokio::spawn(worker(
                 i,
                 target,
                 workload.clone(),
                 shared.clone(),
-                interval,
+                schedule,
             ))
         })
         .collect();
@@ -152,20 +156,21 @@ async fn connect(target: SocketAddr) -> Option<Sender> {
     Some(sender)
 }
 
+/// `schedule`: open loop's (interval, first offset); `None` for closed loop.
 async fn worker(
     index: usize,
     target: SocketAddr,
     workload: Arc<Workload>,
     shared: Arc<Shared>,
-    interval: Option<Duration>,
+    schedule: Option<(Duration, Duration)>,
 ) {
+    let interval = schedule.map(|(step, _)| step);
     let mut histogram = Histogram::<u64>::new(3).unwrap();
     let mut statuses: BTreeMap<u16, u64> = BTreeMap::new();
     let mut transport_errors = 0u64;
     let mut sender: Option<Sender> = None;
     let mut n = index;
-    // Open loop: spread the connections' schedules over one interval.
-    let mut intended = interval.map(|i| Instant::now() + i.mul_f64(index as f64 / 8.0));
+    let mut intended = schedule.map(|(_, offset)| Instant::now() + offset);
     while !shared.stop.load(Ordering::Acquire) {
         if let (Some(at), Some(step)) = (intended.as_mut(), interval) {
             let now = Instant::now();

@@ -43,5 +43,23 @@ fn bench(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, bench);
+/// The work of one reload: parse and validate a tenants file of 10,000
+/// credentials (the swap itself is one pointer store).
+fn reload(c: &mut Criterion) {
+    let hash = password::hash_password("x").unwrap();
+    let mut text = String::from("version: 1\ntenants:\n");
+    for i in 0..10_000 {
+        text.push_str(&format!(
+            "  - id: tenant-{i}\n    users:\n      - {{username: user-{i}, password_hash: \"{hash}\"}}\n"
+        ));
+    }
+    let mut group = c.benchmark_group("reload");
+    group.sample_size(10);
+    group.bench_function("parse_10000_credentials", |b| {
+        b.iter(|| tenants_file::parse(black_box(&text), 2).unwrap())
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench, reload);
 criterion_main!(benches);
