@@ -146,8 +146,15 @@ pub async fn run(
 
 type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
 
-async fn connect(target: SocketAddr) -> Option<Sender> {
-    let stream = tokio::net::TcpStream::connect(target).await.ok()?;
+async fn connect(target: SocketAddr, source: Option<std::net::Ipv4Addr>) -> Option<Sender> {
+    let stream = match source {
+        None => tokio::net::TcpStream::connect(target).await.ok()?,
+        Some(ip) => {
+            let socket = tokio::net::TcpSocket::new_v4().ok()?;
+            socket.bind(SocketAddr::from((ip, 0))).ok()?;
+            socket.connect(target).await.ok()?
+        }
+    };
     let _ = stream.set_nodelay(true);
     let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
@@ -188,7 +195,7 @@ async fn worker(
         let auth = &workload.auths[n % workload.auths.len()];
         n += 1;
         if sender.is_none() {
-            sender = connect(target).await;
+            sender = connect(target, None).await;
         }
         let result = match sender.as_mut() {
             None => None,
@@ -244,4 +251,62 @@ async fn send(
     let status = response.status().as_u16();
     response.into_body().collect().await.ok()?;
     Some(status)
+}
+
+/// Sends wrong passwords at `rate` per second from `source` until `stop`,
+/// counting answers by status. Bounded by `stop` and by `max` attempts.
+pub async fn guess(
+    target: SocketAddr,
+    guessing: &crate::scenario::Guessing,
+    path: &str,
+    stop: Arc<AtomicBool>,
+    max: u64,
+) -> BTreeMap<u16, u64> {
+    let sent = Arc::new(AtomicU64::new(0));
+    let connections = guessing.connections.max(1);
+    let step = Duration::from_secs_f64(connections as f64 / guessing.rate as f64);
+    let tasks: Vec<_> = (0..connections)
+        .map(|i| {
+            let (stop, sent, path, source) =
+                (stop.clone(), sent.clone(), path.to_owned(), guessing.source);
+            tokio::spawn(async move {
+                let mut statuses = BTreeMap::new();
+                let mut sender = None;
+                let mut at = Instant::now() + step.mul_f64(i as f64 / connections as f64);
+                let request = Prepared {
+                    method: http::Method::GET,
+                    path,
+                    headers: vec![],
+                    body: Bytes::new(),
+                };
+                let auth = format!(
+                    "Basic {}",
+                    base64::engine::general_purpose::STANDARD.encode(format!("user-0:guess-{i}"))
+                );
+                while !stop.load(Ordering::Acquire) && sent.fetch_add(1, Ordering::Relaxed) < max {
+                    tokio::time::sleep_until(at.into()).await;
+                    at += step;
+                    if sender.is_none() {
+                        sender = connect(target, Some(source)).await;
+                    }
+                    let status = match sender.as_mut() {
+                        Some(s) => send(s, target, &request, &auth).await,
+                        None => None,
+                    };
+                    match status {
+                        Some(status) => *statuses.entry(status).or_insert(0u64) += 1,
+                        None => sender = None,
+                    }
+                }
+                statuses
+            })
+        })
+        .collect();
+    let mut all = BTreeMap::new();
+    for task in tasks {
+        for (status, n) in task.await.unwrap_or_default() {
+            *all.entry(status).or_insert(0) += n;
+        }
+    }
+    all
 }

@@ -32,6 +32,77 @@ struct Cli {
     duration: Option<std::time::Duration>,
 }
 
+type ProxyOptions<'a> = (
+    &'a std::path::Path,
+    std::net::SocketAddr,
+    &'a str,
+    bool,
+    bool,
+);
+
+/// One measured run through a fresh proxy process; with `guessing`, the
+/// scenario's password guessers run alongside (their answers in the row's
+/// `guess_statuses`).
+async fn proxied(
+    scenario: &Scenario,
+    workload: &Arc<Workload>,
+    sink_stats: &sink::SinkStats,
+    (binary, sink_addr, tenants, access_log, throttle): ProxyOptions<'_>,
+    guessing: bool,
+) -> anyhow::Result<Row> {
+    let proxy = ProxyProcess::start(binary, sink_addr, tenants, access_log, throttle).await?;
+    let idle = proxy_process::stats(proxy.pid())?;
+    let pid = proxy.pid();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let guessers = match (&scenario.guessing, guessing) {
+        (Some(g), true) => {
+            let (g, stop, path, addr) = (
+                g.clone(),
+                stop.clone(),
+                scenario.requests[0].path.clone(),
+                proxy.addr,
+            );
+            let max = g.rate * (scenario.warmup + scenario.duration).as_secs().max(1) * 2;
+            Some(tokio::spawn(async move {
+                load::guess(addr, &g, &path, stop, max).await
+            }))
+        }
+        _ => None,
+    };
+    let mut cpu = (std::time::Duration::ZERO, std::time::Duration::ZERO);
+    let mut connections = (0, 0);
+    let outcome = load::run(proxy.addr, scenario, workload.clone(), |starting| {
+        let now = proxy_process::stats(pid).map(|s| s.cpu).unwrap_or_default();
+        if starting {
+            cpu.0 = now;
+            connections.0 = sink_stats.connections();
+        } else {
+            cpu.1 = now;
+            connections.1 = sink_stats.connections();
+        }
+    })
+    .await;
+    stop.store(true, std::sync::atomic::Ordering::Release);
+    let guess_statuses = match guessers {
+        Some(task) => Some(task.await?),
+        None => None,
+    };
+    let peak = proxy_process::stats(pid)?;
+    let target = if guessing { "proxy+guessing" } else { "proxy" };
+    let mut row = Row::new(
+        &scenario.name,
+        target,
+        &outcome,
+        connections.1 - connections.0,
+    );
+    row.proxy_cpu_us_per_request =
+        Some((cpu.1 - cpu.0).as_secs_f64() * 1e6 / outcome.requests().max(1) as f64);
+    row.proxy_idle_rss_mib = Some(idle.rss_kib as f64 / 1024.0);
+    row.proxy_peak_rss_mib = Some(peak.peak_rss_kib as f64 / 1024.0);
+    row.guess_statuses = guess_statuses;
+    Ok(row)
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
@@ -61,41 +132,19 @@ async fn main() -> anyhow::Result<()> {
             sink_stats.connections() - before,
         ));
 
-        let proxy = ProxyProcess::start(
-            &binary,
+        let tenants = proxy_process::tenants_file(scenario.users);
+        let throttle = scenario.guessing.is_some();
+        let options = (
+            binary.as_path(),
             sink_addr,
-            &proxy_process::tenants_file(scenario.users),
+            tenants.as_str(),
             cli.access_log,
-        )
-        .await?;
-        let idle = proxy_process::stats(proxy.pid())?;
-        let pid = proxy.pid();
-        let mut cpu = (std::time::Duration::ZERO, std::time::Duration::ZERO);
-        let mut connections = (0, 0);
-        let proxied = load::run(proxy.addr, &scenario, workload, |starting| {
-            let now = proxy_process::stats(pid).map(|s| s.cpu).unwrap_or_default();
-            if starting {
-                cpu.0 = now;
-                connections.0 = sink_stats.connections();
-            } else {
-                cpu.1 = now;
-                connections.1 = sink_stats.connections();
-            }
-        })
-        .await;
-        let peak = proxy_process::stats(pid)?;
-        let mut row = Row::new(
-            &scenario.name,
-            "proxy",
-            &proxied,
-            connections.1 - connections.0,
+            throttle,
         );
-        row.proxy_cpu_us_per_request =
-            Some((cpu.1 - cpu.0).as_secs_f64() * 1e6 / proxied.requests().max(1) as f64);
-        row.proxy_idle_rss_mib = Some(idle.rss_kib as f64 / 1024.0);
-        row.proxy_peak_rss_mib = Some(peak.peak_rss_kib as f64 / 1024.0);
-        rows.push(row);
-        drop(proxy);
+        rows.push(proxied(&scenario, &workload, &sink_stats, options, false).await?);
+        if scenario.guessing.is_some() {
+            rows.push(proxied(&scenario, &workload, &sink_stats, options, true).await?);
+        }
     }
     print!("{}", report::table(&rows));
     if let Some(path) = cli.json {

@@ -105,11 +105,14 @@ pub fn tenants_file(users: usize) -> String {
 }
 
 impl ProxyProcess {
+    /// `throttle`: keep the proxy's failure throttles at their defaults
+    /// (off otherwise, so argon2's full cost is measured).
     pub async fn start(
         binary: &Path,
         upstream: SocketAddr,
         tenants: &str,
         access_log: bool,
+        throttle: bool,
     ) -> anyhow::Result<Self> {
         let dir =
             std::env::temp_dir().join(format!("tenant-proxy-loadtest-{}", std::process::id()));
@@ -121,8 +124,8 @@ impl ProxyProcess {
             dir.0.join("config.yaml"),
             format!(
                 "listen: {addr}\nadmin_listen: {admin}\ntenants_file: tenants.yaml\n\
-                 logs:\n  upstream: http://{upstream}\nmetrics:\n  upstream: http://{upstream}\n  mode: label\n\
-                 auth:\n  max_failures_per_client: 0\n  max_failures_per_user: 0\n"
+                 logs:\n  upstream: http://{upstream}\nmetrics:\n  upstream: http://{upstream}\n  mode: label\n{}",
+                if throttle { "" } else { "auth:\n  max_failures_per_client: 0\n  max_failures_per_user: 0\n" }
             ),
         )?;
         let log = if access_log {

@@ -24,6 +24,8 @@ pub struct Row {
     pub upstream_connections_per_1000: f64,
     pub proxy_idle_rss_mib: Option<f64>,
     pub proxy_peak_rss_mib: Option<f64>,
+    /// What password guessers running alongside got, by status.
+    pub guess_statuses: Option<std::collections::BTreeMap<u16, u64>>,
 }
 
 impl Row {
@@ -51,6 +53,7 @@ impl Row {
                 / requests.max(1) as f64,
             proxy_idle_rss_mib: None,
             proxy_peak_rss_mib: None,
+            guess_statuses: None,
         }
     }
 }
@@ -62,11 +65,15 @@ pub fn table(rows: &[Row]) -> String {
     );
     for r in rows {
         let statuses: Vec<String> = r.statuses.iter().map(|(s, n)| format!("{s}×{n}")).collect();
-        let errors = if r.transport_errors > 0 {
+        let mut errors = if r.transport_errors > 0 {
             format!(" err×{}", r.transport_errors)
         } else {
             String::new()
         };
+        if let Some(guesses) = &r.guess_statuses {
+            let g: Vec<String> = guesses.iter().map(|(s, n)| format!("{s}×{n}")).collect();
+            errors.push_str(&format!(" (guessers: {})", g.join(" ")));
+        }
         let cpu = r
             .proxy_cpu_us_per_request
             .map_or("–".into(), |c| format!("{c:.0}"));

@@ -32,6 +32,21 @@ pub struct Scenario {
     #[serde(default)]
     pub wrong_password_share: f64,
     pub requests: Vec<RequestTemplate>,
+    /// Password guessing alongside the workload: measured as a third row,
+    /// with the proxy's failure throttles on (their defaults).
+    #[serde(default)]
+    pub guessing: Option<Guessing>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Guessing {
+    /// Wrong-password attempts per second (open loop).
+    pub rate: u64,
+    #[serde(default = "defaults::guessing_connections")]
+    pub connections: usize,
+    /// A loopback address other than the legitimate clients' (127.0.0.1).
+    pub source: std::net::Ipv4Addr,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -93,6 +108,9 @@ mod defaults {
     pub fn weight() -> u32 {
         1
     }
+    pub fn guessing_connections() -> usize {
+        8
+    }
 }
 
 impl Scenario {
@@ -110,6 +128,13 @@ impl Scenario {
             "{}: open mode needs a rate",
             path.display()
         );
+        if let Some(g) = &scenario.guessing {
+            anyhow::ensure!(
+                g.source.is_loopback() && g.rate > 0,
+                "{}: guessing needs a loopback source and a rate",
+                path.display()
+            );
+        }
         Ok(scenario)
     }
 }
