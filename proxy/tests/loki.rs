@@ -7,7 +7,7 @@ use std::time::Duration;
 use futures_util::{SinkExt, StreamExt};
 use http::{Method, StatusCode};
 use support::loki::LokiStandIn;
-use support::{basic, closed_port, get, send, ProxyOptions, RunningProxy};
+use support::{basic, get, send, ProxyOptions, RunningProxy};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 
@@ -418,8 +418,8 @@ async fn missing_tenants_file_answers_503_until_it_appears() {
 #[tokio::test]
 async fn upstream_down_is_502_for_queries_503_for_pushes_and_slow_upstream_is_504() {
     support::captured_logs();
-    let down =
-        RunningProxy::start(ProxyOptions::new(format!("http://{}", closed_port().await))).await;
+    let (refused, _reserved) = support::refused_port();
+    let down = RunningProxy::start(ProxyOptions::new(format!("http://{refused}"))).await;
     let reply = get(&down.url(QUERY), &basic("alice", "alice-pw")).await;
     assert_eq!(reply.status, StatusCode::BAD_GATEWAY);
     assert_eq!(reply.json()["errorType"], "upstream");

@@ -463,7 +463,8 @@ async fn upstream_errors_reach_the_sender_so_it_retries_or_drops_correctly() {
         assert_eq!(reply.status.as_str(), code);
         assert_eq!(reply.headers["retry-after"], "7");
     }
-    let down = label_mode_proxy(&format!("http://{}", support::closed_port().await), "").await;
+    let (refused, _reserved) = support::refused_port();
+    let down = label_mode_proxy(&format!("http://{refused}"), "").await;
     let reply = push(&down, V1_HEADERS, body).await;
     assert_eq!(
         reply.status,

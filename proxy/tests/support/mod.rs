@@ -334,8 +334,17 @@ impl std::io::Write for CaptureWriter {
     }
 }
 
-/// An address nothing listens on: bound, then released.
+/// A free port for a process that binds it itself: bound, then released
+/// (another process could take it meanwhile; use only where unavoidable).
 pub async fn closed_port() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     listener.local_addr().unwrap()
+}
+
+/// An address that refuses connections for as long as the returned socket
+/// lives: bound but never listening, so no other test can take the port.
+pub fn refused_port() -> (SocketAddr, tokio::net::TcpSocket) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    (socket.local_addr().unwrap(), socket)
 }
