@@ -166,3 +166,28 @@ async fn skipped_secrets_are_counted_by_reason() {
     );
     sync.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn secret_namespaces_watch_only_those_namespaces() {
+    let api = cluster().await;
+    api.secret(
+        "team-b",
+        "push",
+        &[("username", "push-b"), ("password", "pw-b")],
+        json!({}),
+    );
+    let mut sync = RunningSync::start(&api, |o| o.secret_namespaces = vec!["team-b".into()]);
+    // team-a's Secret exists but is outside the watched namespaces.
+    assert_eq!(sync.next_write().await, map(&[("push-b", "team-b")]));
+    assert!(api
+        .requests()
+        .iter()
+        .any(|r| r.starts_with("/api/v1/namespaces/team-b/secrets?")));
+    assert!(
+        !api.requests()
+            .iter()
+            .any(|r| r.starts_with("/api/v1/secrets?")),
+        "no cluster-wide Secret list"
+    );
+    sync.stop().await.unwrap();
+}
