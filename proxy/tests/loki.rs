@@ -21,6 +21,30 @@ async fn setup() -> (LokiStandIn, RunningProxy) {
     (loki, proxy)
 }
 
+/// Starts a query that the upstream holds for `stall_ms`, and returns once
+/// it has reached the upstream (the request is then surely in flight).
+async fn stalled_at_upstream(
+    proxy: &RunningProxy,
+    loki: &LokiStandIn,
+    auth: String,
+    stall_ms: &'static str,
+) -> tokio::task::JoinHandle<support::Reply> {
+    let url = proxy.url(QUERY);
+    let before = loki.received().len();
+    let in_flight = tokio::spawn(async move {
+        send(
+            Method::GET,
+            &url,
+            Some(&auth),
+            &[("x-test-stall-ms", stall_ms)],
+            "",
+        )
+        .await
+    });
+    loki.wait_for_requests(before + 1).await;
+    in_flight
+}
+
 async fn push(proxy: &RunningProxy, auth: &str, line: &str) -> support::Reply {
     send(
         Method::POST,
@@ -512,19 +536,7 @@ async fn upstream_path_prefix_is_prepended() {
 #[tokio::test]
 async fn shutdown_lets_in_flight_requests_finish() {
     let (loki, mut proxy) = setup().await;
-    let url = proxy.url(QUERY);
-    let in_flight = tokio::spawn(async move {
-        send(
-            Method::GET,
-            &url,
-            Some(&basic("alice", "alice-pw")),
-            &[("x-test-stall-ms", "500")],
-            "",
-        )
-        .await
-    });
-    // Once the request is at the upstream, stop the proxy.
-    loki.wait_for_requests(1).await;
+    let in_flight = stalled_at_upstream(&proxy, &loki, basic("alice", "alice-pw"), "500").await;
     proxy.trigger_shutdown();
     let reply = in_flight.await.unwrap();
     assert_eq!(reply.status, StatusCode::OK);
@@ -621,18 +633,7 @@ async fn push_bodies_and_encodings_reach_loki_byte_for_byte() {
 #[tokio::test]
 async fn in_flight_requests_survive_a_reload_that_removes_their_user() {
     let (loki, mut proxy) = setup().await;
-    let url = proxy.url(QUERY);
-    let in_flight = tokio::spawn(async move {
-        send(
-            Method::GET,
-            &url,
-            Some(&basic("bob", "bob-pw")),
-            &[("x-test-stall-ms", "300")],
-            "",
-        )
-        .await
-    });
-    loki.wait_for_requests(1).await;
+    let in_flight = stalled_at_upstream(&proxy, &loki, basic("bob", "bob-pw"), "300").await;
     let without_bob = support::tenants_yaml(&[support::TenantSpec {
         id: "team-a",
         users: &[("alice", "alice-pw", None)],
