@@ -191,10 +191,7 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn encode(&self) -> String {
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry)
-            .expect("writing to a String cannot fail");
-        out
+        encode_registry(&self.registry)
     }
 
     pub fn record_reload(&self, success: bool) {
@@ -207,6 +204,14 @@ impl Metrics {
             self.reload_failures.inc();
         }
     }
+}
+
+/// OpenMetrics text of a registry (both binaries' `/metrics`).
+pub fn encode_registry(registry: &Registry) -> String {
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, registry)
+        .expect("writing to a String cannot fail");
+    out
 }
 
 pub fn status_class(status: http::StatusCode) -> &'static str {

@@ -120,9 +120,6 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn encode(&self) -> String {
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry)
-            .expect("writing to a String cannot fail");
-        out
+        tenant_proxy::metrics::encode_registry(&self.registry)
     }
 }
