@@ -137,18 +137,31 @@ fn varint_size(value: u64) -> usize {
     (64 - value.max(1).leading_zeros() as usize).div_ceil(7)
 }
 
-/// Field 1 of a `Label { name = 1; value = 2; }`, read without looking at
-/// the value when the name comes first (as every encoder writes it).
+/// Field 1 of a `Label { name = 1; value = 2; }`, read cheaply when the
+/// message is laid out as every encoder writes it: one name, then at most one
+/// value. Anything else goes through [`label_pair`], because a repeated field
+/// decodes as its *last* occurrence: `name="foo" name="namespace"` is a
+/// `namespace` label to the receiver, and must be one to the proxy too.
 pub fn label_name(message: &[u8]) -> Result<&[u8], WireError> {
-    // Key 0x0a: field 1, length-delimited.
-    if let [0x0a, rest @ ..] = message {
-        let mut rest = rest;
-        let len = read_varint(&mut rest)?;
-        if let Some(name) = usize::try_from(len).ok().and_then(|len| rest.get(..len)) {
-            return Ok(name);
-        }
+    if let Some(name) = canonical_label_name(message) {
+        return Ok(name);
     }
     label_pair(message).map(|(name, _)| name)
+}
+
+fn canonical_label_name(message: &[u8]) -> Option<&[u8]> {
+    // Key 0x0a: field 1, length-delimited; key 0x12: field 2, length-delimited.
+    let mut rest = message.strip_prefix(&[0x0a])?;
+    let len = usize::try_from(read_varint(&mut rest).ok()?).ok()?;
+    let (name, mut rest) = (rest.get(..len)?, rest.get(len..)?);
+    if !rest.is_empty() {
+        rest = rest.strip_prefix(&[0x12])?;
+        let len = usize::try_from(read_varint(&mut rest).ok()?).ok()?;
+        if rest.len() != len {
+            return None;
+        }
+    }
+    Some(name)
 }
 
 /// The string fields 1 and 2 of a `Label { name = 1; value = 2; }`.
@@ -202,5 +215,26 @@ mod tests {
         assert!(fields(&msg[..msg.len() - 1]).any(|f| f.is_err()));
         assert!(fields(&[0x0b]).any(|f| f.is_err()), "wire type 3 (groups)");
         assert_eq!(len_field_size(4), 6);
+    }
+
+    #[test]
+    fn a_repeated_label_name_reads_as_its_last_occurrence() {
+        let label = |fields: &[(u32, &[u8])]| {
+            let mut msg = Vec::new();
+            for (tag, payload) in fields {
+                write_len_field(&mut msg, *tag, payload);
+            }
+            msg
+        };
+        let canonical = label(&[(1, b"namespace"), (2, b"team-a")]);
+        assert_eq!(label_name(&canonical), Ok(&b"namespace"[..]));
+        assert_eq!(label_name(&label(&[(1, b"job")])), Ok(&b"job"[..]));
+        // A protobuf decoder keeps the last name: so must we.
+        let smuggled = label(&[(1, b"foo"), (1, b"namespace"), (2, b"victim")]);
+        assert_eq!(label_name(&smuggled), Ok(&b"namespace"[..]));
+        let trailing = label(&[(1, b"foo"), (2, b"x"), (1, b"namespace")]);
+        assert_eq!(label_name(&trailing), Ok(&b"namespace"[..]));
+        let value_first = label(&[(2, b"v"), (1, b"namespace")]);
+        assert_eq!(label_name(&value_first), Ok(&b"namespace"[..]));
     }
 }

@@ -160,6 +160,35 @@ fn v1_sorts_unsorted_labels() {
     assert_eq!(names, ["__name__", "app", "namespace", "zone"]);
 }
 
+/// A `Label` whose name field appears twice: protobuf decoders keep the
+/// last one, so to the receiver this is `namespace="victim"`.
+#[test]
+fn v1_sees_a_label_name_smuggled_in_a_repeated_field() {
+    let mut smuggled = Vec::new();
+    protowire::write_len_field(&mut smuggled, 1, b"app");
+    protowire::write_len_field(&mut smuggled, 1, b"namespace");
+    protowire::write_len_field(&mut smuggled, 2, b"victim");
+    let mut series_bytes = Vec::new();
+    protowire::write_len_field(&mut series_bytes, 1, &smuggled);
+    series_bytes.extend(series(&[("__name__", "up")]).encode_to_vec());
+    let mut body = Vec::new();
+    protowire::write_len_field(&mut body, 1, &series_bytes);
+
+    let (out, stats) = rewrite_v1_ok(&body, ForeignLabelPolicy::Overwrite);
+    assert_eq!(stats.overwritten, 1);
+    assert_eq!(
+        pairs(&out.timeseries[0]),
+        p(&[("__name__", "up"), ("namespace", "team-a")])
+    );
+    let owned = owned();
+    let refused = rewrite(
+        Version::V1,
+        &body,
+        &tenant(&owned, ForeignLabelPolicy::Reject),
+    );
+    assert!(matches!(refused, Err(RemoteWriteError::ForeignLabel(_))));
+}
+
 #[test]
 fn reject_policy_names_the_offending_series() {
     let body = v1(vec![
