@@ -23,13 +23,21 @@ pub fn prepare(method: &str, path: &str, kind: &BodyKind) -> anyhow::Result<Prep
             vec![("content-type", "application/x-protobuf")],
             loki_protobuf(),
         ),
-        BodyKind::RemoteWrite { series, labels } => (
+        BodyKind::RemoteWrite {
+            series,
+            labels,
+            namespace,
+        } => (
             vec![
                 ("content-type", "application/x-protobuf"),
                 ("content-encoding", "snappy"),
                 ("x-prometheus-remote-write-version", "0.1.0"),
             ],
-            remote_write(*series, *labels),
+            remote_write(
+                *series,
+                *labels,
+                namespace.as_deref().unwrap_or("someone-else"),
+            ),
         ),
         BodyKind::Form(text) => (
             vec![("content-type", "application/x-www-form-urlencoded")],
@@ -114,7 +122,7 @@ fn loki_protobuf() -> Bytes {
 }
 
 /// A remote-write 1.0 batch with realistic label sets.
-pub fn remote_write(series: usize, labels: usize) -> Bytes {
+pub fn remote_write(series: usize, labels: usize, namespace: &str) -> Bytes {
     let timeseries = (0..series)
         .map(|i| {
             let mut set = vec![
@@ -124,7 +132,7 @@ pub fn remote_write(series: usize, labels: usize) -> Bytes {
                 },
                 Label {
                     name: "namespace".into(),
-                    value: "someone-else".into(),
+                    value: namespace.into(),
                 },
             ];
             for l in 0..labels.saturating_sub(2) {

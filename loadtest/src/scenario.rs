@@ -82,8 +82,15 @@ pub enum BodyKind {
     LokiJson,
     /// A Promtail/Alloy style push: snappy protobuf, one stream, 100 lines.
     LokiProtobuf,
-    /// Remote write 1.0: `series` series of `labels` labels, one sample each.
-    RemoteWrite { series: usize, labels: usize },
+    /// Remote write 1.0: `series` series of `labels` labels, one sample
+    /// each, every series with `namespace` (default `someone-else`, a value
+    /// no tenant owns, so the proxy rewrites every series).
+    RemoteWrite {
+        series: usize,
+        labels: usize,
+        #[serde(default)]
+        namespace: Option<String>,
+    },
     /// An `application/x-www-form-urlencoded` body, as Grafana POSTs queries.
     Form(String),
 }

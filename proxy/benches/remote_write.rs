@@ -13,9 +13,8 @@ use tenant_proxy::config::ForeignLabelPolicy;
 use tenant_proxy::prompb::{Label, Sample, TimeSeries, WriteRequest};
 use tenant_proxy::remote_write::{rewrite, rewrite_body, TenantLabel, Version};
 
-/// `series` series of 20 labels (one of them a foreign `namespace`), one
-/// sample each.
-fn batch(series: usize) -> WriteRequest {
+/// `series` series of 20 labels (one of them `namespace`), one sample each.
+fn batch(series: usize, namespace: &str) -> WriteRequest {
     let timeseries = (0..series)
         .map(|i| {
             let mut labels = vec![
@@ -25,7 +24,7 @@ fn batch(series: usize) -> WriteRequest {
                 },
                 Label {
                     name: "namespace".into(),
-                    value: "someone-else".into(),
+                    value: namespace.into(),
                 },
             ];
             for l in 0..18 {
@@ -69,12 +68,21 @@ fn bench(c: &mut Criterion) {
 
     let mut group = c.benchmark_group("remote_write");
     for series in [500, 2_000] {
-        let raw = batch(series).encode_to_vec();
+        let raw = batch(series, "someone-else").encode_to_vec();
         let compressed = snap::raw::Encoder::new().compress_vec(&raw).unwrap();
         group.throughput(Throughput::Elements(series as u64));
         group.bench_with_input(
             BenchmarkId::new("rewrite_body_snappy", series),
             &compressed,
+            |b, body| b.iter(|| rewrite_body(&headers, black_box(body), &tenant, 1 << 30).unwrap()),
+        );
+        // The sender's scrape config set the tenant's own namespace already.
+        let labelled = snap::raw::Encoder::new()
+            .compress_vec(&batch(series, "team-a").encode_to_vec())
+            .unwrap();
+        group.bench_with_input(
+            BenchmarkId::new("rewrite_body_snappy_already_labelled", series),
+            &labelled,
             |b, body| b.iter(|| rewrite_body(&headers, black_box(body), &tenant, 1 << 30).unwrap()),
         );
         group.bench_with_input(

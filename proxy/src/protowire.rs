@@ -94,7 +94,20 @@ impl<'a> Fields<'a> {
     }
 }
 
+#[inline]
 pub fn read_varint(buf: &mut &[u8]) -> Result<u64, WireError> {
+    // Keys and label lengths are almost always one byte: keep that inline
+    // (a third of the rewrite's time went to the call before).
+    if let Some((&byte, rest)) = buf.split_first() {
+        if byte < 0x80 {
+            *buf = rest;
+            return Ok(u64::from(byte));
+        }
+    }
+    read_long_varint(buf)
+}
+
+fn read_long_varint(buf: &mut &[u8]) -> Result<u64, WireError> {
     let mut value = 0u64;
     for i in 0..10 {
         let (&byte, rest) = buf.split_first().ok_or(WireError("truncated varint"))?;
@@ -142,6 +155,7 @@ fn varint_size(value: u64) -> usize {
 /// value. Anything else goes through [`label_pair`], because a repeated field
 /// decodes as its *last* occurrence: `name="foo" name="namespace"` is a
 /// `namespace` label to the receiver, and must be one to the proxy too.
+#[inline]
 pub fn label_name(message: &[u8]) -> Result<&[u8], WireError> {
     if let Some(name) = canonical_label_name(message) {
         return Ok(name);
@@ -149,6 +163,7 @@ pub fn label_name(message: &[u8]) -> Result<&[u8], WireError> {
     label_pair(message).map(|(name, _)| name)
 }
 
+#[inline]
 fn canonical_label_name(message: &[u8]) -> Option<&[u8]> {
     // Key 0x0a: field 1, length-delimited; key 0x12: field 2, length-delimited.
     let mut rest = message.strip_prefix(&[0x0a])?;

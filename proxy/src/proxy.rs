@@ -17,6 +17,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
@@ -35,7 +36,7 @@ use crate::path;
 use crate::prometheus::{self, EMPTY_METADATA};
 use crate::promql::{Memo, TenantMatcher};
 use crate::reload::Tenants;
-use crate::remote_write::{self, RemoteWriteError, TenantLabel};
+use crate::remote_write::{self, RemoteWriteError, Rewritten, TenantLabel};
 use crate::routes::{Operation, Route, RouteTable, Signal};
 use crate::tenants::{Credential, Tenant};
 use crate::upstream::{self, HttpClient};
@@ -255,7 +256,11 @@ async fn proxy(
         Operation::RemoteWrite => {
             let compressed = body::read_bounded(body, state.limits.max_body_bytes).await?;
             let tenant = target.remote_write_label(&credential.tenant)?;
-            let rewritten = rewrite_remote_write(state, &parts.headers, &compressed, &tenant)?;
+            let rewritten = match rewrite_remote_write(state, &parts.headers, &compressed, &tenant)?
+            {
+                Rewritten::Unchanged => compressed,
+                Rewritten::Body(body) => Bytes::from(body),
+            };
             parts
                 .headers
                 .insert(header::CONTENT_LENGTH, HeaderValue::from(rewritten.len()));
@@ -351,7 +356,7 @@ fn rewrite_remote_write(
     headers: &http::HeaderMap,
     compressed: &[u8],
     tenant: &TenantLabel<'_>,
-) -> Result<Vec<u8>, ProxyError> {
+) -> Result<Rewritten, ProxyError> {
     let metrics = &state.metrics;
     let tenant_id = || TenantLabels {
         tenant: tenant.owned_by.to_owned(),

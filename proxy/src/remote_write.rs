@@ -114,17 +114,34 @@ pub struct Stats {
 struct Scratch {
     decompressed: Vec<u8>,
     rewritten: Vec<u8>,
+    /// Keeps its hash table between requests.
+    encoder: snap::raw::Encoder,
 }
 
 thread_local! {
-    static SCRATCH: RefCell<Scratch> = const {
-        RefCell::new(Scratch { decompressed: Vec::new(), rewritten: Vec::new() })
-    };
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch {
+        decompressed: Vec::new(),
+        rewritten: Vec::new(),
+        encoder: snap::raw::Encoder::new(),
+    });
 }
 
 /// Buffers above this are released after use rather than kept: one
 /// unusually large batch must not pin its size on every thread.
 const KEEP_SCRATCH_BYTES: usize = 4 * 1024 * 1024;
+
+/// The outcome of rewriting a compressed body.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Rewritten {
+    /// Every series already carried exactly one owned tenant label, sorted
+    /// in place: the rewrite reproduced the body byte for byte, so the
+    /// original compressed body goes upstream as it came. This is the
+    /// usual case for senders whose scrape config sets the label already,
+    /// and it saves the recompression, the costliest step.
+    Unchanged,
+    /// A new snappy-compressed body.
+    Body(Vec<u8>),
+}
 
 /// Decompresses (size checked first), rewrites and recompresses a body.
 pub fn rewrite_body(
@@ -132,7 +149,7 @@ pub fn rewrite_body(
     compressed: &[u8],
     tenant: &TenantLabel<'_>,
     max_decompressed: u64,
-) -> Result<(Vec<u8>, Stats), RemoteWriteError> {
+) -> Result<(Rewritten, Stats), RemoteWriteError> {
     let version = version_of(headers)?;
     let encoding = headers.get(header::CONTENT_ENCODING).map(|v| v.as_bytes());
     if !matches!(encoding, None | Some(b"snappy")) {
@@ -166,7 +183,7 @@ fn rewrite_in(
     size: usize,
     tenant: &TenantLabel<'_>,
     scratch: &mut Scratch,
-) -> Result<(Vec<u8>, Stats), RemoteWriteError> {
+) -> Result<(Rewritten, Stats), RemoteWriteError> {
     let snappy = |e: snap::Error| RemoteWriteError::Malformed(format!("snappy: {e}"));
     scratch.decompressed.resize(size, 0);
     let n = snap::raw::Decoder::new()
@@ -179,12 +196,16 @@ fn rewrite_in(
         tenant,
         &mut scratch.rewritten,
     )?;
+    if scratch.rewritten == scratch.decompressed[..n] {
+        return Ok((Rewritten::Unchanged, stats));
+    }
     let mut recompressed = vec![0; snap::raw::max_compress_len(scratch.rewritten.len())];
-    let n = snap::raw::Encoder::new()
+    let n = scratch
+        .encoder
         .compress(&scratch.rewritten, &mut recompressed)
         .map_err(snappy)?;
     recompressed.truncate(n);
-    Ok((recompressed, stats))
+    Ok((Rewritten::Body(recompressed), stats))
 }
 
 /// Rewrites a decompressed message.

@@ -435,6 +435,51 @@ fn body_is_size_checked_before_decompressing() {
     ));
 }
 
+#[test]
+fn a_body_that_needs_no_change_is_forwarded_as_it_came() {
+    let owned = owned();
+    let t = tenant(&owned, ForeignLabelPolicy::Overwrite);
+    let h = headers(Some("application/x-protobuf"), Some("snappy"));
+    let compress = |raw: &[u8]| snap::raw::Encoder::new().compress_vec(raw).unwrap();
+    let ready = compress(&v1(vec![
+        series(&[("__name__", "up"), ("namespace", "team-a")]),
+        series(&[("__name__", "up"), ("namespace", "team-a-2"), ("pod", "p")]),
+    ]));
+    let (out, stats) = rewrite_body(&h, &ready, &t, 1 << 20).unwrap();
+    assert_eq!(out, Rewritten::Unchanged);
+    assert_eq!((stats.series, stats.added, stats.overwritten), (2, 0, 0));
+
+    // One series that needs the label is enough to rewrite the whole body.
+    for needs_work in [
+        vec![("__name__", "up")],
+        vec![("__name__", "up"), ("namespace", "team-b")],
+        vec![("namespace", "team-a"), ("__name__", "up")], // unsorted
+        vec![
+            ("__name__", "up"),
+            ("namespace", "team-a"),
+            ("namespace", "team-a"),
+        ],
+    ] {
+        let raw = v1(vec![
+            series(&[("__name__", "up"), ("namespace", "team-a")]),
+            series(&needs_work),
+        ]);
+        let (out, _) = rewrite_body(&h, &compress(&raw), &t, 1 << 20).unwrap();
+        let Rewritten::Body(body) = out else {
+            panic!("{needs_work:?} must be rewritten");
+        };
+        let raw = snap::raw::Decoder::new().decompress_vec(&body).unwrap();
+        let sent = WriteRequest::decode(raw.as_slice()).unwrap();
+        let namespaces: Vec<_> = sent.timeseries[1]
+            .labels
+            .iter()
+            .filter(|l| l.name == "namespace")
+            .map(|l| l.value.as_str())
+            .collect();
+        assert!(matches!(namespaces[..], ["team-a"]), "{needs_work:?}");
+    }
+}
+
 // === properties ===
 
 proptest! {
