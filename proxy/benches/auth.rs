@@ -18,7 +18,7 @@ fn bench(c: &mut Criterion) {
     let text =
         format!("tenants:\n- id: a\n  users: [{{username: grafana, password_hash: \"{hash}\"}}]\n");
     let (store, _) = tenants_file::parse(&text, 1).unwrap();
-    let auth = Authenticator::new(&AuthConfig::default());
+    let auth = Authenticator::new(&AuthConfig::default(), Default::default());
     let mut headers = HeaderMap::new();
     let token = base64::engine::general_purpose::STANDARD.encode("grafana:correct horse");
     headers.insert(

@@ -11,25 +11,32 @@
 //!    checked (429), then the hash is verified on one of a fixed set of
 //!    verifier threads, behind a semaphore (503 when no slot frees up in
 //!    time). A fixed set, because each keeps argon2's working memory for
-//!    reuse: memory stays at threads × 19 MiB however many logins arrive.
-//!    Unknown usernames are verified against a decoy hash so they cost the
-//!    same as a wrong password.
+//!    reuse: memory stays at threads × 19 MiB however many logins arrive
+//!    (and drops to nothing once logins stop). Unknown usernames are
+//!    verified against a decoy hash so they cost the same as a wrong
+//!    password;
+//! 3. requests presenting the same (username, password) while it is being
+//!    verified wait for that one verification instead of starting their
+//!    own: a fleet of log shippers sharing one Secret reconnecting after a
+//!    restart costs one argon2 run, not one per connection.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::net::IpAddr;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
 use http::{header, HeaderMap};
-use tokio::sync::{oneshot, Semaphore};
+use prometheus_client::metrics::counter::Counter;
+use tokio::sync::{OnceCell, Semaphore};
 
 use crate::config::AuthConfig;
 use crate::error::ProxyError;
 use crate::password::{self, Verifier};
 use crate::tenants::{Credential, TenantStore};
 use crate::throttle::FailureThrottle;
+use crate::verifier_threads::{VerifierThreads, RELEASE_AFTER_IDLE};
 
 /// What a client presented. `Debug` never prints the password.
 pub struct BasicCredentials {
@@ -107,47 +114,6 @@ pub fn parse_basic(headers: &HeaderMap) -> Result<BasicCredentials, AuthFailure>
 
 // === impl Authenticator ===
 
-/// Threads that run argon2 and nothing else. Jobs arrive only with a
-/// semaphore permit, so the queue never holds more than there are threads.
-struct VerifierThreads {
-    jobs: std::sync::mpsc::SyncSender<Box<dyn FnOnce() + Send>>,
-}
-
-impl VerifierThreads {
-    fn new(threads: usize) -> Self {
-        let (jobs, queue) = std::sync::mpsc::sync_channel::<Box<dyn FnOnce() + Send>>(threads);
-        let queue = Arc::new(std::sync::Mutex::new(queue));
-        for i in 0..threads {
-            let queue = queue.clone();
-            std::thread::Builder::new()
-                .name(format!("argon2-verify-{i}"))
-                .spawn(move || loop {
-                    // The lock is held only to take a job, not to run it.
-                    let job = queue.lock().unwrap_or_else(|e| e.into_inner()).recv();
-                    match job {
-                        Ok(job) => job(),
-                        Err(_) => return, // the Authenticator is gone
-                    }
-                })
-                .expect("spawning a verifier thread");
-        }
-        Self { jobs }
-    }
-
-    fn run<T: Send + 'static>(
-        &self,
-        job: impl FnOnce() -> T + Send + 'static,
-    ) -> Option<oneshot::Receiver<T>> {
-        let (tx, rx) = oneshot::channel();
-        self.jobs
-            .try_send(Box::new(move || {
-                let _ = tx.send(job());
-            }))
-            .ok()?;
-        Some(rx)
-    }
-}
-
 pub struct Authenticator {
     /// Random per process: cache keys mean nothing outside it.
     digest_key: [u8; 32],
@@ -156,6 +122,9 @@ pub struct Authenticator {
     cache_size: usize,
     verify_slots: Arc<Semaphore>,
     verifiers: VerifierThreads,
+    /// Verifications in progress, keyed by what they verify.
+    in_flight: Mutex<HashMap<InFlightKey, Arc<OnceCell<Verdict>>>>,
+    verifications: Counter,
     verification_wait: Duration,
     per_user: FailureThrottle<String>,
     per_client: FailureThrottle<IpAddr>,
@@ -169,13 +138,20 @@ impl fmt::Debug for Authenticator {
 }
 
 impl Authenticator {
-    pub fn new(config: &AuthConfig) -> Self {
+    /// `verifications` counts the argon2 runs (every cache miss, decoys
+    /// included).
+    pub fn new(config: &AuthConfig, verifications: Counter) -> Self {
         Self {
             digest_key: rand::random(),
             verified: RwLock::new(HashMap::new()),
             cache_size: config.cache_size,
             verify_slots: Arc::new(Semaphore::new(config.max_concurrent_verifications)),
-            verifiers: VerifierThreads::new(config.max_concurrent_verifications),
+            verifiers: VerifierThreads::new(
+                config.max_concurrent_verifications,
+                RELEASE_AFTER_IDLE,
+            ),
+            in_flight: Mutex::new(HashMap::new()),
+            verifications,
             verification_wait: config.verification_wait,
             per_user: FailureThrottle::new(config.max_failures_per_user, config.failure_window),
             per_client: FailureThrottle::new(config.max_failures_per_client, config.failure_window),
@@ -205,7 +181,10 @@ impl Authenticator {
             .and_then(|()| self.per_client.check(&client, now))
             .map_err(AuthFailure::Throttled)?;
 
-        let accepted = self.verify(credential.clone(), presented.password).await?;
+        let key = (digest, credential.as_ref().map(|c| c.fingerprint));
+        let accepted = self
+            .verify_once(key, credential.clone(), presented.password)
+            .await?;
         match credential {
             Some(credential) if accepted => {
                 self.remember(digest, credential.fingerprint);
@@ -224,6 +203,27 @@ impl Authenticator {
         }
     }
 
+    /// Verifies, or waits for the verification of the same password against
+    /// the same hash that another request started. If the request running
+    /// it goes away, the next waiter takes over.
+    async fn verify_once(
+        &self,
+        key: InFlightKey,
+        credential: Option<Arc<Credential>>,
+        password: String,
+    ) -> Verdict {
+        let cell = {
+            let mut in_flight = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+            in_flight.entry(key).or_default().clone()
+        };
+        let _forget = ForgetWhenLast {
+            in_flight: &self.in_flight,
+            key,
+            cell: &cell,
+        };
+        *cell.get_or_init(|| self.verify(credential, password)).await
+    }
+
     /// Runs the hash on a verifier thread once a verification slot is free.
     async fn verify(
         &self,
@@ -237,6 +237,7 @@ impl Authenticator {
         .await
         .map_err(|_| AuthFailure::VerifierBusy)?
         .map_err(|_| AuthFailure::VerifierBusy)?;
+        self.verifications.inc();
         let decoy = self.decoy.clone();
         let outcome = self
             .verifiers
@@ -276,6 +277,34 @@ impl Authenticator {
             verified.clear();
         }
         verified.insert(digest, fingerprint);
+    }
+}
+
+/// (digest of the presented username and password, fingerprint of the hash
+/// they are checked against; `None` for an unknown user).
+type InFlightKey = ([u8; 32], Option<[u8; 32]>);
+
+type Verdict = Result<bool, AuthFailure>;
+
+/// Removes a verification from the in-flight map when its last waiter is
+/// done with it, whether it finished or was cancelled: the map holds only
+/// what is being verified right now.
+struct ForgetWhenLast<'a> {
+    in_flight: &'a Mutex<HashMap<InFlightKey, Arc<OnceCell<Verdict>>>>,
+    key: InFlightKey,
+    cell: &'a Arc<OnceCell<Verdict>>,
+}
+
+impl Drop for ForgetWhenLast<'_> {
+    fn drop(&mut self) {
+        let mut in_flight = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        let ours = in_flight
+            .get(&self.key)
+            .is_some_and(|cell| Arc::ptr_eq(cell, self.cell));
+        // Two references: the map's and this waiter's.
+        if ours && Arc::strong_count(self.cell) <= 2 {
+            in_flight.remove(&self.key);
+        }
     }
 }
 
@@ -333,7 +362,7 @@ mod tests {
 
     #[tokio::test]
     async fn changed_password_invalidates_the_cached_success() {
-        let auth = Authenticator::new(&AuthConfig::default());
+        let auth = Authenticator::new(&AuthConfig::default(), Counter::default());
         let old = store("old", 1);
         assert!(auth
             .authenticate(&old, &basic("alice", "old"), CLIENT)
@@ -359,12 +388,57 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn concurrent_logins_with_one_password_share_one_verification() {
+        let verifications = Counter::default();
+        let auth = Authenticator::new(&AuthConfig::default(), verifications.clone());
+        let store = store("right", 1);
+        let right = basic("alice", "right");
+        let logins = (0..50).map(|_| auth.authenticate(&store, &right, CLIENT));
+        let results = futures_util::future::join_all(logins).await;
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        assert_eq!(verifications.get(), 1);
+
+        let wrong = basic("alice", "wrong");
+        let guesses = (0..50).map(|_| auth.authenticate(&store, &wrong, CLIENT));
+        let results = futures_util::future::join_all(guesses).await;
+        assert!(
+            results
+                .iter()
+                .all(|r| r.as_ref().unwrap_err() == &AuthFailure::WrongPassword),
+            "{results:?}"
+        );
+        assert_eq!(verifications.get(), 2);
+        assert!(auth.in_flight.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_abandoned_verification_is_forgotten() {
+        let verifications = Counter::default();
+        let auth = Authenticator::new(&AuthConfig::default(), verifications.clone());
+        let store = store("right", 1);
+        // Polled once (the verification starts), then dropped, as when the
+        // client disconnects.
+        let abandoned = tokio::time::timeout(
+            Duration::ZERO,
+            auth.authenticate(&store, &basic("alice", "right"), CLIENT),
+        )
+        .await;
+        assert!(abandoned.is_err(), "cannot finish in zero time");
+        assert!(auth.in_flight.lock().unwrap().is_empty());
+        assert!(auth
+            .authenticate(&store, &basic("alice", "right"), CLIENT)
+            .await
+            .is_ok());
+        assert_eq!(verifications.get(), 2);
+    }
+
+    #[tokio::test]
     async fn repeated_failures_are_throttled_but_cached_successes_are_not() {
         let config = AuthConfig {
             max_failures_per_user: 2,
             ..AuthConfig::default()
         };
-        let auth = Authenticator::new(&config);
+        let auth = Authenticator::new(&config, Counter::default());
         let s = store("right", 1);
         assert!(auth
             .authenticate(&s, &basic("alice", "right"), CLIENT)
@@ -391,7 +465,7 @@ mod tests {
 
     #[tokio::test]
     async fn unknown_user_is_reported_as_such_internally() {
-        let auth = Authenticator::new(&AuthConfig::default());
+        let auth = Authenticator::new(&AuthConfig::default(), Counter::default());
         let s = store("pw", 1);
         assert_eq!(
             auth.authenticate(&s, &basic("mallory", "pw"), CLIENT)

@@ -31,6 +31,7 @@ pub mod tenants;
 pub mod tenants_file;
 pub mod throttle;
 pub mod upstream;
+pub mod verifier_threads;
 
 use std::future::Future;
 use std::sync::Arc;

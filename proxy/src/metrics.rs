@@ -58,6 +58,7 @@ pub struct Metrics {
     registry: Registry,
     pub requests: Family<RequestLabels, Counter>,
     pub auth_failures: Family<ReasonLabels, Counter>,
+    pub password_verifications: Counter,
     pub errors: Family<ReasonLabels, Counter>,
     pub upstream_duration: Family<SurfaceLabels, Histogram, LatencyHistogram>,
     pub tenants_generation: Gauge,
@@ -93,6 +94,12 @@ impl Default for Metrics {
             "auth_failures",
             "Failed authentications by reason",
             auth_failures.clone(),
+        );
+        let password_verifications = Counter::default();
+        registry.register(
+            "password_verifications",
+            "argon2 verifications run (authentications the cache could not answer)",
+            password_verifications.clone(),
         );
         let errors = Family::default();
         registry.register(
@@ -172,6 +179,7 @@ impl Default for Metrics {
             registry,
             requests,
             auth_failures,
+            password_verifications,
             errors,
             upstream_duration,
             tenants_generation,

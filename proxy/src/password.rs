@@ -32,6 +32,16 @@ fn with_working_memory<T>(blocks: usize, f: impl FnOnce(&mut [Block]) -> T) -> T
     })
 }
 
+/// argon2 blocks (1 KiB each) this thread holds for reuse.
+pub fn working_memory_blocks() -> usize {
+    WORKING_MEMORY.with(|memory| memory.borrow().len())
+}
+
+/// Frees this thread's argon2 working memory.
+pub fn release_working_memory() {
+    WORKING_MEMORY.with(|memory| *memory.borrow_mut() = Vec::new());
+}
+
 /// How a credential's password is checked. `Debug` never prints the secret.
 pub enum Verifier {
     /// An argon2id PHC string (`$argon2id$v=19$m=...`), the normal case.

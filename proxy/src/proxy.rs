@@ -119,7 +119,7 @@ impl AppState {
             logs,
             metrics_target,
             tenants,
-            auth: Authenticator::new(&config.auth),
+            auth: Authenticator::new(&config.auth, metrics.password_verifications.clone()),
             client: upstream::client(),
             metrics,
             limits: config.limits.clone(),

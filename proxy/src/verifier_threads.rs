@@ -1,0 +1,115 @@
+//! The threads that run argon2, and nothing else.
+//!
+//! A fixed set, because each keeps argon2's working memory (19 MiB with
+//! default parameters) between hashes: allocating it per hash on whatever
+//! thread was free let glibc keep hundreds of MiB after a burst of logins.
+//! A thread that has had no work for a while ([`RELEASE_AFTER_IDLE`] in
+//! the proxy) frees its buffer, so a proxy whose logins are all cached
+//! holds none.
+
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+
+use crate::password;
+
+/// Long enough that a burst of logins reuses the buffer, short enough that
+/// an idle proxy gives the memory back soon after.
+pub const RELEASE_AFTER_IDLE: Duration = Duration::from_secs(5);
+
+type Job = Box<dyn FnOnce() + Send>;
+
+pub struct VerifierThreads {
+    jobs: SyncSender<Job>,
+}
+
+impl VerifierThreads {
+    /// Jobs must arrive with a permit of a semaphore sized `threads`, so the
+    /// queue never holds more than there are threads to take them.
+    pub fn new(threads: usize, release_after_idle: Duration) -> Self {
+        let (jobs, queue) = sync_channel::<Job>(threads);
+        let queue = Arc::new(Mutex::new(queue));
+        for i in 0..threads {
+            let queue = queue.clone();
+            std::thread::Builder::new()
+                .name(format!("argon2-verify-{i}"))
+                .spawn(move || work(&queue, release_after_idle))
+                .expect("spawning a verifier thread");
+        }
+        Self { jobs }
+    }
+
+    /// Queues `job`; `None` when the queue is full.
+    pub fn run<T: Send + 'static>(
+        &self,
+        job: impl FnOnce() -> T + Send + 'static,
+    ) -> Option<oneshot::Receiver<T>> {
+        let (tx, rx) = oneshot::channel();
+        self.jobs
+            .try_send(Box::new(move || {
+                let _ = tx.send(job());
+            }))
+            .ok()?;
+        Some(rx)
+    }
+}
+
+fn work(queue: &Mutex<Receiver<Job>>, release_after_idle: Duration) {
+    let mut holds_memory = false;
+    loop {
+        let next = {
+            // The lock is held only to take a job, not to run it.
+            let queue = queue.lock().unwrap_or_else(|e| e.into_inner());
+            if holds_memory {
+                queue.recv_timeout(release_after_idle)
+            } else {
+                queue.recv().map_err(|_| RecvTimeoutError::Disconnected)
+            }
+        };
+        match next {
+            Ok(job) => {
+                job();
+                holds_memory = true;
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                password::release_working_memory();
+                holds_memory = false;
+            }
+            Err(RecvTimeoutError::Disconnected) => return, // the Authenticator is gone
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn run<T: Send + 'static>(
+        threads: &VerifierThreads,
+        job: impl FnOnce() -> T + Send + 'static,
+    ) -> T {
+        threads.run(job).expect("queue has room").await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn working_memory_is_kept_through_a_burst_and_freed_when_idle() {
+        let idle = Duration::from_millis(100);
+        let threads = VerifierThreads::new(1, idle);
+        let hash = password::hash_password("pw").unwrap();
+        let verifier = password::Verifier::argon2id(&hash).unwrap();
+        let held = run(&threads, move || {
+            assert!(verifier.verify("pw"));
+            password::working_memory_blocks()
+        })
+        .await;
+        assert_eq!(held, 19 * 1024, "19 MiB of 1 KiB blocks after a hash");
+        // The next job comes before the idle period ends: still there.
+        assert_eq!(run(&threads, password::working_memory_blocks).await, held);
+        // The release is what this test is about, and it is timed by
+        // design: wait past it.
+        tokio::time::sleep(idle * 3).await;
+        assert_eq!(run(&threads, password::working_memory_blocks).await, 0);
+    }
+}
