@@ -2,13 +2,16 @@
 //! `tenant-proxy` process, back to back; a Markdown table on stdout and,
 //! optionally, JSON.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::Parser;
 use loadtest::load::{self, Workload};
 use loadtest::proxy_process::{self, ProxyProcess};
-use loadtest::report::{self, Row};
+use loadtest::report::{self, Reloads, Row};
 use loadtest::scenario::Scenario;
 use loadtest::{bodies, sink};
 
@@ -29,85 +32,181 @@ struct Cli {
     access_log: bool,
     /// Override every scenario's measured duration (e.g. `3s` for a smoke run).
     #[arg(long, value_parser = humantime_serde::re::humantime::parse_duration)]
-    duration: Option<std::time::Duration>,
+    duration: Option<Duration>,
+    /// A real backend (a loopback address, e.g. a local Prometheus on
+    /// 127.0.0.1:9090) instead of the built-in sink. Direct requests go to
+    /// it as they are (with the basic-auth header, without X-Scope-OrgID);
+    /// upstream connections are not counted.
+    #[arg(long, value_parser = loopback)]
+    upstream: Option<SocketAddr>,
 }
 
-type ProxyOptions<'a> = (
-    &'a std::path::Path,
-    std::net::SocketAddr,
-    &'a str,
-    bool,
-    bool,
-);
+fn loopback(value: &str) -> Result<SocketAddr, String> {
+    let addr: SocketAddr = value.parse().map_err(|e| format!("{value}: {e}"))?;
+    if addr.ip().is_loopback() {
+        Ok(addr)
+    } else {
+        Err(format!(
+            "{addr} is not a loopback address: loadtest only targets this machine"
+        ))
+    }
+}
 
-/// One measured run through a fresh proxy process; with `guessing`, the
-/// scenario's password guessers run alongside (their answers in the row's
-/// `guess_statuses`).
+/// How each proxy process is started.
+#[derive(Clone, Copy)]
+struct ProxyOptions<'a> {
+    binary: &'a std::path::Path,
+    upstream: SocketAddr,
+    tenants: &'a str,
+    access_log: bool,
+    throttle: bool,
+}
+
+/// What runs next to the workload in a proxied row.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Alongside {
+    Nothing,
+    /// The scenario's password guessers (their answers in `guess_statuses`).
+    Guessing,
+    /// The scenario's tenants-file replacements (count in `reloads_applied`).
+    Reloads,
+}
+
+/// One measured run through a fresh proxy process.
 async fn proxied(
     scenario: &Scenario,
     workload: &Arc<Workload>,
-    sink_stats: &sink::SinkStats,
-    (binary, sink_addr, tenants, access_log, throttle): ProxyOptions<'_>,
-    guessing: bool,
+    connections_opened: &dyn Fn() -> Option<u64>,
+    options: ProxyOptions<'_>,
+    alongside: Alongside,
 ) -> anyhow::Result<Row> {
-    let proxy = ProxyProcess::start(binary, sink_addr, tenants, access_log, throttle).await?;
+    let proxy = ProxyProcess::start(
+        options.binary,
+        options.upstream,
+        options.tenants,
+        options.access_log,
+        options.throttle,
+    )
+    .await?;
     let idle = proxy_process::stats(proxy.pid())?;
     let pid = proxy.pid();
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let guessers = match (&scenario.guessing, guessing) {
-        (Some(g), true) => {
+    let stop = Arc::new(AtomicBool::new(false));
+    let bound = scenario.warmup + scenario.duration;
+    let side_task = match (alongside, &scenario.guessing, &scenario.reloads) {
+        (Alongside::Guessing, Some(g), _) => {
             let (g, stop, path, addr) = (
                 g.clone(),
                 stop.clone(),
                 scenario.requests[0].path.clone(),
                 proxy.addr,
             );
-            let max = g.rate * (scenario.warmup + scenario.duration).as_secs().max(1) * 2;
+            let max = g.rate * bound.as_secs().max(1) * 2;
             Some(tokio::spawn(async move {
-                load::guess(addr, &g, &path, stop, max).await
+                Side::Guesses(load::guess(addr, &g, &path, stop, max).await)
+            }))
+        }
+        (Alongside::Reloads, _, Some(r)) => {
+            let (every, path, tenants, stop) = (
+                r.every,
+                proxy.tenants_path(),
+                options.tenants.to_owned(),
+                stop.clone(),
+            );
+            let max = (bound.as_millis() / every.as_millis().max(1)) as u64 * 2;
+            Some(tokio::spawn(async move {
+                Side::Reloads(replace_tenants_file(&path, &tenants, every, stop, max).await)
             }))
         }
         _ => None,
     };
-    let mut cpu = (std::time::Duration::ZERO, std::time::Duration::ZERO);
-    let mut connections = (0, 0);
+    let generation_before = proxy.metric("tenant_proxy_tenants_generation").await?;
+    let mut cpu = (Duration::ZERO, Duration::ZERO);
+    let mut connections = (None, None);
     let outcome = load::run(proxy.addr, scenario, workload.clone(), |starting| {
         let now = proxy_process::stats(pid).map(|s| s.cpu).unwrap_or_default();
         if starting {
             cpu.0 = now;
-            connections.0 = sink_stats.connections();
+            connections.0 = connections_opened();
         } else {
             cpu.1 = now;
-            connections.1 = sink_stats.connections();
+            connections.1 = connections_opened();
         }
     })
     .await;
-    stop.store(true, std::sync::atomic::Ordering::Release);
-    let guess_statuses = match guessers {
+    stop.store(true, Ordering::Release);
+    let side = match side_task {
         Some(task) => Some(task.await?),
         None => None,
     };
     let peak = proxy_process::stats(pid)?;
-    let target = if guessing { "proxy+guessing" } else { "proxy" };
-    let mut row = Row::new(
-        &scenario.name,
-        target,
-        &outcome,
-        connections.1 - connections.0,
-    );
+    let target = match alongside {
+        Alongside::Nothing => "proxy",
+        Alongside::Guessing => "proxy+guessing",
+        Alongside::Reloads => "proxy+reloads",
+    };
+    let opened = connections
+        .1
+        .zip(connections.0)
+        .map(|(end, start)| end - start);
+    let mut row = Row::new(&scenario.name, target, &outcome, opened);
     row.proxy_cpu_us_per_request =
         Some((cpu.1 - cpu.0).as_secs_f64() * 1e6 / outcome.requests().max(1) as f64);
     row.proxy_idle_rss_mib = Some(idle.rss_kib as f64 / 1024.0);
     row.proxy_peak_rss_mib = Some(peak.peak_rss_kib as f64 / 1024.0);
-    row.guess_statuses = guess_statuses;
+    match side {
+        Some(Side::Guesses(statuses)) => row.guess_statuses = Some(statuses),
+        Some(Side::Reloads(written)) => {
+            let generation = proxy.metric("tenant_proxy_tenants_generation").await?;
+            row.reloads = Some(Reloads {
+                written,
+                applied: (generation - generation_before) as u64,
+            });
+        }
+        None => {}
+    }
     Ok(row)
+}
+
+enum Side {
+    Guesses(std::collections::BTreeMap<u16, u64>),
+    Reloads(u64),
+}
+
+/// Replaces the tenants file by rename every `every` (a comment makes each
+/// version new to the proxy) until stopped; returns how many were written.
+async fn replace_tenants_file(
+    path: &std::path::Path,
+    tenants: &str,
+    every: Duration,
+    stop: Arc<AtomicBool>,
+    max: u64,
+) -> u64 {
+    let mut ticks = tokio::time::interval(every);
+    ticks.tick().await; // the first tick is immediate: the proxy just loaded it
+    let staging = path.with_extension("staging");
+    let mut written = 0;
+    while !stop.load(Ordering::Acquire) && written < max {
+        ticks.tick().await;
+        let version = format!("{tenants}# replacement {written}\n");
+        let replaced = tokio::fs::write(&staging, version).await.is_ok()
+            && tokio::fs::rename(&staging, path).await.is_ok();
+        written += u64::from(replaced);
+    }
+    written
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let binary = cli.proxy_bin.unwrap_or_else(proxy_process::default_binary);
-    let (sink_addr, sink_stats) = sink::start().await?;
+    let (upstream, sink_stats) = match cli.upstream {
+        Some(addr) => (addr, None),
+        None => {
+            let (addr, stats) = sink::start().await?;
+            (addr, Some(stats))
+        }
+    };
+    let connections_opened = || sink_stats.as_ref().map(|s| s.connections());
     let mut rows = Vec::new();
     for path in &cli.scenarios {
         let mut scenario = Scenario::load(path)?;
@@ -123,27 +222,38 @@ async fn main() -> anyhow::Result<()> {
             .collect::<anyhow::Result<Vec<_>>>()?;
         let workload = Arc::new(Workload::new(&scenario, prepared));
 
-        let before = sink_stats.connections();
-        let direct = load::run(sink_addr, &scenario, workload.clone(), |_| {}).await;
-        rows.push(Row::new(
-            &scenario.name,
-            "direct",
-            &direct,
-            sink_stats.connections() - before,
-        ));
+        let before = connections_opened();
+        let direct = load::run(upstream, &scenario, workload.clone(), |_| {}).await;
+        let opened = connections_opened()
+            .zip(before)
+            .map(|(end, start)| end - start);
+        rows.push(Row::new(&scenario.name, "direct", &direct, opened));
 
-        let tenants = proxy_process::tenants_file(scenario.users);
-        let throttle = scenario.guessing.is_some();
-        let options = (
-            binary.as_path(),
-            sink_addr,
-            tenants.as_str(),
-            cli.access_log,
-            throttle,
-        );
-        rows.push(proxied(&scenario, &workload, &sink_stats, options, false).await?);
+        let extra = scenario.reloads.as_ref().map_or(0, |r| r.extra_credentials);
+        let tenants = proxy_process::tenants_file(scenario.users, extra);
+        let options = ProxyOptions {
+            binary: binary.as_path(),
+            upstream,
+            tenants: tenants.as_str(),
+            access_log: cli.access_log,
+            throttle: scenario.guessing.is_some(),
+        };
+        let mut runs = vec![Alongside::Nothing];
         if scenario.guessing.is_some() {
-            rows.push(proxied(&scenario, &workload, &sink_stats, options, true).await?);
+            runs.push(Alongside::Guessing);
+        }
+        if scenario.reloads.is_some() {
+            runs.push(Alongside::Reloads);
+        }
+        for alongside in runs {
+            let row = proxied(
+                &scenario,
+                &workload,
+                &connections_opened,
+                options,
+                alongside,
+            );
+            rows.push(row.await?);
         }
     }
     print!("{}", report::table(&rows));

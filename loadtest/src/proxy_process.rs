@@ -11,7 +11,7 @@ pub struct ProxyProcess {
     pub addr: SocketAddr,
     pub admin: SocketAddr,
     child: Child,
-    _dir: tempfile_dir::Dir,
+    dir: tempfile_dir::Dir,
 }
 
 /// A temporary directory removed on drop (the loadtest binary has no
@@ -83,8 +83,9 @@ fn free_port() -> SocketAddr {
 }
 
 /// `users` credentials `user-<i>` / `pw-<i>`, one tenant each, hashed with
-/// the proxy's real (default) argon2id parameters.
-pub fn tenants_file(users: usize) -> String {
+/// the proxy's real (default) argon2id parameters; then `extra` credentials
+/// `extra-<i>`, one tenant each, sharing one hash.
+pub fn tenants_file(users: usize, extra: usize) -> String {
     let hashes: Vec<String> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..users)
             .map(|i| {
@@ -100,6 +101,13 @@ pub fn tenants_file(users: usize) -> String {
         out.push_str(&format!(
             "  - id: tenant-{i}\n    users:\n      - username: user-{i}\n        password_hash: \"{hash}\"\n"
         ));
+    }
+    if let Some(shared) = hashes.first().filter(|_| extra > 0) {
+        for i in 0..extra {
+            out.push_str(&format!(
+                "  - id: extra-{i}\n    users:\n      - username: extra-{i}\n        password_hash: \"{shared}\"\n"
+            ));
+        }
     }
     out
 }
@@ -150,7 +158,7 @@ impl ProxyProcess {
             addr,
             admin,
             child,
-            _dir: dir,
+            dir,
         };
         process.wait_ready().await?;
         Ok(process)
@@ -160,16 +168,24 @@ impl ProxyProcess {
         self.child.id()
     }
 
+    pub fn tenants_path(&self) -> PathBuf {
+        self.dir.0.join("tenants.yaml")
+    }
+
+    /// A value from the proxy's `/metrics`, e.g. `tenant_proxy_tenants_generation`.
+    pub async fn metric(&self, name: &str) -> anyhow::Result<f64> {
+        let reply = http_get(self.admin, "/metrics").await?;
+        reply
+            .lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+            .and_then(|value| value.trim().parse().ok())
+            .ok_or_else(|| anyhow::anyhow!("{name} not in /metrics"))
+    }
+
     async fn wait_ready(&self) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            if let Ok(mut stream) = tokio::net::TcpStream::connect(self.admin).await {
-                use tokio::io::{AsyncReadExt, AsyncWriteExt};
-                stream
-                    .write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-                    .await?;
-                let mut reply = String::new();
-                stream.read_to_string(&mut reply).await?;
+            if let Ok(reply) = http_get(self.admin, "/readyz").await {
                 if reply.starts_with("HTTP/1.1 200") {
                     return Ok(());
                 }
@@ -181,6 +197,20 @@ impl ProxyProcess {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+}
+
+/// A whole HTTP/1.1 response, head included (admin endpoints are small).
+async fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await?;
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).await?;
+    Ok(reply)
 }
 
 impl Drop for ProxyProcess {

@@ -20,12 +20,23 @@ pub struct Row {
     pub transport_errors: u64,
     /// The proxy's user + system CPU time over the measured interval ÷ requests.
     pub proxy_cpu_us_per_request: Option<f64>,
-    /// New upstream connections per 1,000 requests.
-    pub upstream_connections_per_1000: f64,
+    /// New upstream connections per 1,000 requests (counted by the sink
+    /// only).
+    pub upstream_connections_per_1000: Option<f64>,
     pub proxy_idle_rss_mib: Option<f64>,
     pub proxy_peak_rss_mib: Option<f64>,
     /// What password guessers running alongside got, by status.
     pub guess_statuses: Option<std::collections::BTreeMap<u16, u64>>,
+    /// Tenants-file replacements during the run.
+    pub reloads: Option<Reloads>,
+}
+
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Reloads {
+    /// Files written (by rename).
+    pub written: u64,
+    /// Generations the proxy loaded meanwhile (from its own metrics).
+    pub applied: u64,
 }
 
 impl Row {
@@ -33,7 +44,7 @@ impl Row {
         scenario: &str,
         target: &'static str,
         outcome: &Outcome,
-        upstream_connections: u64,
+        upstream_connections: Option<u64>,
     ) -> Self {
         let requests = outcome.requests();
         let q = |quantile: f64| outcome.latency_us.value_at_quantile(quantile) as f64 / 1000.0;
@@ -49,11 +60,12 @@ impl Row {
             statuses: outcome.statuses.clone(),
             transport_errors: outcome.transport_errors,
             proxy_cpu_us_per_request: None,
-            upstream_connections_per_1000: upstream_connections as f64 * 1000.0
-                / requests.max(1) as f64,
+            upstream_connections_per_1000: upstream_connections
+                .map(|opened| opened as f64 * 1000.0 / requests.max(1) as f64),
             proxy_idle_rss_mib: None,
             proxy_peak_rss_mib: None,
             guess_statuses: None,
+            reloads: None,
         }
     }
 }
@@ -74,6 +86,15 @@ pub fn table(rows: &[Row]) -> String {
             let g: Vec<String> = guesses.iter().map(|(s, n)| format!("{s}×{n}")).collect();
             errors.push_str(&format!(" (guessers: {})", g.join(" ")));
         }
+        if let Some(reloads) = &r.reloads {
+            errors.push_str(&format!(
+                " (reloads: {} written, {} applied)",
+                reloads.written, reloads.applied
+            ));
+        }
+        let connections = r
+            .upstream_connections_per_1000
+            .map_or("–".into(), |c| format!("{c:.1}"));
         let cpu = r
             .proxy_cpu_us_per_request
             .map_or("–".into(), |c| format!("{c:.0}"));
@@ -82,7 +103,7 @@ pub fn table(rows: &[Row]) -> String {
             _ => "–".into(),
         };
         out.push_str(&format!(
-            "| {} | {} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {}{} | {} | {:.1} | {} |\n",
+            "| {} | {} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {}{} | {} | {} | {} |\n",
             r.scenario,
             r.target,
             r.requests,
@@ -94,7 +115,7 @@ pub fn table(rows: &[Row]) -> String {
             statuses.join(" "),
             errors,
             cpu,
-            r.upstream_connections_per_1000,
+            connections,
             rss
         ));
     }

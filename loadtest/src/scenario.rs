@@ -36,6 +36,21 @@ pub struct Scenario {
     /// with the proxy's failure throttles on (their defaults).
     #[serde(default)]
     pub guessing: Option<Guessing>,
+    /// The tenants file replaced while the workload runs: measured as a
+    /// third row, next to the same tenants file left alone.
+    #[serde(default)]
+    pub reloads: Option<Reloads>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Reloads {
+    /// How often the file is replaced (by rename, as tenant-sync does).
+    #[serde(with = "humantime_serde")]
+    pub every: Duration,
+    /// Credentials in the file besides the scenario's users (one tenant
+    /// each, all sharing one hash: parsing, not hashing, is the cost).
+    pub extra_credentials: usize,
 }
 
 #[derive(Clone, Debug, Deserialize)]

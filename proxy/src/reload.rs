@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::metrics::Metrics;
 use crate::tenants::TenantStore;
-use crate::tenants_file::{self, TenantsFileError};
+use crate::tenants_file::{self, LoadNotes, TenantsFileError};
 
 /// What the last load attempt did; published for readiness and for tests.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -136,24 +136,45 @@ impl Reloader {
                 return;
             }
         };
-        // Errors were logged and counted by `apply`.
-        let _ = self.apply(&bytes);
+        let Some(generation) = self.next_generation(&bytes) else {
+            return;
+        };
+        // A file of 10,000 credentials takes ~100 ms to parse: off the
+        // async workers, so requests queued behind it do not wait.
+        let parsed = tokio::task::spawn_blocking(move || parse(&bytes, generation))
+            .await
+            .unwrap_or_else(|e| Err(format!("parsing the tenants file failed: {e}")));
+        // Errors were logged and counted by `install`.
+        let _ = self.install(generation, parsed);
     }
 
     fn apply(&mut self, bytes: &[u8]) -> Result<(), TenantsFileError> {
+        match self.next_generation(bytes) {
+            Some(generation) => self.install(generation, parse(bytes, generation)),
+            None => Ok(()),
+        }
+    }
+
+    /// The generation `bytes` would load as, or `None` if this content was
+    /// attempted already.
+    fn next_generation(&mut self, bytes: &[u8]) -> Option<u64> {
         let digest = blake3::hash(bytes);
         if self.last_seen == Some(digest) {
-            return Ok(());
+            return None;
         }
         self.last_seen = Some(digest);
-        let generation = self.tenants.status.borrow().generation + 1;
-        let result = std::str::from_utf8(bytes)
-            .map_err(|_| "the tenants file is not UTF-8".to_string())
-            .and_then(|text| tenants_file::parse(text, generation))
-            .map_err(|message| TenantsFileError {
-                path: self.path.display().to_string(),
-                message,
-            });
+        Some(self.tenants.status.borrow().generation + 1)
+    }
+
+    fn install(
+        &mut self,
+        generation: u64,
+        parsed: Result<(TenantStore, LoadNotes), String>,
+    ) -> Result<(), TenantsFileError> {
+        let result = parsed.map_err(|message| TenantsFileError {
+            path: self.path.display().to_string(),
+            message,
+        });
         self.metrics.record_reload(result.is_ok());
         let outcome = match result {
             Ok((store, notes)) => {
@@ -193,6 +214,12 @@ impl Reloader {
         });
         outcome
     }
+}
+
+fn parse(bytes: &[u8], generation: u64) -> Result<(TenantStore, LoadNotes), String> {
+    let text =
+        std::str::from_utf8(bytes).map_err(|_| "the tenants file is not UTF-8".to_string())?;
+    tenants_file::parse(text, generation)
 }
 
 /// Whether an event can mean new content. Opening and reading the file (as
