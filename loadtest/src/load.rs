@@ -51,7 +51,14 @@ impl Workload {
         } else {
             usize::MAX
         };
-        let slots = (scenario.users * 10).max(10);
+        // Wrong passwords must not repeat within a run: the proxy lets
+        // concurrent requests with the same password share one argon2 run,
+        // and an attacker's guesses are all different.
+        let slots = if wrong_every == usize::MAX {
+            (scenario.users * 10).max(10)
+        } else {
+            100_000
+        };
         let auths = (0..slots)
             .map(|slot| {
                 let user = slot % scenario.users;
@@ -108,6 +115,7 @@ pub async fn run(
             let schedule = interval.zip(offset);
             tokio::spawn(worker(
                 i,
+                connections,
                 target,
                 workload.clone(),
                 shared.clone(),
@@ -166,6 +174,7 @@ async fn connect(target: SocketAddr, source: Option<std::net::Ipv4Addr>) -> Opti
 /// `schedule`: open loop's (interval, first offset); `None` for closed loop.
 async fn worker(
     index: usize,
+    connections: usize,
     target: SocketAddr,
     workload: Arc<Workload>,
     shared: Arc<Shared>,
@@ -192,7 +201,11 @@ async fn worker(
             None => Instant::now(),
         };
         let request = &workload.requests[n % workload.requests.len()];
-        let auth = &workload.auths[n % workload.auths.len()];
+        // Connections take turns through the credentials (connection i
+        // uses i, i+N, i+2N...): walking them side by side, one step
+        // apart, would send each wrong password from many connections at
+        // nearly the same moment.
+        let auth = &workload.auths[(index + (n - index) * connections) % workload.auths.len()];
         n += 1;
         if sender.is_none() {
             sender = connect(target, None).await;

@@ -286,9 +286,11 @@ type InFlightKey = ([u8; 32], Option<[u8; 32]>);
 
 type Verdict = Result<bool, AuthFailure>;
 
-/// Removes a verification from the in-flight map when its last waiter is
-/// done with it, whether it finished or was cancelled: the map holds only
-/// what is being verified right now.
+/// Removes a verification from the in-flight map once it has finished (so
+/// a later request verifies afresh: a verdict such as "no verifier slot
+/// free" must not outlive the requests that waited for it), or when its
+/// last waiter was cancelled. The map holds only what is being verified
+/// right now.
 struct ForgetWhenLast<'a> {
     in_flight: &'a Mutex<HashMap<InFlightKey, Arc<OnceCell<Verdict>>>>,
     key: InFlightKey,
@@ -302,7 +304,7 @@ impl Drop for ForgetWhenLast<'_> {
             .get(&self.key)
             .is_some_and(|cell| Arc::ptr_eq(cell, self.cell));
         // Two references: the map's and this waiter's.
-        if ours && Arc::strong_count(self.cell) <= 2 {
+        if ours && (self.cell.initialized() || Arc::strong_count(self.cell) <= 2) {
             in_flight.remove(&self.key);
         }
     }
@@ -409,6 +411,39 @@ mod tests {
         );
         assert_eq!(verifications.get(), 2);
         assert!(auth.in_flight.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_finished_verification_is_not_handed_to_later_requests() {
+        let verifications = Counter::default();
+        let config = AuthConfig {
+            max_failures_per_user: 0,
+            max_failures_per_client: 0,
+            ..AuthConfig::default()
+        };
+        let auth = Authenticator::new(&config, verifications.clone());
+        let store = store("right", 1);
+        let wrong = basic("alice", "wrong");
+        let once = Duration::ZERO; // a timeout of zero polls its future once
+        let first = auth.authenticate(&store, &wrong, CLIENT);
+        let joined = auth.authenticate(&store, &wrong, CLIENT);
+        tokio::pin!(first, joined);
+        assert!(tokio::time::timeout(once, first.as_mut()).await.is_err());
+        assert!(tokio::time::timeout(once, joined.as_mut()).await.is_err());
+        assert_eq!(first.await.unwrap_err(), AuthFailure::WrongPassword);
+        assert_eq!(verifications.get(), 1);
+
+        // `joined` still holds the finished verdict; a new request must not
+        // reuse it (it could be a stale "no verifier slot free").
+        let later = auth.authenticate(&store, &wrong, CLIENT).await;
+        assert_eq!(later.unwrap_err(), AuthFailure::WrongPassword);
+        assert_eq!(verifications.get(), 2);
+        assert_eq!(joined.await.unwrap_err(), AuthFailure::WrongPassword);
+        assert_eq!(
+            verifications.get(),
+            2,
+            "the joined request shared the first run"
+        );
     }
 
     #[tokio::test]
