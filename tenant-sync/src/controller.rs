@@ -37,6 +37,11 @@ pub struct Options {
     pub secret_namespaces: Vec<String>,
     /// Quiet time after the last event before rendering.
     pub debounce: Duration,
+    /// Render from the index this often even without events: a quiet
+    /// cluster still proves the file current (the `last_successful_sync`
+    /// metric advances, so a stuck sidecar is told from an idle one), and
+    /// a file changed behind tenant-sync's back is put right.
+    pub resync_interval: Duration,
     /// Render once after the initial lists, then return.
     pub once: bool,
 }
@@ -78,6 +83,7 @@ impl SyncError {
 pub struct Status {
     synced_once: AtomicBool,
     writes: tokio::sync::watch::Sender<u64>,
+    syncs: tokio::sync::watch::Sender<u64>,
 }
 
 impl Default for Status {
@@ -85,6 +91,7 @@ impl Default for Status {
         Self {
             synced_once: AtomicBool::new(false),
             writes: tokio::sync::watch::Sender::new(0),
+            syncs: tokio::sync::watch::Sender::new(0),
         }
     }
 }
@@ -97,6 +104,11 @@ impl Status {
     /// Times the tenants file was replaced; changes on every write.
     pub fn writes(&self) -> tokio::sync::watch::Receiver<u64> {
         self.writes.subscribe()
+    }
+
+    /// Successful syncs, whether they wrote the file or found it current.
+    pub fn syncs(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.syncs.subscribe()
     }
 }
 
@@ -136,6 +148,9 @@ impl Syncer {
         let mut changes = watch_streams(client, &self.options);
         tokio::pin!(shutdown);
         let mut due: Option<Instant> = None;
+        let mut resync = tokio::time::interval(self.options.resync_interval);
+        resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        resync.reset(); // the first sync follows the initial lists, not this
         loop {
             let wait = async {
                 match due {
@@ -156,6 +171,11 @@ impl Syncer {
                     }
                     if self.index.is_synced() {
                         due = Some(Instant::now() + self.options.debounce);
+                    }
+                }
+                _ = resync.tick() => {
+                    if self.index.is_synced() && due.is_none() {
+                        due = Some(Instant::now());
                     }
                 }
                 _ = wait => {
@@ -246,6 +266,7 @@ impl Syncer {
             .duration_since(SystemTime::UNIX_EPOCH)
             .unwrap_or_default();
         self.metrics.last_write.set(now.as_secs_f64());
+        self.status.syncs.send_modify(|n| *n += 1);
         Ok(())
     }
 

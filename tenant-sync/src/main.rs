@@ -44,6 +44,10 @@ struct Cli {
     /// Quiet time after the last change before the file is rendered.
     #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
     debounce: Duration,
+    /// Render from what is known this often even when nothing changes, so
+    /// `tenant_sync_last_successful_sync_timestamp_seconds` shows liveness.
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    resync_interval: Duration,
     /// Render once after the initial lists and exit (init containers, CI).
     #[arg(long)]
     once: bool,
@@ -66,6 +70,7 @@ async fn main() -> anyhow::Result<()> {
         namespace_selector: cli.namespace_selector,
         secret_namespaces: cli.secret_namespaces,
         debounce: cli.debounce,
+        resync_interval: cli.resync_interval,
         once: cli.once,
     };
     // In-cluster service account, or KUBECONFIG / ~/.kube/config.

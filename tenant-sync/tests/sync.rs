@@ -4,6 +4,7 @@
 mod support;
 
 use serde_json::json;
+use std::time::Duration;
 use support::apiserver::{ApiServer, Kind};
 use support::{map, RunningSync};
 
@@ -58,6 +59,39 @@ async fn the_file_follows_creates_updates_and_deletes() {
     for secret in ["pw-a", "pw-b", "rotated"] {
         assert!(!text.contains(secret), "no plaintext in the file");
     }
+    sync.stop().await.unwrap();
+    // Only collections were read (list and watch): the RBAC in deploy/ and
+    // examples/ grants exactly those two verbs.
+    for request in api.requests() {
+        let path = request.split('?').next().unwrap();
+        assert!(
+            path == "/api/v1/namespaces" || path.ends_with("/secrets"),
+            "{request}: not a list or watch of a collection"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_quiet_cluster_is_resynced_without_rewriting_and_a_tampered_file_is_restored() {
+    let api = cluster().await;
+    let mut sync = RunningSync::start(&api, |o| o.resync_interval = Duration::from_millis(100));
+    let written = sync.next_write().await;
+    let writes = sync.status.writes();
+    let mut syncs = sync.status.syncs();
+    let first = *syncs.borrow_and_update();
+    // Two resyncs with no event from the cluster: the file stays as it is.
+    tokio::time::timeout(Duration::from_secs(10), syncs.wait_for(|n| *n >= first + 2))
+        .await
+        .expect("resyncs within 10 s")
+        .unwrap();
+    assert_eq!(*writes.borrow(), 1, "an unchanged file is not rewritten");
+
+    std::fs::write(&sync.file, "tenants: []\n").unwrap();
+    assert_eq!(
+        sync.next_write().await,
+        written,
+        "the next resync puts it right"
+    );
     sync.stop().await.unwrap();
 }
 

@@ -25,6 +25,7 @@ pub fn options(tenants_file: PathBuf) -> Options {
         namespace_selector: None,
         secret_namespaces: Vec::new(),
         debounce: Duration::from_millis(50),
+        resync_interval: Duration::from_secs(3600),
         once: false,
     }
 }
