@@ -53,6 +53,11 @@ pub struct MetricsConfig {
     /// Base URL of Prometheus, Thanos Querier, Mimir or Cortex; may carry a
     /// path prefix such as Mimir's `/prometheus`.
     pub upstream: Upstream,
+    /// Base URL for pushes (`/api/v1/write`, `/api/v1/push`) when they go
+    /// elsewhere: Mimir answers queries under `/prometheus` but takes
+    /// pushes at `/api/v1/push`. Default: `upstream`.
+    #[serde(default)]
+    pub push_upstream: Option<Upstream>,
     /// `label`: rewrite PromQL and pushed series (Prometheus, Thanos Querier).
     /// `header`: set the tenant header (Mimir, Cortex, Thanos Receive).
     #[serde(default)]

@@ -45,6 +45,8 @@ use crate::upstream::{self, HttpClient};
 #[derive(Debug)]
 pub struct Target {
     pub upstream: Upstream,
+    /// Where pushes go, if not to `upstream`.
+    pub push_upstream: Option<Upstream>,
     /// Set to the tenant id (Loki, and metrics in header mode).
     pub tenant_header: Option<HeaderName>,
     /// The label a tenant's `namespaces` are values of (metrics label mode).
@@ -54,6 +56,13 @@ pub struct Target {
 }
 
 impl Target {
+    fn upstream_for(&self, operation: Operation) -> &Upstream {
+        match &self.push_upstream {
+            Some(push) if operation.is_push() => push,
+            _ => &self.upstream,
+        }
+    }
+
     fn tenant_matcher<'t>(&self, tenant: &'t Tenant) -> Result<&'t TenantMatcher, ProxyError> {
         let label = self
             .tenant_label
@@ -95,6 +104,7 @@ impl AppState {
     pub fn new(config: &Config, tenants: Arc<Tenants>, metrics: Arc<Metrics>) -> Self {
         let logs = config.logs.as_ref().map(|l| Target {
             upstream: l.upstream.clone(),
+            push_upstream: None,
             tenant_header: Some(X_SCOPE_ORGID),
             tenant_label: None,
             foreign_label: ForeignLabelPolicy::default(),
@@ -102,12 +112,14 @@ impl AppState {
         let metrics_target = config.metrics.as_ref().map(|m| match m.mode {
             MetricsMode::Label => Target {
                 upstream: m.upstream.clone(),
+                push_upstream: m.push_upstream.clone(),
                 tenant_header: None,
                 tenant_label: Some(m.label.clone()),
                 foreign_label: m.foreign_label,
             },
             MetricsMode::Header => Target {
                 upstream: m.upstream.clone(),
+                push_upstream: m.push_upstream.clone(),
                 // Validated as a header name when the config was loaded.
                 tenant_header: HeaderName::from_bytes(m.header.as_bytes()).ok(),
                 tenant_label: None,
@@ -277,7 +289,7 @@ async fn proxy(
         parts.headers.remove(header::ACCEPT_ENCODING);
     }
     parts.uri = target
-        .upstream
+        .upstream_for(route.operation)
         .uri_for(&path, query.as_deref())
         .map_err(|e| ProxyError::Internal(format!("cannot build upstream URI: {e}")))?;
     parts.version = http::Version::HTTP_11;

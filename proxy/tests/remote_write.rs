@@ -499,6 +499,39 @@ async fn header_mode_streams_the_push_untouched_with_the_tenant_header() {
     );
 }
 
+/// Mimir: queries under `/prometheus`, pushes at the root.
+#[tokio::test]
+async fn pushes_go_to_the_push_upstream_when_one_is_set() {
+    support::captured_logs();
+    let queries = LokiStandIn::start().await;
+    let pushes = LokiStandIn::start().await;
+    let section = format!(
+        "  upstream: {}/prometheus\n  push_upstream: {}\n  mode: header\n",
+        queries.url(),
+        pushes.url()
+    );
+    let proxy = RunningProxy::start(ProxyOptions::metrics(tenants(), section)).await;
+    let body = v1_body(&[(&[("__name__", "up")], 1.0)]);
+    for path in ["/api/v1/push", "/api/v1/write"] {
+        let reply = send(
+            Method::POST,
+            &proxy.url(path),
+            Some(&basic("alice", "alice-pw")),
+            V1_HEADERS,
+            body.clone(),
+        )
+        .await;
+        assert_eq!(reply.status, StatusCode::NO_CONTENT, "{path}");
+        let seen = pushes.last();
+        assert_eq!(seen.path, path);
+        assert_eq!(seen.org_ids(), ["team-a"]);
+    }
+    assert!(
+        queries.received().is_empty(),
+        "no push reached the query upstream"
+    );
+}
+
 // Several threads: stopping an agent blocks one while the proxy serves its flush.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_example_remote_write_config_works_as_given() {
