@@ -3,7 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
+use http::Method;
 use tenant_proxy::config::Config;
+use tenant_proxy::routes::RouteTable;
 use tenant_proxy::tenants_file;
 
 fn root() -> PathBuf {
@@ -31,8 +33,13 @@ fn check(path: &Path) -> bool {
         .to_str()
         .unwrap()
         .to_owned();
-    if name.starts_with("tenant-sync/") {
-        // Kubernetes objects: checked by tenant-sync/tests/examples.rs.
+    if name.starts_with("tenant-sync/")
+        || name.starts_with("monitoring/")
+        || name == "fluent-bit/sidecar.yaml"
+        || name == "prometheus/agent-deployment.yaml"
+    {
+        // Kubernetes objects, alerts and the dashboard (which name both
+        // binaries' metrics): checked by tenant-sync/tests/examples.rs.
         return true;
     }
     match name.as_str() {
@@ -67,6 +74,84 @@ fn check(path: &Path) -> bool {
                 .verify("example-only-password"));
         }
         "prometheus/remote-write.yml" => promtool_check(path),
+        "grafana/datasources.yaml" => {
+            let file: serde_yaml_ng::Value = yaml(path);
+            let sources = file["datasources"].as_sequence().unwrap();
+            for source in sources {
+                let (kind, url) = (
+                    source["type"].as_str().unwrap(),
+                    source["url"].as_str().unwrap(),
+                );
+                assert_eq!(source["basicAuth"].as_bool(), Some(true));
+                let user = source["basicAuthUser"].as_str().unwrap();
+                let password = source["secureJsonData"]["basicAuthPassword"]
+                    .as_str()
+                    .unwrap();
+                // What Grafana sends first: Loki's labels, Prometheus' POSTed query.
+                let (method, path) = match kind {
+                    "loki" => (Method::GET, "/loki/api/v1/labels"),
+                    "prometheus" => {
+                        assert_eq!(source["jsonData"]["httpMethod"].as_str(), Some("POST"));
+                        (Method::POST, "/api/v1/query")
+                    }
+                    other => panic!("datasource type {other}"),
+                };
+                assert_client_reaches(&format!("{url}{path}"), &method, user, password);
+            }
+            assert_eq!(sources.len(), 2);
+        }
+        "fluent-bit/fluent-bit.conf" => {
+            let text = std::fs::read_to_string(path).unwrap();
+            let value = |key: &str| {
+                text.lines()
+                    .map(str::trim)
+                    .find_map(|line| line.strip_prefix(key)?.strip_prefix(char::is_whitespace))
+                    .map(str::trim)
+                    .unwrap_or_else(|| panic!("fluent-bit.conf has no {key}"))
+            };
+            assert_eq!(
+                value("Name").to_lowercase(),
+                "tail",
+                "the first Name is the input"
+            );
+            assert!(text.contains("Name         loki"));
+            let url = format!("http://{}:{}{}", value("Host"), value("Port"), value("Uri"));
+            assert_client_reaches(
+                &url,
+                &Method::POST,
+                value("http_user"),
+                value("http_passwd"),
+            );
+        }
+        "promtail/promtail.yaml" => {
+            let file: serde_yaml_ng::Value = yaml(path);
+            let client = &file["clients"][0];
+            assert_client_reaches(
+                client["url"].as_str().unwrap(),
+                &Method::POST,
+                client["basic_auth"]["username"].as_str().unwrap(),
+                client["basic_auth"]["password"].as_str().unwrap(),
+            );
+        }
+        "alloy/config.alloy" => {
+            // Alloy's syntax has no parser here: read each endpoint block.
+            let text = std::fs::read_to_string(path).unwrap();
+            let quoted = |block: &str, key: &str| -> String {
+                let line = block
+                    .lines()
+                    .map(str::trim)
+                    .find(|l| l.starts_with(key) && l[key.len()..].trim_start().starts_with('='))
+                    .unwrap_or_else(|| panic!("no {key} in {block}"));
+                line.split('"').nth(1).unwrap().to_owned()
+            };
+            let endpoints: Vec<&str> = text.split("endpoint {").skip(1).collect();
+            assert_eq!(endpoints.len(), 2, "loki.write and prometheus.remote_write");
+            for block in endpoints {
+                let url = quoted(block, "url");
+                let (user, password) = (quoted(block, "username"), quoted(block, "password"));
+                assert_client_reaches(&url, &Method::POST, &user, &password);
+            }
+        }
         // Run end to end by .ci/run (`run.sh --check`); here: it is executable
         // and keeps its non-interactive mode.
         "quickstart/run.sh" => {
@@ -78,6 +163,42 @@ fn check(path: &Path) -> bool {
         _ => return false,
     }
     true
+}
+
+fn yaml<T: serde::de::DeserializeOwned>(path: &Path) -> T {
+    serde_yaml_ng::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// A client configured with `url` and this credential reaches a route of the
+/// example proxy (examples/proxy/config.yaml) and is let through: the
+/// password verifies against the example tenants file and the credential
+/// holds the route's scope.
+fn assert_client_reaches(url: &str, method: &Method, user: &str, password: &str) {
+    let config = Config::load(&root().join("proxy/config.yaml")).unwrap();
+    let (store, _) = tenants_file::load(&config.tenants_file, 1).unwrap();
+    let uri: http::Uri = url.parse().unwrap();
+    let authority = uri.authority().unwrap().as_str();
+    assert_eq!(
+        authority,
+        config.listen.to_string(),
+        "{url}: the example proxy"
+    );
+    let routes = RouteTable::new(true, config.metrics.as_ref().map(|m| m.mode));
+    let route = routes
+        .classify(method, uri.path())
+        .unwrap_or_else(|e| panic!("{method} {url}: {e}"));
+    let credential = store
+        .credential(user)
+        .unwrap_or_else(|| panic!("no user {user}"));
+    assert!(
+        credential.verifier.verify(password),
+        "{user}: wrong password"
+    );
+    assert!(
+        credential.scopes.contains(route.scope),
+        "{user} lacks {:?} for {method} {url}",
+        route.scope
+    );
 }
 
 /// Prometheus' own validator, from the same Debian package the tests use.

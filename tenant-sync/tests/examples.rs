@@ -96,7 +96,7 @@ fn rbac_grants_only_reading_namespaces_and_secrets() {
     let role: ClusterRole = typed(docs[1].clone());
     let rules = role.rules.unwrap();
     assert_eq!(rules.len(), 1);
-    assert_eq!(rules[0].verbs, ["get", "list", "watch"]);
+    assert_eq!(rules[0].verbs, ["list", "watch"]);
     assert_eq!(
         rules[0].resources.clone().unwrap(),
         ["namespaces", "secrets"]

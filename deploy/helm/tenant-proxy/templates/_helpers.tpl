@@ -1,0 +1,43 @@
+{{- define "tenant-proxy.name" -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "tenant-proxy.selectorLabels" -}}
+app.kubernetes.io/name: tenant-proxy
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "tenant-proxy.labels" -}}
+{{ include "tenant-proxy.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "tenant-proxy.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{/* The proxy's config.yaml. */}}
+{{- define "tenant-proxy.config" -}}
+{{- $config := dict
+      "listen" "0.0.0.0:8080"
+      "admin_listen" "0.0.0.0:8081"
+      "tenants_file" "/var/run/tenant-proxy/tenants.yaml" -}}
+{{- with .Values.logs.upstream }}
+{{- $_ := set $config "logs" (dict "upstream" .) }}
+{{- end }}
+{{- with .Values.metrics.upstream }}
+{{- $metrics := dict "upstream" . "mode" $.Values.metrics.mode -}}
+{{- if eq $.Values.metrics.mode "label" }}
+{{- $_ := set $metrics "label" $.Values.metrics.label }}
+{{- $_ := set $metrics "foreign_label" $.Values.metrics.foreignLabel }}
+{{- else }}
+{{- $_ := set $metrics "header" $.Values.metrics.header }}
+{{- end }}
+{{- with $.Values.metrics.pushUpstream }}
+{{- $_ := set $metrics "push_upstream" . }}
+{{- end }}
+{{- $_ := set $config "metrics" $metrics }}
+{{- end }}
+{{- toYaml (mergeOverwrite $config .Values.extraConfig) }}
+{{- end -}}

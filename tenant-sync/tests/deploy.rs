@@ -1,0 +1,386 @@
+//! deploy/kustomize, rendered by `kubectl kustomize` and read back as
+//! Kubernetes types: the objects a platform team applies are the ones
+//! checked here, overlay by overlay.
+//!
+//! Needs kubectl. Without it the test says so and passes, unless
+//! `REQUIRE_KUBECTL=1` (set by .ci/run) makes a missing kubectl a failure.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Container, Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use serde::Deserialize;
+use tenant_proxy::config::{Config, MetricsMode};
+
+const OVERLAYS: &[(&str, MetricsMode)] = &[
+    ("loki-prometheus", MetricsMode::Label),
+    ("loki-mimir", MetricsMode::Header),
+];
+
+/// The paths both binaries serve on their admin listeners.
+const ADMIN_PATHS: &[&str] = &["/healthz", "/readyz", "/metrics"];
+
+fn kustomize_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kustomize")
+}
+
+/// Runs a renderer; `None` (after saying why) when it is not installed and
+/// `require` does not name an environment variable that is set.
+fn rendered(program: &str, args: &[&str], require: &str) -> Option<Vec<serde_yaml_ng::Value>> {
+    let output = match Command::new(program).args(args).output() {
+        Ok(output) => output,
+        Err(e) if std::env::var_os(require).is_none() => {
+            eprintln!("{program} not available ({e}): not rendered");
+            return None;
+        }
+        Err(e) => panic!("{require} is set but {program} cannot run: {e}"),
+    };
+    assert!(
+        output.status.success(),
+        "{program} {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8(output.stdout).unwrap();
+    Some(
+        serde_yaml_ng::Deserializer::from_str(&text)
+            .map(|doc| serde_yaml_ng::Value::deserialize(doc).unwrap())
+            .filter(|doc| !doc.is_null())
+            .collect(),
+    )
+}
+
+/// The rendered objects of one kind.
+fn all<T: serde::de::DeserializeOwned>(objects: &[serde_yaml_ng::Value], kind: &str) -> Vec<T> {
+    objects
+        .iter()
+        .filter(|o| o["kind"].as_str() == Some(kind))
+        .map(|o| serde_yaml_ng::from_value(o.clone()).unwrap())
+        .collect()
+}
+
+fn one<T: serde::de::DeserializeOwned>(objects: &[serde_yaml_ng::Value], kind: &str) -> T {
+    let mut found = all::<T>(objects, kind);
+    assert_eq!(found.len(), 1, "exactly one {kind}");
+    found.remove(0)
+}
+
+fn container<'d>(deployment: &'d Deployment, name: &str) -> &'d Container {
+    let spec = deployment.spec.as_ref().unwrap();
+    let pod = spec.template.spec.as_ref().unwrap();
+    pod.containers
+        .iter()
+        .find(|c| c.name == name)
+        .unwrap_or_else(|| panic!("container {name}"))
+}
+
+/// `--flag=value` or `--flag value` from a container's args.
+fn flag<'c>(container: &'c Container, name: &str) -> Option<&'c str> {
+    let args = container.args.as_deref().unwrap_or_default();
+    args.iter().enumerate().find_map(|(i, arg)| {
+        let rest = arg.strip_prefix(name)?;
+        match rest.strip_prefix('=') {
+            Some(value) => Some(value),
+            None if rest.is_empty() => args.get(i + 1).map(String::as_str),
+            None => None,
+        }
+    })
+}
+
+fn port_number(container: &Container, port: &IntOrString) -> i32 {
+    match port {
+        IntOrString::Int(n) => *n,
+        IntOrString::String(name) => {
+            container
+                .ports
+                .iter()
+                .flatten()
+                .find(|p| p.name.as_deref() == Some(name))
+                .unwrap_or_else(|| panic!("{}: no port named {name}", container.name))
+                .container_port
+        }
+    }
+}
+
+/// Liveness and readiness probes hit admin paths on the admin port.
+fn assert_probes(container: &Container, admin_port: u16) {
+    for (kind, probe) in [
+        ("liveness", &container.liveness_probe),
+        ("readiness", &container.readiness_probe),
+    ] {
+        let get = probe
+            .as_ref()
+            .and_then(|p| p.http_get.as_ref())
+            .unwrap_or_else(|| panic!("{}: no {kind} httpGet probe", container.name));
+        let path = get.path.as_deref().unwrap_or("/");
+        assert!(
+            ADMIN_PATHS.contains(&path),
+            "{}: {kind} probe on {path}",
+            container.name
+        );
+        assert_eq!(
+            port_number(container, &get.port),
+            i32::from(admin_port),
+            "{}: {kind} probe port",
+            container.name
+        );
+    }
+    assert_eq!(
+        container
+            .readiness_probe
+            .as_ref()
+            .unwrap()
+            .http_get
+            .as_ref()
+            .unwrap()
+            .path
+            .as_deref(),
+        Some("/readyz"),
+        "{}: readiness must mean a tenants file is loaded",
+        container.name
+    );
+}
+
+fn assert_locked_down(container: &Container) {
+    let security = container.security_context.as_ref().unwrap();
+    assert_eq!(
+        security.allow_privilege_escalation,
+        Some(false),
+        "{}",
+        container.name
+    );
+    assert_eq!(
+        security.read_only_root_filesystem,
+        Some(true),
+        "{}",
+        container.name
+    );
+    let dropped = security.capabilities.as_ref().and_then(|c| c.drop.clone());
+    assert_eq!(dropped, Some(vec!["ALL".to_string()]), "{}", container.name);
+    let resources = container.resources.as_ref().unwrap();
+    assert!(resources
+        .requests
+        .as_ref()
+        .is_some_and(|r| r.contains_key("cpu") && r.contains_key("memory")));
+}
+
+/// Where a container mounts `volume`.
+fn mount_path<'c>(container: &'c Container, volume: &str) -> &'c str {
+    container
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.name == volume)
+        .unwrap_or_else(|| panic!("{} does not mount {volume}", container.name))
+        .mount_path
+        .as_str()
+}
+
+fn selects(selector: &BTreeMap<String, String>, labels: &BTreeMap<String, String>) -> bool {
+    !selector.is_empty() && selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+/// What every rendering must hold, whatever produced it.
+fn check_rendered(overlay: &str, mode: MetricsMode, objects: &[serde_yaml_ng::Value]) {
+    let kinds: std::collections::BTreeSet<&str> =
+        objects.iter().filter_map(|o| o["kind"].as_str()).collect();
+    for kind in [
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ConfigMap",
+        "Deployment",
+        "Service",
+        "PodDisruptionBudget",
+    ] {
+        assert!(kinds.contains(kind), "{overlay}: no {kind}");
+    }
+
+    // The proxy's config is a valid config for this overlay's mode.
+    let config_map: ConfigMap = one(objects, "ConfigMap");
+    let text = &config_map.data.as_ref().unwrap()["config.yaml"];
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.yaml"), text).unwrap();
+    let config = Config::load(&dir.path().join("config.yaml"))
+        .unwrap_or_else(|e| panic!("{overlay}: config.yaml: {e}"));
+    assert_eq!(config.metrics.as_ref().unwrap().mode, mode, "{overlay}");
+    assert!(config.logs.is_some(), "{overlay}: Loki upstream");
+
+    let deployment: Deployment = one(objects, "Deployment");
+    let spec = deployment.spec.as_ref().unwrap();
+    let pod = spec.template.spec.as_ref().unwrap();
+    let pod_labels = spec
+        .template
+        .metadata
+        .as_ref()
+        .unwrap()
+        .labels
+        .clone()
+        .unwrap();
+    let pod_security = pod.security_context.as_ref().unwrap();
+    assert_eq!(pod_security.run_as_non_root, Some(true));
+    assert_eq!(
+        pod_security
+            .seccomp_profile
+            .as_ref()
+            .map(|p| p.type_.as_str()),
+        Some("RuntimeDefault")
+    );
+
+    let proxy = container(&deployment, "tenant-proxy");
+    let sync = container(&deployment, "tenant-sync");
+    assert_probes(proxy, config.admin_listen.port());
+    let sync_admin: std::net::SocketAddr = flag(sync, "--admin-listen").unwrap().parse().unwrap();
+    assert_probes(sync, sync_admin.port());
+    assert_locked_down(proxy);
+    assert_locked_down(sync);
+
+    // The proxy reads the file tenant-sync writes: same path, same volume.
+    let written = Path::new(flag(sync, "--tenants-file").expect("--tenants-file"));
+    assert_eq!(config.tenants_file, written, "{overlay}: tenants file path");
+    let volume = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.empty_dir.is_some())
+        .expect("an emptyDir for the tenants file");
+    let dir_of = written.parent().unwrap().to_str().unwrap();
+    assert_eq!(mount_path(sync, &volume.name), dir_of);
+    assert_eq!(mount_path(proxy, &volume.name), dir_of);
+    // The config volume is the rendered ConfigMap (its hashed name).
+    let config_volume = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find_map(|v| v.config_map.as_ref());
+    assert_eq!(
+        config_volume.map(|c| c.name.as_str()),
+        config_map.metadata.name.as_deref()
+    );
+
+    // Services and the disruption budget select these pods.
+    for service in all::<Service>(objects, "Service") {
+        let selector = service.spec.unwrap().selector.unwrap_or_default();
+        assert!(
+            selects(&selector, &pod_labels),
+            "{overlay}: Service selector"
+        );
+    }
+    let pdb: PodDisruptionBudget = one(objects, "PodDisruptionBudget");
+    let pdb_selector = pdb
+        .spec
+        .unwrap()
+        .selector
+        .unwrap()
+        .match_labels
+        .unwrap_or_default();
+    assert!(
+        selects(&pdb_selector, &pod_labels),
+        "{overlay}: PDB selector"
+    );
+
+    // The pod runs as the ServiceAccount the role is bound to.
+    let account: ServiceAccount = one(objects, "ServiceAccount");
+    let binding: ClusterRoleBinding = one(objects, "ClusterRoleBinding");
+    let subjects = binding.subjects.unwrap();
+    assert_eq!(pod.service_account_name, account.metadata.name);
+    assert_eq!(subjects[0].name, account.metadata.name.clone().unwrap());
+    assert_eq!(subjects[0].namespace, account.metadata.namespace);
+
+    // tenant-sync may list and watch Namespaces and Secrets, nothing else.
+    let role: ClusterRole = one(objects, "ClusterRole");
+    assert_eq!(binding.role_ref.name, role.metadata.name.unwrap());
+    let rules = role.rules.unwrap();
+    assert_eq!(rules.len(), 1);
+    assert_eq!(rules[0].verbs, ["list", "watch"]);
+    assert_eq!(
+        rules[0].resources.as_deref().unwrap(),
+        ["namespaces", "secrets"]
+    );
+}
+
+#[test]
+fn every_kustomize_overlay_renders_a_complete_locked_down_deployment() {
+    for &(overlay, mode) in OVERLAYS {
+        let dir = kustomize_dir().join("overlays").join(overlay);
+        let args = ["kustomize", dir.to_str().unwrap()];
+        let Some(objects) = rendered("kubectl", &args, "REQUIRE_KUBECTL") else {
+            return;
+        };
+        check_rendered(overlay, mode, &objects);
+    }
+}
+
+fn chart_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/helm/tenant-proxy")
+}
+
+#[test]
+fn the_helm_chart_renders_the_same_deployment_in_both_modes() {
+    let chart = chart_dir();
+    let modes: &[(&str, MetricsMode, &[&str])] = &[
+        ("helm, label mode", MetricsMode::Label, &[]),
+        (
+            "helm, header mode",
+            MetricsMode::Header,
+            &[
+                "--set=metrics.mode=header",
+                "--set=metrics.upstream=http://mimir:8080/prometheus",
+                "--set=metrics.pushUpstream=http://mimir:8080",
+            ],
+        ),
+    ];
+    for &(name, mode, sets) in modes {
+        let mut args = vec!["template", "tenant-proxy", chart.to_str().unwrap()];
+        args.extend(["--namespace", "observability"]);
+        args.extend(sets);
+        let Some(objects) = rendered("helm", &args, "REQUIRE_HELM") else {
+            return;
+        };
+        check_rendered(name, mode, &objects);
+    }
+}
+
+/// Without helm, at least: every `.Values.x.y` a template uses is defined
+/// in values.yaml, and every top-level value is documented in the README.
+#[test]
+fn the_helm_chart_uses_only_defined_and_documented_values() {
+    let chart = chart_dir();
+    let values: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(chart.join("values.yaml")).unwrap())
+            .unwrap();
+    let readme = std::fs::read_to_string(chart.join("README.md")).unwrap();
+    let mut used = 0;
+    for entry in std::fs::read_dir(chart.join("templates")).unwrap() {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        for (at, _) in text.match_indices(".Values.") {
+            let reference: String = text[at + ".Values.".len()..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '.')
+                .collect();
+            let mut node = &values;
+            for key in reference.split('.').filter(|k| !k.is_empty()) {
+                node = node.get(key).unwrap_or_else(|| {
+                    panic!(
+                        "{}: .Values.{reference} is not in values.yaml",
+                        path.display()
+                    )
+                });
+            }
+            used += 1;
+        }
+    }
+    assert!(used > 20, "the scan found the templates' values ({used})");
+    for key in values.as_mapping().unwrap().keys() {
+        let key = key.as_str().unwrap();
+        assert!(
+            readme.contains(&format!("`{key}")),
+            "README does not document {key}"
+        );
+    }
+}

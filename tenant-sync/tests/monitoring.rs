@@ -1,0 +1,175 @@
+//! examples/monitoring: the alert rules pass promtool's checks and unit
+//! tests, and every metric the alerts and the dashboard query is one that
+//! tenant-proxy or tenant-sync really exports.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/monitoring")
+}
+
+fn promtool(args: &[&str]) {
+    let out = Command::new("promtool")
+        .args(args)
+        .current_dir(dir())
+        .output()
+        .expect("promtool (Debian package `prometheus`; .ci/run installs it)");
+    assert!(
+        out.status.success(),
+        "promtool {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Series names the two binaries expose, from their own registries
+/// (`# TYPE` lines: counters add `_total`, histograms their three series).
+/// A labelled family is encoded only once it has a child: each gets one.
+fn exported() -> BTreeSet<String> {
+    use tenant_proxy::metrics as proxy;
+    use tenant_sync::metrics as sync;
+    let p = proxy::Metrics::default();
+    let tenant = || proxy::TenantLabels { tenant: "t".into() };
+    let _ = p.requests.get_or_create(&proxy::RequestLabels {
+        tenant: "t".into(),
+        surface: "logs_query",
+        status_class: "2xx",
+    });
+    let _ = p
+        .auth_failures
+        .get_or_create(&proxy::ReasonLabels { reason: "r" });
+    let _ = p.errors.get_or_create(&proxy::ReasonLabels { reason: "r" });
+    let _ = p
+        .upstream_duration
+        .get_or_create(&proxy::SurfaceLabels { surface: "s" });
+    let _ = p.remote_write_series.get_or_create(&tenant());
+    let _ = p.remote_write_samples.get_or_create(&tenant());
+    let _ = p.remote_write_bytes.get_or_create(&tenant());
+    let _ = p.remote_write_decode_errors.get_or_create(&tenant());
+    let _ = p
+        .remote_write_tenant_label
+        .get_or_create(&proxy::TenantActionLabels {
+            tenant: "t".into(),
+            action: "added",
+        });
+    let s = sync::Metrics::default();
+    let _ = s
+        .skipped_secrets
+        .get_or_create(&sync::ReasonLabels { reason: "r" });
+    let _ = s
+        .relists
+        .get_or_create(&sync::ResourceLabels { resource: "r" });
+    let _ = s
+        .watch_errors
+        .get_or_create(&sync::ResourceLabels { resource: "r" });
+    let text = p.encode() + &s.encode();
+    let mut names = BTreeSet::from(["up".to_string()]);
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("# TYPE ") else {
+            continue;
+        };
+        let (name, kind) = rest.split_once(' ').unwrap();
+        match kind {
+            "counter" => names.insert(format!("{name}_total")),
+            "histogram" => {
+                for suffix in ["_bucket", "_sum", "_count"] {
+                    names.insert(format!("{name}{suffix}"));
+                }
+                true
+            }
+            _ => names.insert(name.to_owned()),
+        };
+    }
+    names
+}
+
+/// Metric names a PromQL expression selects.
+fn selected(expr: &str) -> Vec<String> {
+    let expr = expr.replace("$__rate_interval", "5m");
+    let ast = promql_parser::parser::parse(&expr).unwrap_or_else(|e| panic!("{expr}: {e}"));
+    let mut names = Vec::new();
+    collect(&ast, &mut names);
+    assert!(!names.is_empty(), "{expr} selects no metric");
+    names
+}
+
+fn collect(expr: &promql_parser::parser::Expr, out: &mut Vec<String>) {
+    use promql_parser::parser::Expr;
+    match expr {
+        Expr::VectorSelector(v) => out.extend(v.name.clone()),
+        Expr::MatrixSelector(m) => out.extend(m.vs.name.clone()),
+        Expr::Aggregate(a) => {
+            collect(&a.expr, out);
+            if let Some(p) = &a.param {
+                collect(p, out);
+            }
+        }
+        Expr::Unary(u) => collect(&u.expr, out),
+        Expr::Binary(b) => {
+            collect(&b.lhs, out);
+            collect(&b.rhs, out);
+        }
+        Expr::Paren(p) => collect(&p.expr, out),
+        Expr::Subquery(s) => collect(&s.expr, out),
+        Expr::Call(c) => c.args.args.iter().for_each(|a| collect(a, out)),
+        _ => {}
+    }
+}
+
+#[test]
+fn alert_rules_pass_promtool_and_their_unit_tests() {
+    promtool(&["check", "rules", "tenant-proxy-alerts.yml"]);
+    promtool(&["test", "rules", "tenant-proxy-alerts.test.yml"]);
+}
+
+#[test]
+fn alerts_and_dashboard_query_only_exported_metrics() {
+    let exported = exported();
+    let rules: serde_yaml_ng::Value = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(dir().join("tenant-proxy-alerts.yml")).unwrap(),
+    )
+    .unwrap();
+    let mut exprs: Vec<String> = Vec::new();
+    for group in rules["groups"].as_sequence().unwrap() {
+        for rule in group["rules"].as_sequence().unwrap() {
+            exprs.push(rule["expr"].as_str().unwrap().to_owned());
+        }
+    }
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir().join("tenant-proxy-dashboard.json")).unwrap(),
+    )
+    .unwrap();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            exprs.push(target["expr"].as_str().unwrap().to_owned());
+        }
+    }
+    assert!(exprs.len() >= 15);
+    for expr in &exprs {
+        for name in selected(expr) {
+            assert!(
+                exported.contains(&name),
+                "{name} (in {expr}) is not exported"
+            );
+        }
+    }
+}
+
+#[test]
+fn every_monitoring_file_is_checked() {
+    let mut names: Vec<_> = std::fs::read_dir(dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "tenant-proxy-alerts.test.yml",
+            "tenant-proxy-alerts.yml",
+            "tenant-proxy-dashboard.json"
+        ]
+    );
+}
