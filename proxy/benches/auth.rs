@@ -58,6 +58,17 @@ fn reload(c: &mut Criterion) {
     group.bench_function("parse_10000_credentials", |b| {
         b.iter(|| tenants_file::parse(black_box(&text), 2).unwrap())
     });
+    // The same file as tenant-sync writes it: JSON.
+    let tenants: Vec<_> = (0..10_000)
+        .map(|i| {
+            serde_json::json!({"id": format!("tenant-{i}"),
+                "users": [{"username": format!("user-{i}"), "password_hash": hash}]})
+        })
+        .collect();
+    let json = serde_json::json!({"version": 1, "tenants": tenants}).to_string();
+    group.bench_function("parse_10000_credentials_json", |b| {
+        b.iter(|| tenants_file::parse(black_box(&json), 2).unwrap())
+    });
     group.finish();
 }
 

@@ -194,7 +194,11 @@ impl Reloader {
                 self.metrics
                     .credentials_loaded
                     .set(store.credential_count() as i64);
-                self.tenants.current.store(Some(Arc::new(store)));
+                let previous = self.tenants.current.swap(Some(Arc::new(store)));
+                // Freeing 10,000 credentials takes milliseconds: not on an
+                // async worker (a request still holding the previous store
+                // frees it there only if it outlives this).
+                drop_off_runtime(previous);
                 Ok(())
             }
             Err(e) => {
@@ -213,6 +217,13 @@ impl Reloader {
             }
         });
         outcome
+    }
+}
+
+fn drop_off_runtime<T: Send + 'static>(value: T) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => drop(runtime.spawn_blocking(move || drop(value))),
+        Err(_) => drop(value),
     }
 }
 
