@@ -172,8 +172,9 @@ enum Side {
     Reloads(u64),
 }
 
-/// Replaces the tenants file by rename every `every` (a comment makes each
-/// version new to the proxy) until stopped; returns how many were written.
+/// Replaces the tenants file by rename every `every` (trailing whitespace
+/// makes each version new to the proxy: JSON has no comments) until
+/// stopped; returns how many were written.
 async fn replace_tenants_file(
     path: &std::path::Path,
     tenants: &str,
@@ -187,7 +188,7 @@ async fn replace_tenants_file(
     let mut written = 0;
     while !stop.load(Ordering::Acquire) && written < max {
         ticks.tick().await;
-        let version = format!("{tenants}# replacement {written}\n");
+        let version = format!("{tenants}{}", " ".repeat(written as usize + 1));
         let replaced = tokio::fs::write(&staging, version).await.is_ok()
             && tokio::fs::rename(&staging, path).await.is_ok();
         written += u64::from(replaced);

@@ -84,7 +84,8 @@ fn free_port() -> SocketAddr {
 
 /// `users` credentials `user-<i>` / `pw-<i>`, one tenant each, hashed with
 /// the proxy's real (default) argon2id parameters; then `extra` credentials
-/// `extra-<i>`, one tenant each, sharing one hash.
+/// `extra-<i>`, one tenant each, sharing one hash. JSON, as tenant-sync
+/// writes it.
 pub fn tenants_file(users: usize, extra: usize) -> String {
     let hashes: Vec<String> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..users)
@@ -96,19 +97,24 @@ pub fn tenants_file(users: usize, extra: usize) -> String {
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    let mut out = String::from("version: 1\ntenants:\n");
-    for (i, hash) in hashes.iter().enumerate() {
-        out.push_str(&format!(
-            "  - id: tenant-{i}\n    users:\n      - username: user-{i}\n        password_hash: \"{hash}\"\n"
-        ));
+    let mut tenants: Vec<serde_json::Value> = hashes
+        .iter()
+        .enumerate()
+        .map(|(i, hash)| {
+            serde_json::json!({"id": format!("tenant-{i}"),
+                "users": [{"username": format!("user-{i}"), "password_hash": hash}]})
+        })
+        .collect();
+    if let Some(shared) = hashes.first() {
+        tenants.extend((0..extra).map(|i| {
+            serde_json::json!({"id": format!("extra-{i}"),
+                "users": [{"username": format!("extra-{i}"), "password_hash": shared}]})
+        }));
     }
-    if let Some(shared) = hashes.first().filter(|_| extra > 0) {
-        for i in 0..extra {
-            out.push_str(&format!(
-                "  - id: extra-{i}\n    users:\n      - username: extra-{i}\n        password_hash: \"{shared}\"\n"
-            ));
-        }
-    }
+    let mut out =
+        serde_json::to_string_pretty(&serde_json::json!({"version": 1, "tenants": tenants}))
+            .expect("JSON");
+    out.push('\n');
     out
 }
 
