@@ -1,8 +1,15 @@
 //! The one body type the proxy hands to hyper, in both directions.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
 use bytes::Bytes;
 use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Empty, Full, Limited};
+use hyper::body::Frame;
 
+use crate::admission::ByteMeter;
 use crate::error::ProxyError;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -18,6 +25,73 @@ pub fn empty() -> ProxyBody {
     Empty::new().map_err(|never| match never {}).boxed_unsync()
 }
 
+/// A request body as the proxy lets it in: it must arrive in full before
+/// `deadline` (a slow sender must not hold a connection and a backend
+/// stream open), and its bytes are charged to the tenant's push allowance
+/// as they pass, if one applies.
+pub struct Guarded<B> {
+    inner: B,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    meter: Option<ByteMeter>,
+}
+
+pub fn guarded<B>(inner: B, timeout: Duration, meter: Option<ByteMeter>) -> Guarded<B> {
+    Guarded {
+        inner,
+        deadline: Box::pin(tokio::time::sleep(timeout)),
+        meter,
+    }
+}
+
+/// The body did not arrive in time.
+#[derive(Debug, thiserror::Error)]
+#[error("the request body did not arrive in time")]
+pub struct BodyTimeout;
+
+impl<B> hyper::body::Body for Guarded<B>
+where
+    B: hyper::body::Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if this.deadline.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Some(Err(Box::new(BodyTimeout))));
+        }
+        let frame = ready!(Pin::new(&mut this.inner).poll_frame(cx));
+        if let (Some(meter), Some(Ok(frame))) = (&this.meter, &frame) {
+            if let Some(data) = frame.data_ref() {
+                meter.charge(data.len());
+            }
+        }
+        Poll::Ready(frame.map(|result| result.map_err(Into::into)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// `body`, keeping `guard` alive until the body is done with (sent in full
+/// or dropped).
+pub fn holding<T: Send + 'static>(body: ProxyBody, guard: T) -> ProxyBody {
+    body.map_frame(move |frame| {
+        let _held = &guard;
+        frame
+    })
+    .boxed_unsync()
+}
+
 /// Reads a whole request body, at most `limit` bytes (413 above).
 pub async fn read_bounded<B>(body: B, limit: u64) -> Result<Bytes, ProxyError>
 where
@@ -29,6 +103,7 @@ where
         Err(e) if e.is::<http_body_util::LengthLimitError>() => {
             Err(ProxyError::BodyTooLarge { limit })
         }
+        Err(e) if e.is::<BodyTimeout>() => Err(ProxyError::BodyTimeout),
         Err(e) => Err(ProxyError::BadData(format!(
             "cannot read the request body: {e}"
         ))),

@@ -36,8 +36,98 @@ pub struct Config {
     pub metrics: Option<MetricsConfig>,
     #[serde(default)]
     pub limits: Limits,
+    /// Per-tenant request rates, concurrency and push bytes: off unless set.
+    #[serde(default)]
+    pub tenant_limits: TenantLimitsConfig,
     #[serde(default)]
     pub auth: AuthConfig,
+}
+
+/// What one tenant may do on the shared backends, per kind of request.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantLimitsConfig {
+    /// Every tenant's limits, unless overridden.
+    #[serde(default)]
+    pub default: TenantLimits,
+    /// By tenant id; a kind left out keeps the default's.
+    #[serde(default)]
+    pub overrides: std::collections::BTreeMap<String, TenantLimitsOverride>,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantLimits {
+    /// Queries, label and series calls, rules, tails.
+    #[serde(default)]
+    pub query: RequestLimits,
+    /// Loki pushes and remote write.
+    #[serde(default)]
+    pub push: RequestLimits,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantLimitsOverride {
+    pub query: Option<RequestLimits>,
+    pub push: Option<RequestLimits>,
+}
+
+/// Zero means unlimited, for each field on its own.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RequestLimits {
+    /// Sustained requests per second (a token bucket).
+    #[serde(default)]
+    pub requests_per_second: f64,
+    /// Requests allowed at once above the rate; default: one second's worth.
+    #[serde(default)]
+    pub burst: u32,
+    /// Requests in flight at once.
+    #[serde(default)]
+    pub concurrency: u32,
+    /// Request body bytes per second (push only); a request may overdraw
+    /// the allowance once, and the next waits until it is paid back.
+    #[serde(default)]
+    pub bytes_per_second: u64,
+}
+
+impl TenantLimitsConfig {
+    pub fn for_tenant(&self, tenant: &str) -> TenantLimits {
+        let mut limits = self.default;
+        if let Some(o) = self.overrides.get(tenant) {
+            limits.query = o.query.unwrap_or(limits.query);
+            limits.push = o.push.unwrap_or(limits.push);
+        }
+        limits
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let overrides = self.overrides.iter().flat_map(|(tenant, o)| {
+            [("query", o.query), ("push", o.push)]
+                .into_iter()
+                .filter_map(move |(kind, l)| {
+                    l.map(|l| (format!("overrides.{tenant}.{kind}"), kind, l))
+                })
+        });
+        let defaults = [
+            ("default.query".to_string(), "query", self.default.query),
+            ("default.push".to_string(), "push", self.default.push),
+        ];
+        for (at, kind, limits) in defaults.into_iter().chain(overrides) {
+            if !(limits.requests_per_second.is_finite() && limits.requests_per_second >= 0.0) {
+                return Err(format!(
+                    "tenant_limits.{at}.requests_per_second must be 0 or more"
+                ));
+            }
+            if kind == "query" && limits.bytes_per_second > 0 {
+                return Err(format!(
+                    "tenant_limits.{at}.bytes_per_second applies to push only"
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -110,6 +200,15 @@ pub struct Limits {
     /// keep-alive connections idle for that long.
     #[serde(default = "defaults::header_read_timeout", with = "humantime_serde")]
     pub header_read_timeout: Duration,
+    /// How long a client may take to send its whole request body (408
+    /// after): a slow sender must not hold a connection and a backend
+    /// stream open indefinitely.
+    #[serde(default = "defaults::body_read_timeout", with = "humantime_serde")]
+    pub body_read_timeout: Duration,
+    /// Requests in flight at once across all tenants (503 with Retry-After
+    /// beyond); 0: unlimited.
+    #[serde(default)]
+    pub max_concurrent_requests: usize,
     /// How long the upstream may take to answer with its response head (504 after).
     #[serde(default = "defaults::upstream_timeout", with = "humantime_serde")]
     pub upstream_timeout: Duration,
@@ -125,6 +224,8 @@ impl Default for Limits {
             max_decompressed_bytes: defaults::max_decompressed_bytes(),
             max_header_bytes: defaults::max_header_bytes(),
             header_read_timeout: defaults::header_read_timeout(),
+            body_read_timeout: defaults::body_read_timeout(),
+            max_concurrent_requests: 0,
             upstream_timeout: defaults::upstream_timeout(),
             shutdown_grace: defaults::shutdown_grace(),
         }
@@ -192,6 +293,9 @@ mod defaults {
     }
     pub fn header_read_timeout() -> Duration {
         Duration::from_secs(30)
+    }
+    pub fn body_read_timeout() -> Duration {
+        Duration::from_secs(60)
     }
     pub fn upstream_timeout() -> Duration {
         Duration::from_secs(120)
@@ -323,7 +427,7 @@ impl Config {
         if self.auth.max_concurrent_verifications == 0 {
             return Err("auth.max_concurrent_verifications must be at least 1".into());
         }
-        Ok(())
+        self.tenant_limits.validate()
     }
 }
 

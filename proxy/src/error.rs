@@ -32,6 +32,14 @@ pub enum ProxyError {
     BadData(String),
     #[error("request body larger than {limit} bytes")]
     BodyTooLarge { limit: u64 },
+    #[error("the request body did not arrive in time")]
+    BodyTimeout,
+    /// The tenant is over one of its limits (429).
+    #[error("tenant over its {} limit; retry later", .0.limit())]
+    TenantLimited(crate::admission::Refusal),
+    /// The proxy as a whole is at its limit of requests in flight (503).
+    #[error("too many requests in flight; retry later")]
+    Overloaded,
     /// Remote write senders fall back from 2.0 to 1.0 on 415.
     #[error("{0}")]
     UnsupportedMediaType(String),
@@ -63,6 +71,9 @@ impl ProxyError {
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::BadPath(_) | Self::BadData(_) => StatusCode::BAD_REQUEST,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
+            Self::TenantLimited(_) => StatusCode::TOO_MANY_REQUESTS,
+            Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::TenantsNotLoaded | Self::VerifierBusy | Self::PushUpstreamUnavailable(_) => {
                 StatusCode::SERVICE_UNAVAILABLE
@@ -84,6 +95,9 @@ impl ProxyError {
             Self::BadPath(_) => "bad_path",
             Self::BadData(_) => "bad_data",
             Self::BodyTooLarge { .. } => "body_too_large",
+            Self::BodyTimeout => "body_timeout",
+            Self::TenantLimited(_) => "tenant_limited",
+            Self::Overloaded => "overloaded",
             Self::UnsupportedMediaType(_) => "unsupported_media_type",
             Self::TenantsNotLoaded => "tenants_not_loaded",
             Self::VerifierBusy => "verifier_busy",
@@ -99,6 +113,7 @@ impl ProxyError {
     fn error_type(&self) -> &'static str {
         match self.status() {
             StatusCode::BAD_REQUEST
+            | StatusCode::REQUEST_TIMEOUT
             | StatusCode::PAYLOAD_TOO_LARGE
             | StatusCode::UNSUPPORTED_MEDIA_TYPE => "bad_data",
             StatusCode::UNAUTHORIZED => "unauthorized",
@@ -117,6 +132,8 @@ impl ProxyError {
     fn retry_after(&self) -> Option<Duration> {
         match self {
             Self::AuthThrottled { retry_after } => Some(*retry_after),
+            Self::TenantLimited(refusal) => Some(refusal.retry_after()),
+            Self::Overloaded => Some(Duration::from_secs(1)),
             Self::TenantsNotLoaded | Self::VerifierBusy | Self::PushUpstreamUnavailable(_) => {
                 Some(NOT_READY_RETRY_AFTER)
             }
@@ -154,7 +171,8 @@ impl ProxyError {
             );
         }
         if let Some(wait) = self.retry_after() {
-            let secs = wait.as_secs().max(1);
+            // Whole seconds, rounded up: retrying early is refused again.
+            let secs = wait.as_secs_f64().ceil().max(1.0) as u64;
             headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         response

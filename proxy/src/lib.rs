@@ -7,6 +7,7 @@
 //! turns failures into responses, `metrics` and `admin` report.
 
 pub mod admin;
+pub mod admission;
 pub mod auth;
 pub mod body;
 pub mod cli;

@@ -44,6 +44,15 @@ pub struct TenantActionLabels {
     pub action: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LimitedLabels {
+    /// Empty for the global limit (before authentication).
+    pub tenant: String,
+    pub surface: &'static str,
+    /// `rate`, `concurrency`, `bytes` or `global_concurrency`.
+    pub limit: &'static str,
+}
+
 #[derive(Clone)]
 pub struct LatencyHistogram;
 
@@ -59,6 +68,7 @@ pub struct Metrics {
     pub requests: Family<RequestLabels, Counter>,
     pub auth_failures: Family<ReasonLabels, Counter>,
     pub password_verifications: Counter,
+    pub limited: Family<LimitedLabels, Counter>,
     pub errors: Family<ReasonLabels, Counter>,
     pub upstream_duration: Family<SurfaceLabels, Histogram, LatencyHistogram>,
     pub tenants_generation: Gauge,
@@ -100,6 +110,12 @@ impl Default for Metrics {
             "password_verifications",
             "argon2 verifications run (authentications the cache could not answer)",
             password_verifications.clone(),
+        );
+        let limited = Family::default();
+        registry.register(
+            "limited",
+            "Requests refused by a tenant limit or the global concurrency limit",
+            limited.clone(),
         );
         let errors = Family::default();
         registry.register(
@@ -180,6 +196,7 @@ impl Default for Metrics {
             requests,
             auth_failures,
             password_verifications,
+            limited,
             errors,
             upstream_duration,
             tenants_generation,
@@ -198,6 +215,20 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    pub fn count_limited(
+        &self,
+        tenant: Option<&str>,
+        surface: Option<&'static str>,
+        limit: &'static str,
+    ) {
+        let labels = LimitedLabels {
+            tenant: tenant.unwrap_or_default().to_owned(),
+            surface: surface.unwrap_or("none"),
+            limit,
+        };
+        self.limited.get_or_create(&labels).inc();
+    }
+
     pub fn encode(&self) -> String {
         encode_registry(&self.registry)
     }

@@ -73,14 +73,18 @@ pub fn enforce(
 /// Reads the request's parameters (bounded), enforces them, and rebuilds
 /// the request: GET carries them in the URL, POST in a fresh form body.
 /// Returns the new query string and body.
-pub async fn rewrite_request(
+pub async fn rewrite_request<B>(
     parts: &mut Parts,
-    body: hyper::body::Incoming,
+    body: B,
     body_limit: u64,
     selectors: Selectors,
     tenant: &TenantMatcher,
     memo: &Memo,
-) -> Result<(Option<String>, Bytes), ProxyError> {
+) -> Result<(Option<String>, Bytes), ProxyError>
+where
+    B: hyper::body::Body,
+    B::Error: Into<crate::body::BoxError>,
+{
     let bytes = crate::body::read_bounded(body, body_limit).await?;
     let mut params = Params::from_request(&parts.method, parts.uri.query(), &parts.headers, &bytes)
         .map_err(|e| ProxyError::BadData(e.to_string()))?;

@@ -24,6 +24,7 @@ use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
+use crate::admission::{Admission, Admitted, Kind};
 use crate::auth::Authenticator;
 use crate::body::{self, ProxyBody};
 use crate::config::{Config, ForeignLabelPolicy, Limits, MetricsMode, Upstream};
@@ -96,6 +97,7 @@ pub struct AppState {
     pub client: HttpClient,
     pub metrics: Arc<Metrics>,
     pub limits: Limits,
+    pub admission: Admission,
     /// Enforced queries by (tenant, query): dashboards repeat themselves.
     pub memo: Memo,
 }
@@ -135,6 +137,10 @@ impl AppState {
             client: upstream::client(),
             metrics,
             limits: config.limits.clone(),
+            admission: Admission::new(
+                config.limits.max_concurrent_requests,
+                config.tenant_limits.clone(),
+            ),
             memo: Memo::new(10_000),
         }
     }
@@ -155,6 +161,8 @@ struct Outcome {
     surface: Option<&'static str>,
     tenant: Option<String>,
     username: Option<String>,
+    /// Counts the request as in flight until its response body is done.
+    admitted: Option<Admitted>,
 }
 
 pub async fn handle(
@@ -169,8 +177,16 @@ pub async fn handle(
     }
     let method = request.method().clone();
     let mut outcome = Outcome::default();
-    let response = match proxy(&state, peer, request, &mut outcome).await {
-        Ok(response) => response,
+    let entered = state.admission.enter();
+    let result = match &entered {
+        Ok(_) => proxy(&state, peer, request, &mut outcome).await,
+        Err(_) => Err(ProxyError::Overloaded),
+    };
+    let response = match result {
+        Ok(response) => match (entered, outcome.admitted.take()) {
+            (Ok(None), None) => response,
+            held => response.map(|body| body::holding(body, held)),
+        },
         Err(error) => {
             state
                 .metrics
@@ -181,6 +197,18 @@ pub async fn handle(
                 .inc();
             if let ProxyError::UpstreamUnavailable(cause) = &error {
                 tracing::warn!(error = %cause, "upstream request failed");
+            }
+            if let ProxyError::TenantLimited(refusal) = &error {
+                state.metrics.count_limited(
+                    outcome.tenant.as_deref(),
+                    outcome.surface,
+                    refusal.limit(),
+                );
+            }
+            if let ProxyError::Overloaded = &error {
+                state
+                    .metrics
+                    .count_limited(None, outcome.surface, "global_concurrency");
             }
             error.into_response()
         }
@@ -230,6 +258,17 @@ async fn proxy(
     if !credential.scopes.contains(route.scope) {
         return Err(ProxyError::MissingScope(route.scope));
     }
+    let kind = if route.operation.is_push() {
+        Kind::Push
+    } else {
+        Kind::Query
+    };
+    let admitted = state
+        .admission
+        .admit(credential.tenant.id.as_str(), kind)
+        .map_err(ProxyError::TenantLimited)?;
+    let meter = admitted.bytes.clone();
+    outcome.admitted = Some(admitted);
 
     let target = state.target(route)?;
     if route.operation == Operation::EmptyMetadata {
@@ -242,6 +281,7 @@ async fn proxy(
     let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut request));
 
     let (mut parts, body) = request.into_parts();
+    let body = body::guarded(body, state.limits.body_read_timeout, meter);
     if declared_length(&parts.headers).is_some_and(|len| len > state.limits.max_body_bytes) {
         return Err(ProxyError::BodyTooLarge {
             limit: state.limits.max_body_bytes,

@@ -110,22 +110,25 @@ pub async fn send(
     match tokio::time::timeout(timeout, client.request(request)).await {
         Err(_) => Err(ProxyError::UpstreamTimeout),
         Ok(Ok(response)) => Ok(response),
-        Ok(Err(e)) if caused_by_body_limit(&e) => {
-            Err(ProxyError::BodyTooLarge { limit: body_limit })
-        }
-        Ok(Err(e)) => Err(ProxyError::UpstreamUnavailable(Box::new(e))),
+        Ok(Err(e)) => Err(client_body_fault(&e, body_limit)
+            .unwrap_or_else(|| ProxyError::UpstreamUnavailable(Box::new(e)))),
     }
 }
 
-fn caused_by_body_limit(error: &(dyn std::error::Error + 'static)) -> bool {
+/// The client's fault, if the request failed because its body was too
+/// large or too slow while it streamed to the upstream.
+fn client_body_fault(error: &(dyn std::error::Error + 'static), limit: u64) -> Option<ProxyError> {
     let mut source = Some(error);
     while let Some(e) = source {
         if e.is::<http_body_util::LengthLimitError>() {
-            return true;
+            return Some(ProxyError::BodyTooLarge { limit });
+        }
+        if e.is::<crate::body::BodyTimeout>() {
+            return Some(ProxyError::BodyTimeout);
         }
         source = e.source();
     }
-    false
+    None
 }
 
 #[cfg(test)]

@@ -129,6 +129,8 @@ pub struct ProxyOptions {
     /// Appended to the config's `limits:` section.
     pub limits: &'static str,
     pub auth: &'static str,
+    /// Appended to the config as is (top-level sections).
+    pub extra: &'static str,
 }
 
 impl ProxyOptions {
@@ -139,6 +141,7 @@ impl ProxyOptions {
             metrics: None,
             limits: "",
             auth: "",
+            extra: "",
         }
     }
 
@@ -150,6 +153,7 @@ impl ProxyOptions {
             metrics: Some(section),
             limits: "",
             auth: "",
+            extra: "",
         }
     }
 }
@@ -172,8 +176,8 @@ impl RunningProxy {
             config_text.push_str(&format!("metrics:\n{metrics}"));
         }
         config_text.push_str(&format!(
-            "limits:\n  shutdown_grace: 5s\n{}auth:\n  verification_wait: 5s\n{}",
-            options.limits, options.auth
+            "limits:\n  shutdown_grace: 5s\n{}auth:\n  verification_wait: 5s\n{}{}",
+            options.limits, options.auth, options.extra
         ));
         let config_path = dir.path().join("config.yaml");
         std::fs::write(&config_path, config_text).unwrap();

@@ -1,0 +1,204 @@
+//! Admission limits end to end: per-tenant request rate, concurrency and
+//! push bytes (429 with Retry-After), the global concurrency limit (503),
+//! and slow request bodies (408), against the Loki stand-in.
+
+mod support;
+
+use std::time::Duration;
+
+use http::{Method, StatusCode};
+use support::loki::LokiStandIn;
+use support::{basic, get, send, ProxyOptions, RunningProxy};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const QUERY: &str = "/loki/api/v1/query_range?query=%7Bapp%3D%22x%22%7D&limit=10";
+const PUSH: &str = "/loki/api/v1/push";
+
+async fn start(limits: &'static str, extra: &'static str) -> (LokiStandIn, RunningProxy) {
+    support::captured_logs();
+    let loki = LokiStandIn::start().await;
+    let mut options = ProxyOptions::new(loki.url());
+    options.limits = limits;
+    options.extra = extra;
+    (loki, RunningProxy::start(options).await)
+}
+
+fn retry_after(reply: &support::Reply) -> u64 {
+    reply.headers["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// A request the upstream holds for `stall_ms`, returned once it is there.
+async fn held_at_upstream(
+    proxy: &RunningProxy,
+    loki: &LokiStandIn,
+    user: (&str, &str),
+) -> tokio::task::JoinHandle<support::Reply> {
+    let (url, auth) = (proxy.url(QUERY), basic(user.0, user.1));
+    let before = loki.received().len();
+    let held = tokio::spawn(async move {
+        send(
+            Method::GET,
+            &url,
+            Some(&auth),
+            &[("x-test-stall-ms", "2000")],
+            "",
+        )
+        .await
+    });
+    loki.wait_for_requests(before + 1).await;
+    held
+}
+
+#[tokio::test]
+async fn a_tenant_over_its_query_rate_gets_429_and_others_do_not() {
+    let (loki, proxy) = start(
+        "",
+        "tenant_limits:\n  default:\n    query: {requests_per_second: 0.1, burst: 2}\n",
+    )
+    .await;
+    let alice = basic("alice", "alice-pw");
+    for _ in 0..2 {
+        assert_eq!(get(&proxy.url(QUERY), &alice).await.status, StatusCode::OK);
+    }
+    let refused = get(&proxy.url(QUERY), &alice).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(
+        (1..=10).contains(&retry_after(&refused)),
+        "{:?}",
+        refused.headers
+    );
+    assert_eq!(refused.json()["errorType"], "unavailable");
+    assert!(refused.text().contains("rate limit"), "{}", refused.text());
+    assert_eq!(
+        get(&proxy.url(QUERY), &basic("bob", "bob-pw")).await.status,
+        StatusCode::OK,
+        "team-b has its own allowance"
+    );
+    let team_a = loki
+        .received()
+        .iter()
+        .filter(|r| r.org_ids() == ["team-a"])
+        .count();
+    assert_eq!(team_a, 2, "the refused query never reached Loki");
+    let metrics = proxy.metrics().await;
+    assert!(
+        metrics.contains(
+            r#"tenant_proxy_limited_total{tenant="team-a",surface="logs_query",limit="rate"} 1"#
+        ),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn concurrent_queries_beyond_the_tenant_limit_get_429_until_one_finishes() {
+    let (loki, proxy) = start(
+        "",
+        "tenant_limits:\n  default:\n    query: {concurrency: 1}\n",
+    )
+    .await;
+    let held = held_at_upstream(&proxy, &loki, ("alice", "alice-pw")).await;
+    let alice = basic("alice", "alice-pw");
+    let refused = get(&proxy.url(QUERY), &alice).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(retry_after(&refused), 1);
+    assert_eq!(held.await.unwrap().status, StatusCode::OK);
+    assert_eq!(get(&proxy.url(QUERY), &alice).await.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn pushes_beyond_the_byte_rate_wait_for_the_overdraft() {
+    let (loki, proxy) = start(
+        "",
+        "tenant_limits:\n  default:\n    push: {bytes_per_second: 1000}\n  overrides:\n    team-b:\n      push: {}\n",
+    )
+    .await;
+    let line = "x".repeat(2900);
+    let body = format!(
+        r#"{{"streams":[{{"stream":{{"app":"x"}},"values":[["1700000000000000000","{line}"]]}}]}}"#
+    );
+    let pusher = basic("pusher-a", "pusher-pw");
+    let headers = [("content-type", "application/json")];
+    let first = send(
+        Method::POST,
+        &proxy.url(PUSH),
+        Some(&pusher),
+        &headers,
+        body.clone(),
+    )
+    .await;
+    assert_eq!(first.status, StatusCode::NO_CONTENT, "within the allowance");
+    let second = send(
+        Method::POST,
+        &proxy.url(PUSH),
+        Some(&pusher),
+        &headers,
+        body.clone(),
+    )
+    .await;
+    assert_eq!(second.status, StatusCode::TOO_MANY_REQUESTS);
+    // About 2,000 bytes of debt at 1,000 bytes per second.
+    assert!(
+        (2..=3).contains(&retry_after(&second)),
+        "{:?}",
+        second.headers
+    );
+    let bob = basic("bob", "bob-pw");
+    for _ in 0..3 {
+        let reply = send(
+            Method::POST,
+            &proxy.url(PUSH),
+            Some(&bob),
+            &headers,
+            body.clone(),
+        )
+        .await;
+        assert_eq!(
+            reply.status,
+            StatusCode::NO_CONTENT,
+            "team-b is overridden: unlimited"
+        );
+    }
+    assert_eq!(loki.received().len(), 4);
+}
+
+#[tokio::test]
+async fn the_global_limit_answers_503_with_retry_after() {
+    let (loki, proxy) = start("  max_concurrent_requests: 1\n", "").await;
+    let held = held_at_upstream(&proxy, &loki, ("alice", "alice-pw")).await;
+    let refused = get(&proxy.url(QUERY), &basic("bob", "bob-pw")).await;
+    assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(retry_after(&refused), 1);
+    assert_eq!(held.await.unwrap().status, StatusCode::OK);
+    assert_eq!(
+        get(&proxy.url(QUERY), &basic("bob", "bob-pw")).await.status,
+        StatusCode::OK
+    );
+    let metrics = proxy.metrics().await;
+    assert!(
+        metrics.contains(r#"limit="global_concurrency"} 1"#),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn a_body_that_does_not_arrive_in_time_gets_408_and_nothing_reaches_loki() {
+    let (loki, proxy) = start("  body_read_timeout: 300ms\n", "").await;
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    // Promises 100 bytes, sends 10, then nothing.
+    let head = format!(
+        "POST /loki/api/v1/query_range HTTP/1.1\r\nHost: x\r\nAuthorization: {}\r\n\
+         Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 100\r\n\r\nquery=%7Ba",
+        basic("alice", "alice-pw")
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut reply = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut reply)).await;
+    let reply = String::from_utf8_lossy(&reply);
+    assert!(read.is_ok(), "the proxy answered and closed");
+    assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
+    assert!(loki.received().is_empty());
+}
