@@ -71,9 +71,16 @@ impl Refusal {
 /// Held for as long as a request counts as in flight.
 #[derive(Debug, Default)]
 pub struct Admitted {
-    _permits: Vec<OwnedSemaphorePermit>,
+    permits: Vec<OwnedSemaphorePermit>,
     /// Charged for the body bytes as they pass, if a byte limit applies.
     pub bytes: Option<ByteMeter>,
+}
+
+impl Admitted {
+    /// Whether anything must be held until the response is sent.
+    pub fn holds_anything(&self) -> bool {
+        !self.permits.is_empty() || self.bytes.is_some()
+    }
 }
 
 /// Charges body bytes to a tenant's push allowance.
@@ -90,7 +97,9 @@ impl ByteMeter {
 pub struct Admission {
     global: Option<Arc<Semaphore>>,
     config: TenantLimitsConfig,
-    tenants: Mutex<HashMap<(String, Kind), Arc<TenantState>>>,
+    /// No tenant limit is configured: nothing to look up per request.
+    unlimited: bool,
+    tenants: Mutex<HashMap<Kind, HashMap<String, Arc<TenantState>>>>,
 }
 
 #[derive(Debug)]
@@ -102,10 +111,17 @@ struct TenantState {
 
 impl Admission {
     pub fn new(max_concurrent_requests: usize, config: TenantLimitsConfig) -> Self {
+        let no_limits = |l: &RequestLimits| *l == RequestLimits::default();
+        let unlimited = no_limits(&config.default.query)
+            && no_limits(&config.default.push)
+            && config.overrides.values().all(|o| {
+                o.query.as_ref().is_none_or(no_limits) && o.push.as_ref().is_none_or(no_limits)
+            });
         Self {
             global: (max_concurrent_requests > 0)
                 .then(|| Arc::new(Semaphore::new(max_concurrent_requests))),
             config,
+            unlimited,
             tenants: Mutex::new(HashMap::new()),
         }
     }
@@ -124,6 +140,9 @@ impl Admission {
 
     /// The tenant's limits for this kind of request.
     pub fn admit(&self, tenant: &str, kind: Kind) -> Result<Admitted, Refusal> {
+        if self.unlimited {
+            return Ok(Admitted::default());
+        }
         let state = self.state(tenant, kind);
         let now = Instant::now();
         if let Some(bytes) = &state.bytes {
@@ -143,14 +162,15 @@ impl Admission {
             lock(requests).take(1.0, now).map_err(Refusal::Rate)?;
         }
         Ok(Admitted {
-            _permits: permit.into_iter().collect(),
+            permits: permit.into_iter().collect(),
             bytes: state.bytes.clone().map(ByteMeter),
         })
     }
 
     fn state(&self, tenant: &str, kind: Kind) -> Arc<TenantState> {
         let mut tenants = lock(&self.tenants);
-        if let Some(state) = tenants.get(&(tenant.to_owned(), kind)) {
+        let tenants = tenants.entry(kind).or_default();
+        if let Some(state) = tenants.get(tenant) {
             return state.clone();
         }
         let limits = self.config.for_tenant(tenant);
@@ -159,7 +179,7 @@ impl Admission {
             Kind::Push => limits.push,
         };
         let state = Arc::new(TenantState::new(limits));
-        tenants.insert((tenant.to_owned(), kind), state.clone());
+        tenants.insert(tenant.to_owned(), state.clone());
         state
     }
 }

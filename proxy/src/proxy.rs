@@ -268,7 +268,7 @@ async fn proxy(
         .admit(credential.tenant.id.as_str(), kind)
         .map_err(ProxyError::TenantLimited)?;
     let meter = admitted.bytes.clone();
-    outcome.admitted = Some(admitted);
+    outcome.admitted = admitted.holds_anything().then_some(admitted);
 
     let target = state.target(route)?;
     if route.operation == Operation::EmptyMetadata {
