@@ -135,6 +135,13 @@ impl TenantLimitsConfig {
 pub struct LogsConfig {
     /// Base URL of Loki (or its query frontend/gateway), may carry a path prefix.
     pub upstream: Upstream,
+    /// Loki runs with `lbac.enabled: true` (3.7.3 and later, experimental),
+    /// so credentials restricted by a `selector` may read logs, enforced by
+    /// Loki through `X-Prom-Label-Policy`. Without it such credentials get
+    /// 403 on every log route: a Loki that ignores the header would show
+    /// them the whole tenant.
+    #[serde(default)]
+    pub lbac: bool,
 }
 
 #[derive(Clone, Debug, Deserialize)]

@@ -21,6 +21,10 @@ pub enum ProxyError {
     AuthThrottled { retry_after: Duration },
     #[error("the credential lacks the {0} scope")]
     MissingScope(Scope),
+    /// A credential restricted by a selector, on a backend that could not
+    /// enforce it (metrics in header mode): refused, never widened.
+    #[error("this credential is restricted by a selector, which this endpoint cannot enforce")]
+    SelectorNotEnforceable,
     #[error("no such endpoint")]
     RouteNotFound,
     #[error("method not allowed on this endpoint")]
@@ -66,7 +70,7 @@ impl ProxyError {
         match self {
             Self::Unauthenticated => StatusCode::UNAUTHORIZED,
             Self::AuthThrottled { .. } => StatusCode::TOO_MANY_REQUESTS,
-            Self::MissingScope(_) => StatusCode::FORBIDDEN,
+            Self::MissingScope(_) | Self::SelectorNotEnforceable => StatusCode::FORBIDDEN,
             Self::RouteNotFound => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::BadPath(_) | Self::BadData(_) => StatusCode::BAD_REQUEST,
@@ -90,6 +94,7 @@ impl ProxyError {
             Self::Unauthenticated => "unauthenticated",
             Self::AuthThrottled { .. } => "auth_throttled",
             Self::MissingScope(_) => "missing_scope",
+            Self::SelectorNotEnforceable => "selector_not_enforceable",
             Self::RouteNotFound => "route_not_found",
             Self::MethodNotAllowed => "method_not_allowed",
             Self::BadPath(_) => "bad_path",

@@ -30,3 +30,34 @@ pub const IDENTITY_HEADERS: [HeaderName; 3] = [
 /// without them means the receiver read the body as 1.0 (and stored nothing).
 pub const RW_SAMPLES_WRITTEN: HeaderName =
     HeaderName::from_static("x-prometheus-remote-write-samples-written");
+
+/// The value of `X-Prom-Label-Policy` restricting `tenant` to `selector`:
+/// `<tenant>:<selector, percent-encoded>`, as Loki and Mimir parse it (Go's
+/// `url.PathUnescape`, which decodes any `%XX`, so everything but the
+/// unreserved characters is encoded).
+pub fn label_policy(tenant: &str, selector: &str) -> http::HeaderValue {
+    let mut value = String::with_capacity(tenant.len() + 1 + selector.len() * 3);
+    value.push_str(tenant);
+    value.push(':');
+    for byte in selector.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-_.~".contains(&byte) {
+            value.push(byte as char);
+        } else {
+            value.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    // Tenant ids are validated to a header-safe charset; the rest is ASCII.
+    http::HeaderValue::from_str(&value).expect("an ASCII header value")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn label_policy_is_tenant_colon_percent_encoded_selector() {
+        let value = super::label_policy("team-a", r#"{app="pay ments", env=~"a|b"}"#);
+        assert_eq!(
+            value.to_str().unwrap(),
+            "team-a:%7Bapp%3D%22pay%20ments%22%2C%20env%3D~%22a%7Cb%22%7D"
+        );
+    }
+}

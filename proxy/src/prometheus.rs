@@ -120,31 +120,25 @@ pub enum ResponseFilter {
 pub async fn filter_response(
     body: hyper::body::Incoming,
     filter: ResponseFilter,
-    label: &str,
-    values: &[String],
+    tenant: &TenantMatcher,
 ) -> Result<Bytes, ProxyError> {
     let bytes = Limited::new(body, MAX_FILTERED_RESPONSE_BYTES)
         .collect()
         .await
         .map_err(ProxyError::UpstreamUnavailable)?
         .to_bytes();
-    filter_document(&bytes, filter, label, values)
+    filter_document(&bytes, filter, tenant)
 }
 
-/// The pure part of `filter_response`.
+/// The pure part of `filter_response`: keeps what the tenant's matchers
+/// (and a credential's selector) accept.
 pub fn filter_document(
     bytes: &[u8],
     filter: ResponseFilter,
-    label: &str,
-    values: &[String],
+    tenant: &TenantMatcher,
 ) -> Result<Bytes, ProxyError> {
     let mut doc: Value = serde_json::from_slice(bytes).map_err(|e| unfilterable(e.to_string()))?;
-    let owned = |labels: &Value| {
-        labels
-            .get(label)
-            .and_then(Value::as_str)
-            .is_some_and(|v| values.iter().any(|own| own == v))
-    };
+    let owned = |labels: &Value| tenant.matches(|name| labels.get(name).and_then(Value::as_str));
     match filter {
         ResponseFilter::Alerts => {
             let alerts = array_at(&mut doc, "/data/alerts")?;
@@ -227,8 +221,7 @@ mod tests {
         let out = filter_document(
             doc.to_string().as_bytes(),
             ResponseFilter::Rules,
-            "namespace",
-            &["a".into()],
+            &tenant_a(),
         )
         .unwrap();
         let out: Value = serde_json::from_slice(&out).unwrap();
@@ -240,22 +233,38 @@ mod tests {
         assert_eq!(rules[0]["alerts"].as_array().unwrap().len(), 1);
     }
 
+    fn tenant_a() -> TenantMatcher {
+        TenantMatcher::new("namespace", &["a".into()]).unwrap()
+    }
+
     #[test]
-    fn alerts_keep_only_the_tenants_and_odd_shapes_are_refused() {
-        let doc = r#"{"status":"success","data":{"alerts":[{"labels":{"namespace":"a"}},{"labels":{"namespace":"b"}},{"labels":{}}]}}"#;
+    fn a_credential_selector_narrows_alerts_further() {
+        let doc = r#"{"status":"success","data":{"alerts":[
+            {"labels":{"namespace":"a","app":"payments"}},
+            {"labels":{"namespace":"a","app":"shop"}},
+            {"labels":{"namespace":"b","app":"payments"}}]}}"#;
+        let selector = crate::promql::CredentialSelector::parse(r#"{app="payments"}"#).unwrap();
         let out = filter_document(
             doc.as_bytes(),
             ResponseFilter::Alerts,
-            "namespace",
-            &["a".into()],
+            &tenant_a().narrowed(&selector),
         )
         .unwrap();
         let out: Value = serde_json::from_slice(&out).unwrap();
+        let alerts = out["data"]["alerts"].as_array().unwrap();
+        assert_eq!(alerts.len(), 1);
+        assert_eq!(alerts[0]["labels"]["app"], "payments");
+        assert_eq!(alerts[0]["labels"]["namespace"], "a");
+    }
+
+    #[test]
+    fn alerts_keep_only_the_tenants_and_odd_shapes_are_refused() {
+        let doc = r#"{"status":"success","data":{"alerts":[{"labels":{"namespace":"a"}},{"labels":{"namespace":"b"}},{"labels":{}}]}}"#;
+        let out = filter_document(doc.as_bytes(), ResponseFilter::Alerts, &tenant_a()).unwrap();
+        let out: Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(out["data"]["alerts"].as_array().unwrap().len(), 1);
         for odd in ["not json", r#"{"data":{}}"#, r#"{"data":{"alerts":{}}}"#] {
-            assert!(
-                filter_document(odd.as_bytes(), ResponseFilter::Alerts, "namespace", &[]).is_err()
-            );
+            assert!(filter_document(odd.as_bytes(), ResponseFilter::Alerts, &tenant_a()).is_err());
         }
     }
 }

@@ -66,12 +66,39 @@ impl EnforceError {
 /// `label=~"v1|v2"` with every value regex-quoted for several.
 #[derive(Clone, Debug)]
 pub struct TenantMatcher {
-    matcher: Matcher,
-    /// The matcher as printed: identifies it by content (for the memo).
+    /// The tenant's label matcher first, then a credential's own selector's.
+    matchers: Vec<Matcher>,
+    /// The matchers as printed: identifies them by content (for the memo).
     printed: Arc<str>,
 }
 
 impl TenantMatcher {
+    /// The tenant's matcher narrowed by a credential's selector: both are
+    /// added to every selector, so the credential sees the intersection.
+    pub fn narrowed(&self, selector: &CredentialSelector) -> Self {
+        let mut matchers = self.matchers.clone();
+        matchers.extend(selector.matchers.iter().cloned());
+        Self::from_matchers(matchers)
+    }
+
+    fn from_matchers(matchers: Vec<Matcher>) -> Self {
+        let printed = matchers
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+            .into();
+        Self { matchers, printed }
+    }
+
+    /// Whether a label set (rules, alerts) passes every matcher; a label
+    /// absent from the set reads as empty, as in PromQL.
+    pub fn matches<'l>(&self, label: impl Fn(&str) -> Option<&'l str>) -> bool {
+        self.matchers
+            .iter()
+            .all(|m| m.is_match(label(&m.name).unwrap_or("")))
+    }
+
     pub fn new(label: &str, values: &[String]) -> Result<Self, String> {
         let matcher = match values {
             [] => return Err("a tenant without label values cannot be enforced".into()),
@@ -87,8 +114,7 @@ impl TenantMatcher {
                 Matcher::new(MatchOp::Re(regex), label, &alternation)
             }
         };
-        let printed = matcher.to_string().into();
-        Ok(Self { matcher, printed })
+        Ok(Self::from_matchers(vec![matcher]))
     }
 
     /// A series selector selecting exactly the tenant's series, for
@@ -98,7 +124,57 @@ impl TenantMatcher {
     }
 
     fn is_carried_by(&self, vs: &VectorSelector) -> bool {
-        vs.matchers.or_matchers.is_empty() && vs.matchers.matchers.contains(&self.matcher)
+        vs.matchers.or_matchers.is_empty()
+            && self
+                .matchers
+                .iter()
+                .all(|m| vs.matchers.matchers.contains(m))
+    }
+}
+
+/// A credential's own selector (`{app="payments"}`): the series or log
+/// streams it may read within its tenant.
+#[derive(Debug, Clone)]
+pub struct CredentialSelector {
+    matchers: Vec<Matcher>,
+    /// Normalised: as the parser prints it.
+    printed: String,
+}
+
+impl CredentialSelector {
+    /// A plain `{...}` selector with at least one matcher, none of them on
+    /// `__name__` (a metric-name restriction means nothing to Loki).
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let expr = parser::parse(text).map_err(|e| format!("selector {text:?}: {e}"))?;
+        let Expr::VectorSelector(vs) = expr else {
+            return Err(format!("selector {text:?} is not a plain {{...}} selector"));
+        };
+        if vs.name.is_some() || vs.offset.is_some() || vs.at.is_some() {
+            return Err(format!("selector {text:?}: only label matchers in {{...}}"));
+        }
+        if !vs.matchers.or_matchers.is_empty() {
+            return Err(format!("selector {text:?}: `or` is not supported"));
+        }
+        let matchers = vs.matchers.matchers;
+        if matchers.is_empty() {
+            return Err(format!("selector {text:?} has no matcher"));
+        }
+        if matchers.iter().any(|m| m.name == "__name__") {
+            return Err(format!("selector {text:?}: __name__ cannot be restricted"));
+        }
+        let printed = format!(
+            "{{{}}}",
+            matchers
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        Ok(Self { matchers, printed })
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.printed
     }
 }
 
@@ -143,8 +219,10 @@ fn inject(vs: &mut VectorSelector, tenant: &TenantMatcher) -> Result<(), Enforce
         return Err(EnforceError::OrInSelector);
     }
     // A user matcher identical to ours already enforces it.
-    if !vs.matchers.matchers.contains(&tenant.matcher) {
-        vs.matchers.matchers.push(tenant.matcher.clone());
+    for matcher in &tenant.matchers {
+        if !vs.matchers.matchers.contains(matcher) {
+            vs.matchers.matchers.push(matcher.clone());
+        }
     }
     Ok(())
 }

@@ -29,7 +29,7 @@ use crate::auth::Authenticator;
 use crate::body::{self, ProxyBody};
 use crate::config::{Config, ForeignLabelPolicy, Limits, MetricsMode, Upstream};
 use crate::error::ProxyError;
-use crate::headers::{RW_SAMPLES_WRITTEN, X_SCOPE_ORGID};
+use crate::headers::{self, RW_SAMPLES_WRITTEN, X_PROM_LABEL_POLICY, X_SCOPE_ORGID};
 use crate::metrics::{
     self, Metrics, ReasonLabels, RequestLabels, SurfaceLabels, TenantActionLabels, TenantLabels,
 };
@@ -54,6 +54,8 @@ pub struct Target {
     pub tenant_label: Option<String>,
     /// Remote write in label mode: what to do with a foreign label value.
     pub foreign_label: ForeignLabelPolicy,
+    /// Loki enforces `X-Prom-Label-Policy` (`logs.lbac`).
+    pub enforces_label_policy: bool,
 }
 
 impl Target {
@@ -64,12 +66,18 @@ impl Target {
         }
     }
 
-    fn tenant_matcher<'t>(&self, tenant: &'t Tenant) -> Result<&'t TenantMatcher, ProxyError> {
+    /// What `credential` may read, as label matchers (label mode).
+    fn tenant_matcher<'c>(
+        &self,
+        credential: &'c Credential,
+    ) -> Result<&'c TenantMatcher, ProxyError> {
         let label = self
             .tenant_label
             .as_deref()
             .ok_or_else(|| ProxyError::Internal("label enforcement without a label".into()))?;
-        tenant.metrics_matcher(label).map_err(ProxyError::Internal)
+        credential
+            .metrics_matcher(label)
+            .map_err(ProxyError::Internal)
     }
 
     fn remote_write_label<'t>(&'t self, tenant: &'t Tenant) -> Result<TenantLabel<'t>, ProxyError> {
@@ -110,6 +118,7 @@ impl AppState {
             tenant_header: Some(X_SCOPE_ORGID),
             tenant_label: None,
             foreign_label: ForeignLabelPolicy::default(),
+            enforces_label_policy: l.lbac,
         });
         let metrics_target = config.metrics.as_ref().map(|m| match m.mode {
             MetricsMode::Label => Target {
@@ -118,6 +127,7 @@ impl AppState {
                 tenant_header: None,
                 tenant_label: Some(m.label.clone()),
                 foreign_label: m.foreign_label,
+                enforces_label_policy: false,
             },
             MetricsMode::Header => Target {
                 upstream: m.upstream.clone(),
@@ -126,6 +136,7 @@ impl AppState {
                 tenant_header: HeaderName::from_bytes(m.header.as_bytes()).ok(),
                 tenant_label: None,
                 foreign_label: m.foreign_label,
+                enforces_label_policy: false,
             },
         });
         Self {
@@ -271,6 +282,17 @@ async fn proxy(
     outcome.admitted = admitted.holds_anything().then_some(admitted);
 
     let target = state.target(route)?;
+    // A selector is enforced by label matchers (label mode) or by a Loki
+    // that enforces the label policy header; anything else is refused.
+    let label_policy = match &credential.selector {
+        None => None,
+        Some(selector) if target.enforces_label_policy => Some(headers::label_policy(
+            credential.tenant.id.as_str(),
+            selector.as_str(),
+        )),
+        Some(_) if target.tenant_label.is_some() => None,
+        Some(_) => return Err(ProxyError::SelectorNotEnforceable),
+    };
     if route.operation == Operation::EmptyMetadata {
         return Ok(json_response(EMPTY_METADATA));
     }
@@ -292,7 +314,7 @@ async fn proxy(
         && remote_write::version_of(&parts.headers) == Ok(remote_write::Version::V2);
     let (query, body) = match route.operation {
         Operation::Enforce(selectors) => {
-            let matcher = target.tenant_matcher(&credential.tenant)?;
+            let matcher = target.tenant_matcher(&credential)?;
             let limit = state.limits.max_body_bytes;
             let (query, bytes) = prometheus::rewrite_request(
                 &mut parts,
@@ -340,6 +362,9 @@ async fn proxy(
         target.tenant_header.as_ref().map(|name| (name, tenant_id)),
         upgrade,
     )?;
+    if let Some(policy) = label_policy {
+        parts.headers.insert(X_PROM_LABEL_POLICY, policy);
+    }
 
     let sent = Instant::now();
     let mut response = upstream::send(
@@ -390,9 +415,8 @@ async fn proxy(
                 "upstream compressed a response that must be filtered".into(),
             ));
         }
-        let label = target.tenant_label.as_deref().unwrap_or_default();
-        let filtered =
-            prometheus::filter_response(body, filter, label, &credential.tenant.namespaces).await?;
+        let matcher = target.tenant_matcher(&credential)?;
+        let filtered = prometheus::filter_response(body, filter, matcher).await?;
         parts.headers.remove(header::CONTENT_LENGTH);
         return Ok(Response::from_parts(parts, body::full(filtered)));
     }

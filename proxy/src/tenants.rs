@@ -7,7 +7,7 @@ use std::fmt;
 use std::sync::{Arc, OnceLock};
 
 use crate::password::Verifier;
-use crate::promql::TenantMatcher;
+use crate::promql::{CredentialSelector, TenantMatcher};
 
 // === impl TenantId ===
 
@@ -182,6 +182,10 @@ pub struct Credential {
     /// `verifier.fingerprint()`, computed once: the auth cache compares it on
     /// every request to notice a changed password.
     pub fingerprint: [u8; 32],
+    /// What this credential may read within its tenant, if restricted.
+    pub selector: Option<CredentialSelector>,
+    /// The tenant's matcher narrowed by `selector`, built on first use.
+    narrowed_matcher: OnceLock<TenantMatcher>,
 }
 
 impl Credential {
@@ -193,6 +197,25 @@ impl Credential {
             tenant,
             scopes,
             fingerprint,
+            selector: None,
+            narrowed_matcher: OnceLock::new(),
+        }
+    }
+
+    pub fn with_selector(mut self, selector: Option<CredentialSelector>) -> Self {
+        self.selector = selector;
+        self
+    }
+
+    /// The label-mode matcher for what this credential may read: its
+    /// tenant's, narrowed by its selector if it has one.
+    pub fn metrics_matcher(&self, label: &str) -> Result<&TenantMatcher, String> {
+        let tenant = self.tenant.metrics_matcher(label)?;
+        match &self.selector {
+            None => Ok(tenant),
+            Some(selector) => Ok(self
+                .narrowed_matcher
+                .get_or_init(|| tenant.narrowed(selector))),
         }
     }
 }

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 
 use crate::password::Verifier;
+use crate::promql::CredentialSelector;
 use crate::tenants::{Credential, Scope, Scopes, Tenant, TenantId, TenantStore};
 
 /// The only version of the native format so far.
@@ -61,6 +62,23 @@ struct NativeUser {
     password_hash: String,
     /// Absent means all four scopes.
     scopes: Option<Vec<Scope>>,
+    /// What this credential may read within its tenant (`{app="payments"}`);
+    /// read scopes only.
+    selector: Option<String>,
+}
+
+/// A selector restricts what a credential reads; nothing could hold a push
+/// to it, so a credential with one must not push at all. (tenant-sync
+/// applies the same rule to Secrets.)
+pub fn read_only_selector(text: &str, scopes: Scopes) -> Result<CredentialSelector, String> {
+    if scopes.contains(Scope::LogsWrite) || scopes.contains(Scope::MetricsWrite) {
+        return Err(
+            "a `selector` restricts reading: give this credential read scopes only \
+             (`scopes: [logs:read, metrics:read]`)"
+                .into(),
+        );
+    }
+    CredentialSelector::parse(text)
 }
 
 fn tenant_id<'de, D: serde::Deserializer<'de>>(d: D) -> Result<TenantId, D::Error> {
@@ -182,12 +200,15 @@ fn from_native(file: NativeFile) -> Result<(Vec<Arc<Tenant>>, Vec<Credential>), 
                 }
                 Some(list) => list.into_iter().collect(),
             };
-            credentials.push(Credential::new(
-                u.username,
-                verifier,
-                tenant.clone(),
-                scopes,
-            ));
+            let selector = u
+                .selector
+                .map(|text| read_only_selector(&text, scopes))
+                .transpose()
+                .map_err(|e| format!("{context}: {e}"))?;
+            credentials.push(
+                Credential::new(u.username, verifier, tenant.clone(), scopes)
+                    .with_selector(selector),
+            );
         }
         tenants.push(tenant);
     }
@@ -296,6 +317,34 @@ mod tests {
         let err = parse("tenants:\n  - id: \"a|b\"\n", 1).unwrap_err();
         assert!(err.contains("line 2"), "{err}");
         assert!(err.contains('|'), "{err}");
+    }
+
+    #[test]
+    fn a_selector_needs_read_scopes_only_and_a_plain_label_selector() {
+        let read = "        scopes: [logs:read, metrics:read]\n";
+        let (store, _) = parse(
+            &native(&format!("{read}        selector: '{{app=\"pay\"}}'\n")),
+            1,
+        )
+        .unwrap();
+        let selector = store.credential("u1").unwrap().selector.as_ref().unwrap();
+        assert_eq!(selector.as_str(), r#"{app="pay"}"#);
+        assert!(store.credential("u1").is_some());
+
+        let with_write = native("        selector: '{app=\"pay\"}'\n");
+        let err = parse(&with_write, 1).unwrap_err();
+        assert!(err.contains("read scopes only"), "{err}");
+        for bad in [
+            "up",
+            "{}",
+            "{__name__=\"up\"}",
+            "{a=\"b\"} offset 5m",
+            "rate(x[5m])",
+            "{a=\"b\" or c=\"d\"}",
+        ] {
+            let text = native(&format!("{read}        selector: '{bad}'\n"));
+            assert!(parse(&text, 1).is_err(), "{bad} must be refused");
+        }
     }
 
     #[test]

@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::runtime::watcher::Event;
 use kube::ResourceExt;
 use tenant_proxy::password::Verifier;
-use tenant_proxy::tenants::{Scope, TenantId};
+use tenant_proxy::tenants::{Scope, Scopes, TenantId};
 
 /// How Secrets and Namespaces are read (from the command line).
 #[derive(Clone, Debug)]
@@ -53,7 +53,13 @@ pub struct SecretCredential {
     pub password: Password,
     /// `None`: all scopes.
     pub scopes: Option<Vec<Scope>>,
+    /// What the credential may read within its tenant (normalised), from
+    /// the `tenant-proxy/selector` annotation.
+    pub selector: Option<String>,
 }
+
+/// The annotation restricting a credential to a selector within its tenant.
+pub const SELECTOR_ANNOTATION: &str = "tenant-proxy/selector";
 
 /// Why a Secret contributes no credential. The label of a metric.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -64,6 +70,7 @@ pub enum SkipReason {
     MissingPassword,
     InvalidPasswordHash,
     InvalidScopes,
+    InvalidSelector,
     NamespaceNotATenant,
     DuplicateUsername,
 }
@@ -77,6 +84,7 @@ impl SkipReason {
             Self::MissingPassword => "missing_password",
             Self::InvalidPasswordHash => "invalid_password_hash",
             Self::InvalidScopes => "invalid_scopes",
+            Self::InvalidSelector => "invalid_selector",
             Self::NamespaceNotATenant => "namespace_not_a_tenant",
             Self::DuplicateUsername => "duplicate_username",
         }
@@ -140,10 +148,22 @@ fn read_credential(
         None => None,
         Some(list) => Some(parse_scopes(list).ok_or(SkipReason::InvalidScopes)?),
     };
+    let selector = match secret.annotations().get(SELECTOR_ANNOTATION) {
+        None => None,
+        Some(text) => {
+            let granted = scopes
+                .as_ref()
+                .map_or_else(Scopes::all, |s| s.iter().copied().collect());
+            let selector = tenant_proxy::tenants_file::read_only_selector(text, granted)
+                .map_err(|_| SkipReason::InvalidSelector)?;
+            Some(selector.as_str().to_owned())
+        }
+    };
     Ok(SecretCredential {
         username,
         password,
         scopes,
+        selector,
     })
 }
 

@@ -32,6 +32,8 @@ struct User<'a> {
     password_hash: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     scopes: Option<Vec<&'static str>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    selector: Option<&'a str>,
 }
 
 /// Renders and validates. An error here is a bug in tenant-sync: the file
@@ -56,6 +58,7 @@ pub fn render(desired: &Desired, hashes: &HashMap<SecretKey, String>) -> Result<
                             .scopes
                             .as_ref()
                             .map(|s| s.iter().map(|scope| scope.as_str()).collect()),
+                        selector: user.credential.selector.as_deref(),
                     })
                 })
                 .collect::<Result<_, String>>()?;

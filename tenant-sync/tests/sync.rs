@@ -96,6 +96,25 @@ async fn a_quiet_cluster_is_resynced_without_rewriting_and_a_tampered_file_is_re
 }
 
 #[tokio::test]
+async fn a_selector_annotation_reaches_the_proxy() {
+    let api = cluster().await;
+    api.secret(
+        "team-a",
+        "narrow",
+        &[("username", "narrow-a"), ("password", "pw-n")],
+        json!({"tenant-proxy/scopes": "logs:read,metrics:read", "tenant-proxy/selector": "{app='pay'}"}),
+    );
+    let mut sync = RunningSync::start(&api, |_| {});
+    sync.next_write().await;
+    let text = std::fs::read_to_string(&sync.file).unwrap();
+    let (store, _) = tenant_proxy::tenants_file::parse(&text, 1).unwrap();
+    let narrow = store.credential("narrow-a").unwrap();
+    assert_eq!(narrow.selector.as_ref().unwrap().as_str(), r#"{app="pay"}"#);
+    assert!(store.credential("grafana-a").unwrap().selector.is_none());
+    sync.stop().await.unwrap();
+}
+
+#[tokio::test]
 async fn a_secret_cannot_claim_another_namespace_and_relabelling_moves_it() {
     let api = ApiServer::start().await;
     api.namespace("shop-prod", json!({"tenant": "shop"}));

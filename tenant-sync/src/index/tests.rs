@@ -270,6 +270,57 @@ fn invalid_secrets_are_skipped_with_a_reason_and_break_nothing_else() {
 }
 
 #[test]
+fn a_selector_annotation_restricts_a_read_only_credential_and_is_refused_on_a_pusher() {
+    let mut index = Index::new(conventions(None), &[String::new()]);
+    let with = |name: &str, user: &str, annotations: serde_json::Value| {
+        secret(
+            "a",
+            name,
+            "2026-01-01T00:00:00Z",
+            json!({"username": b64(user), "password": b64("p")}),
+            annotations,
+        )
+    };
+    let cases = vec![
+        with(
+            "narrow",
+            "narrow",
+            json!({"tenant-proxy/scopes": "logs:read", "tenant-proxy/selector": "{app = 'pay'}"}),
+        ),
+        with(
+            "pusher",
+            "pusher",
+            json!({"tenant-proxy/selector": r#"{app="pay"}"#}),
+        ),
+        with(
+            "garbage",
+            "garbage",
+            json!({"tenant-proxy/scopes": "logs:read", "tenant-proxy/selector": "rate(x[5m])"}),
+        ),
+    ];
+    synced(&mut index, vec![namespace("a", json!({}))], cases);
+    let desired = index.desired();
+    let reasons: Vec<_> = desired
+        .skipped
+        .iter()
+        .map(|(k, r)| (k.1.as_str(), *r))
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            ("garbage", SkipReason::InvalidSelector),
+            ("pusher", SkipReason::InvalidSelector),
+        ]
+    );
+    let user = &desired.tenants[&TenantId::parse("a").unwrap()].users[0];
+    assert_eq!(
+        user.credential.selector.as_deref(),
+        Some(r#"{app="pay"}"#),
+        "normalised"
+    );
+}
+
+#[test]
 fn secrets_of_another_type_are_skipped() {
     let mut s = basic("a", "opaque", "u", "p");
     s.type_ = Some("Opaque".into());
