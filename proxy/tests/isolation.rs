@@ -1,0 +1,300 @@
+//! The proxy's promise as a property: for any generated request (paths with
+//! tricks, PromQL good and bad, parameters in the URL and the body, spoofed
+//! identity headers), whatever reaches an upstream carries the
+//! authenticated tenant and no other: Loki exactly one `X-Scope-OrgID`
+//! with the credential's tenant, Prometheus (label mode) no tenant header
+//! and every selector of every query or `match[]` holding the tenant's
+//! matcher. Anything else must have been refused.
+
+mod support;
+
+use http::{Method, StatusCode};
+use promql_parser::label::MatchOp;
+use promql_parser::parser::{self, Expr, VectorSelector};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+use support::loki::{LokiStandIn, Received};
+use support::{basic, send, ProxyOptions, RunningProxy};
+
+const USERS: &[(&str, &str, &str)] =
+    &[("alice", "alice-pw", "team-a"), ("bob", "bob-pw", "team-b")];
+
+const PATHS: &[&str] = &[
+    "/loki/api/v1/query",
+    "/loki/api/v1/query_range",
+    "/loki/api/v1/labels",
+    "/loki/api/v1/label/app/values",
+    "/loki/api/v1/series",
+    "/loki/api/v1/index/volume",
+    "/api/v1/query",
+    "/api/v1/query_range",
+    "/api/v1/series",
+    "/api/v1/labels",
+    "/api/v1/label/job/values",
+    "/api/v1/query_exemplars",
+    "/federate",
+    "/api/v1/rules",
+    "/api/v1/alerts",
+    "/api/v1/metadata",
+    "/api/v1/status/buildinfo",
+    "/api/v1/status/config",
+    "/api/v1/admin/tsdb/delete_series",
+    "/loki/api/v1/delete",
+];
+
+/// Metrics paths and the parameter Prometheus (and Thanos) reads selectors
+/// from there; these endpoints ignore other parameters.
+const SELECTING: &[(&str, &str)] = &[
+    ("/api/v1/query", "query"),
+    ("/api/v1/query_range", "query"),
+    ("/api/v1/query_exemplars", "query"),
+    ("/api/v1/series", "match[]"),
+    ("/api/v1/labels", "match[]"),
+    ("/api/v1/label/job/values", "match[]"),
+    ("/federate", "match[]"),
+];
+
+const QUERIES: &[&str] = &[
+    "up",
+    r#"up{namespace="team-b"}"#,
+    r#"{__name__=~".+"}"#,
+    r#"{namespace=~".*"}"#,
+    r#"sum(rate(http_requests_total{job="api"}[5m]))"#,
+    "topk(scalar(count(up)), up)",
+    r#"up or {namespace="team-b"}"#,
+    r#"up{a="1" or namespace="team-b"}"#,
+    "up offset 5m",
+    "up @ 100",
+    "rate(up[5m:1m])",
+    r#"label_replace(up, "namespace", "team-b", "", "")"#,
+    r#"info(up)"#,
+    "1 + 1",
+    "up{",
+    r#"{app="x"} |= "error""#,
+];
+
+const PARAMS: &[&str] = &[
+    "query",
+    "match[]",
+    "QUERY",
+    "start",
+    "step",
+    "query ",
+    "match%5B%5D",
+];
+
+#[derive(Debug, Clone)]
+struct Case {
+    user: usize,
+    post: bool,
+    path: String,
+    /// (name, value, in the body rather than the URL)
+    params: Vec<(String, String, bool)>,
+    spoof: Option<(String, String)>,
+}
+
+fn path_strategy() -> impl Strategy<Value = String> {
+    (prop::sample::select(PATHS), 0..6usize).prop_map(|(path, trick)| match trick {
+        0 => format!("/{path}"),
+        1 => path.replacen("/v1/", "/./v1/", 1),
+        2 => format!("{path}/"),
+        3 => format!("/{}", path[1..].replacen('/', "%2F", 1)),
+        4 => path.replacen("/api/", "/api/x/../", 1),
+        _ => path.to_string(),
+    })
+}
+
+fn case_strategy() -> impl Strategy<Value = Case> {
+    let param = (
+        prop::sample::select(PARAMS),
+        prop::sample::select(QUERIES),
+        any::<bool>(),
+    )
+        .prop_map(|(n, v, body)| (n.to_string(), v.to_string(), body));
+    let spoof = prop::option::of((
+        prop::sample::select(
+            &[
+                "X-Scope-OrgID",
+                "x-scope-orgid",
+                "X-SCOPE-ORGID",
+                "X-Prom-Label-Policy",
+            ][..],
+        ),
+        prop::sample::select(&["team-b", "team-a|team-b", "team-b:%7B%7D", ""][..]),
+    ))
+    .prop_map(|o| o.map(|(n, v)| (n.to_string(), v.to_string())));
+    (
+        0..USERS.len(),
+        any::<bool>(),
+        path_strategy(),
+        prop::collection::vec(param, 0..4),
+        spoof,
+    )
+        .prop_map(|(user, post, path, params, spoof)| Case {
+            user,
+            post,
+            path,
+            params,
+            spoof,
+        })
+}
+
+fn encode(pairs: &[(String, String, bool)], in_body: bool) -> String {
+    let mut out = form_urlencoded::Serializer::new(String::new());
+    for (name, value, body) in pairs {
+        if *body == in_body {
+            out.append_pair(name, value);
+        }
+    }
+    out.finish()
+}
+
+async fn send_case(proxy: &RunningProxy, case: &Case) -> StatusCode {
+    let (user, password, _) = USERS[case.user];
+    let query = encode(&case.params, false);
+    let url = if query.is_empty() {
+        proxy.url(&case.path)
+    } else {
+        proxy.url(&format!("{}?{query}", case.path))
+    };
+    let mut headers = vec![];
+    if let Some((name, value)) = &case.spoof {
+        headers.push((name.as_str(), value.as_str()));
+    }
+    let (method, body) = if case.post {
+        headers.push(("content-type", "application/x-www-form-urlencoded"));
+        (Method::POST, encode(&case.params, true))
+    } else {
+        (Method::GET, String::new())
+    };
+    send(method, &url, Some(&basic(user, password)), &headers, body)
+        .await
+        .status
+}
+
+/// Every selector of `expr` carries `namespace="<tenant>"`.
+fn every_selector_scoped(expr: &Expr, tenant: &str) -> bool {
+    let scoped = |vs: &VectorSelector| {
+        vs.matchers.or_matchers.is_empty()
+            && vs
+                .matchers
+                .matchers
+                .iter()
+                .any(|m| m.name == "namespace" && m.op == MatchOp::Equal && m.value == tenant)
+    };
+    match expr {
+        Expr::VectorSelector(vs) => scoped(vs),
+        Expr::MatrixSelector(ms) => scoped(&ms.vs),
+        Expr::Aggregate(a) => {
+            a.param
+                .as_ref()
+                .is_none_or(|p| every_selector_scoped(p, tenant))
+                && every_selector_scoped(&a.expr, tenant)
+        }
+        Expr::Unary(u) => every_selector_scoped(&u.expr, tenant),
+        Expr::Binary(b) => {
+            every_selector_scoped(&b.lhs, tenant) && every_selector_scoped(&b.rhs, tenant)
+        }
+        Expr::Paren(p) => every_selector_scoped(&p.expr, tenant),
+        Expr::Subquery(s) => every_selector_scoped(&s.expr, tenant),
+        Expr::Call(c) => {
+            c.func.name != "info" && c.args.args.iter().all(|a| every_selector_scoped(a, tenant))
+        }
+        Expr::NumberLiteral(_) | Expr::StringLiteral(_) => true,
+        Expr::Extension(_) => false,
+    }
+}
+
+/// What must hold of one forwarded request; `Err` names the violation.
+fn check_forwarded(seen: &Received, tenant: &str, logs: bool) -> Result<(), String> {
+    let values = |name: &str| -> Vec<String> {
+        seen.headers
+            .get_all(name)
+            .iter()
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+            .collect()
+    };
+    if !values("authorization").is_empty() || !values("x-prom-label-policy").is_empty() {
+        return Err(format!("identity header forwarded to {}", seen.path));
+    }
+    if logs {
+        if values("x-scope-orgid") != [tenant] {
+            return Err(format!(
+                "{}: X-Scope-OrgID {:?}",
+                seen.path,
+                values("x-scope-orgid")
+            ));
+        }
+        return Ok(());
+    }
+    if !values("x-scope-orgid").is_empty() {
+        return Err(format!("{}: a tenant header in label mode", seen.path));
+    }
+    let Some(&(_, param)) = SELECTING.iter().find(|(path, _)| *path == seen.path) else {
+        return Ok(());
+    };
+    let mut pairs: Vec<(String, String)> =
+        form_urlencoded::parse(seen.query.as_deref().unwrap_or("").as_bytes())
+            .into_owned()
+            .collect();
+    pairs.extend(form_urlencoded::parse(&seen.body).into_owned());
+    let selectors: Vec<&String> = pairs
+        .iter()
+        .filter(|(n, _)| n == param)
+        .map(|(_, v)| v)
+        .collect();
+    if param == "match[]" && selectors.is_empty() {
+        return Err(format!("{}: no match[] forwarded", seen.path));
+    }
+    for value in selectors {
+        let expr = parser::parse(value)
+            .map_err(|e| format!("{}: unparseable {value:?}: {e}", seen.path))?;
+        if !every_selector_scoped(&expr, tenant) {
+            return Err(format!("{}: unscoped {value:?}", seen.path));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn nothing_reaches_an_upstream_without_the_authenticated_tenant() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (loki, prometheus, proxy) = runtime.block_on(async {
+        support::captured_logs();
+        let loki = LokiStandIn::start().await;
+        let prometheus = LokiStandIn::start().await;
+        let mut options = ProxyOptions::new(loki.url());
+        options.metrics = Some(format!("  upstream: {}\n  mode: label\n", prometheus.url()));
+        let proxy = RunningProxy::start(options).await;
+        (loki, prometheus, proxy)
+    });
+    let mut runner = TestRunner::new(Config {
+        cases: 256,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let forwarded = std::cell::Cell::new(0);
+    let result = runner.run(&case_strategy(), |case| {
+        let (before_logs, before_metrics) = (loki.received().len(), prometheus.received().len());
+        let status = runtime.block_on(send_case(&proxy, &case));
+        let tenant = USERS[case.user].2;
+        for (stand_in, before, logs) in [
+            (&loki, before_logs, true),
+            (&prometheus, before_metrics, false),
+        ] {
+            for seen in &stand_in.received()[before..] {
+                forwarded.set(forwarded.get() + 1);
+                check_forwarded(seen, tenant, logs).map_err(|violation| {
+                    TestCaseError::fail(format!("{violation} (answered {status}) for {case:?}"))
+                })?;
+            }
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    // The generator must reach the upstreams, or the property says nothing.
+    let forwarded = forwarded.get();
+    assert!(forwarded > 50, "only {forwarded} requests were forwarded");
+}
