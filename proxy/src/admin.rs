@@ -55,6 +55,7 @@ pub async fn serve(
     serve_connections(
         listener,
         limits,
+        None,
         move |_, request| handle(state.clone(), request),
         shutdown,
     )

@@ -36,11 +36,30 @@ pub struct Config {
     pub metrics: Option<MetricsConfig>,
     #[serde(default)]
     pub limits: Limits,
+    /// TLS on the tenant listener; absent: plain HTTP (terminate TLS in
+    /// front, or set this).
+    pub tls: Option<TlsConfig>,
     /// Per-tenant request rates, concurrency and push bytes: off unless set.
     #[serde(default)]
     pub tenant_limits: TenantLimitsConfig,
     #[serde(default)]
     pub auth: AuthConfig,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// PEM certificate chain, leaf first. Relative paths start at the
+    /// config file's directory, like `tenants_file`.
+    pub cert_file: PathBuf,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: PathBuf,
+    /// PEM CA bundle: when set, clients must present a certificate it
+    /// signed (in addition to basic auth).
+    pub client_ca_file: Option<PathBuf>,
+    /// How often the files are checked for changes.
+    #[serde(default = "defaults::tls_reload_interval", with = "humantime_serde")]
+    pub reload_interval: Duration,
 }
 
 /// What one tenant may do on the shared backends, per kind of request.
@@ -301,6 +320,9 @@ mod defaults {
     pub fn header_read_timeout() -> Duration {
         Duration::from_secs(30)
     }
+    pub fn tls_reload_interval() -> Duration {
+        Duration::from_secs(30)
+    }
     pub fn body_read_timeout() -> Duration {
         Duration::from_secs(60)
     }
@@ -397,9 +419,19 @@ impl Config {
         };
         let text = std::fs::read_to_string(path).map_err(|e| error(e.to_string()))?;
         let mut config = Self::parse(&text).map_err(error)?;
-        if config.tenants_file.is_relative() {
-            let base = path.parent().unwrap_or_else(|| Path::new("."));
-            config.tenants_file = base.join(&config.tenants_file);
+        let base = path.parent().unwrap_or_else(|| Path::new("."));
+        let resolve = |file: &mut PathBuf| {
+            if file.is_relative() {
+                *file = base.join(&*file);
+            }
+        };
+        resolve(&mut config.tenants_file);
+        if let Some(tls) = &mut config.tls {
+            resolve(&mut tls.cert_file);
+            resolve(&mut tls.key_file);
+            if let Some(ca) = &mut tls.client_ca_file {
+                resolve(ca);
+            }
         }
         Ok(config)
     }

@@ -31,6 +31,7 @@ pub mod server;
 pub mod tenants;
 pub mod tenants_file;
 pub mod throttle;
+pub mod tls;
 pub mod upstream;
 pub mod verifier_threads;
 
@@ -45,18 +46,29 @@ use crate::proxy::AppState;
 use crate::reload::{Reloader, Tenants};
 use crate::server::{serve_connections, Shutdown};
 use crate::tenants_file::TenantsFileError;
+use crate::tls::TlsReloader;
 
 /// A configured proxy, its tenants file loaded (or found missing), not yet serving.
 pub struct Proxy {
     config: Config,
     state: Arc<AppState>,
     reloader: Reloader,
+    tls: Option<TlsReloader>,
+}
+
+/// Why a proxy cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    TenantsFile(#[from] TenantsFileError),
+    #[error("TLS: {0}")]
+    Tls(String),
 }
 
 impl Proxy {
     /// Fails when the tenants file exists but is invalid; a missing one is
     /// fine (the proxy starts unready and answers 503 until it appears).
-    pub fn new(config: Config) -> Result<Self, TenantsFileError> {
+    pub fn new(config: Config) -> Result<Self, StartError> {
         let tenants = Arc::new(Tenants::default());
         let metrics = Arc::new(Metrics::default());
         let mut reloader = Reloader::new(
@@ -65,16 +77,28 @@ impl Proxy {
             metrics.clone(),
         );
         reloader.load_initial()?;
+        let tls = config
+            .tls
+            .clone()
+            .map(|tls| TlsReloader::new(tls, metrics.clone()))
+            .transpose()
+            .map_err(StartError::Tls)?;
         let state = Arc::new(AppState::new(&config, tenants, metrics));
         Ok(Self {
             config,
             state,
             reloader,
+            tls,
         })
     }
 
     pub fn tenants(&self) -> Arc<Tenants> {
         self.state.tenants.clone()
+    }
+
+    /// Counts certificate reloads (TLS configured only).
+    pub fn tls_reloads(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        self.tls.as_ref().map(TlsReloader::reloads)
     }
 
     /// Serves tenant traffic on `listener` and the admin endpoints on
@@ -91,10 +115,15 @@ impl Proxy {
             config,
             state,
             reloader,
+            tls,
         } = self;
 
         let reload =
             tokio::spawn(reloader.run(config.tenants_poll_interval, shutdown.clone().wait()));
+        let current_tls = tls.as_ref().map(TlsReloader::current);
+        if let (Some(tls), Some(settings)) = (tls, &config.tls) {
+            tokio::spawn(tls.run(settings.reload_interval, shutdown.clone().wait()));
+        }
 
         let admin_state = Arc::new(admin::ProxyAdmin {
             metrics: state.metrics.clone(),
@@ -104,6 +133,7 @@ impl Proxy {
         let tenant_server = serve_connections(
             listener,
             &config.limits,
+            current_tls,
             move |peer, request| proxy::handle(state.clone(), peer, request),
             shutdown,
         );

@@ -75,6 +75,7 @@ pub struct Metrics {
     pub tenants_loaded: Gauge,
     pub credentials_loaded: Gauge,
     pub reload_failures: Counter,
+    pub tls_reload_failures: Counter,
     pub last_reload_success: Gauge,
     pub last_reload_timestamp: Gauge<f64, AtomicU64>,
     pub remote_write_series: Family<TenantLabels, Counter>,
@@ -149,6 +150,12 @@ impl Default for Metrics {
             "Tenants file loads that failed (the previous generation stayed in force)",
             reload_failures.clone(),
         );
+        let tls_reload_failures = Counter::default();
+        registry.register(
+            "tls_reload_failures",
+            "Changed TLS files that failed to load (the previous certificate stayed in force)",
+            tls_reload_failures.clone(),
+        );
         let last_reload_success = Gauge::default();
         registry.register(
             "tenants_last_reload_success",
@@ -203,6 +210,7 @@ impl Default for Metrics {
             tenants_loaded,
             credentials_loaded,
             reload_failures,
+            tls_reload_failures,
             last_reload_success,
             last_reload_timestamp,
             remote_write_series,

@@ -15,8 +15,11 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use tokio_rustls::TlsAcceptor;
+
 use crate::body::ProxyBody;
 use crate::config::Limits;
+use crate::tls::CurrentTls;
 
 /// A shutdown signal many tasks can wait on.
 #[derive(Clone, Debug)]
@@ -39,10 +42,12 @@ impl Shutdown {
 }
 
 /// Serves HTTP/1.1 (with upgrades, for live tail) and HTTP/2 on `listener`,
-/// calling `handler` per request with the peer's address.
+/// over TLS when `tls` is set, calling `handler` per request with the
+/// peer's address.
 pub async fn serve_connections<H, F>(
     listener: TcpListener,
     limits: &Limits,
+    tls: Option<CurrentTls>,
     handler: H,
     shutdown: Shutdown,
 ) where
@@ -78,12 +83,41 @@ pub async fn serve_connections<H, F>(
         let _ = stream.set_nodelay(true);
         let handler = handler.clone();
         let service = service_fn(move |request| handler(peer, request));
-        let connection = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), service)
-            .into_owned();
-        let connection = graceful.watch(connection);
+        let (builder, watcher) = (builder.clone(), graceful.watcher());
+        let handshake_timeout = limits.header_read_timeout;
+        let tls = tls
+            .as_ref()
+            .map(|current| TlsAcceptor::from(current.load_full()));
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
+            let served =
+                match tls {
+                    None => {
+                        let connection =
+                            builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+                        watcher.watch(connection.into_owned()).await
+                    }
+                    Some(acceptor) => {
+                        // The handshake counts against the same clock as a request head.
+                        let stream =
+                            match tokio::time::timeout(handshake_timeout, acceptor.accept(stream))
+                                .await
+                            {
+                                Ok(Ok(stream)) => stream,
+                                Ok(Err(e)) => {
+                                    tracing::debug!(error = %e, %peer, "TLS handshake failed");
+                                    return;
+                                }
+                                Err(_) => {
+                                    tracing::debug!(%peer, "TLS handshake timed out");
+                                    return;
+                                }
+                            };
+                        let connection =
+                            builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+                        watcher.watch(connection.into_owned()).await
+                    }
+                };
+            if let Err(e) = served {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
         });

@@ -114,6 +114,8 @@ pub struct RunningProxy {
     pub admin_addr: SocketAddr,
     pub tenants_file: PathBuf,
     pub tenants: Arc<Tenants>,
+    /// Certificate reloads, when the config has a `tls` section.
+    pub tls_reloads: Option<tokio::sync::watch::Receiver<u64>>,
     reloads: tokio::sync::watch::Receiver<ReloadStatus>,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
@@ -188,6 +190,7 @@ impl RunningProxy {
         let (addr, admin_addr) = (listener.local_addr().unwrap(), admin.local_addr().unwrap());
         let proxy = Proxy::new(config).unwrap();
         let tenants = proxy.tenants();
+        let tls_reloads = proxy.tls_reloads();
         let reloads = tenants.subscribe();
         let (tx, rx) = oneshot::channel();
         let task = tokio::spawn(proxy.serve(listener, admin, async {
@@ -198,6 +201,7 @@ impl RunningProxy {
             admin_addr,
             tenants_file,
             tenants,
+            tls_reloads,
             reloads,
             shutdown: Some(tx),
             task: Some(task),

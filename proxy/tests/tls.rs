@@ -1,0 +1,243 @@
+//! TLS on the tenant listener: served, reloaded when the files change (a
+//! broken file keeps the last good certificate), and client certificates
+//! required when a CA bundle is configured. Certificates are made per test
+//! with rcgen.
+
+mod support;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair, SanType};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::{ClientConfig, RootCertStore};
+use support::loki::LokiStandIn;
+use support::{basic, replace_file, ProxyOptions, RunningProxy};
+
+/// A CA and certificates it signs, as PEM.
+struct Ca(CertifiedIssuer<'static, KeyPair>);
+
+struct Leaf {
+    cert_pem: String,
+    key_pem: String,
+}
+
+impl Ca {
+    fn new() -> Self {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        Self(CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap())
+    }
+
+    fn pem(&self) -> String {
+        self.0.pem()
+    }
+
+    fn issue(&self, name: &str) -> Leaf {
+        let mut params = CertificateParams::new(vec![name.to_string()]).unwrap();
+        params
+            .subject_alt_names
+            .push(SanType::IpAddress([127, 0, 0, 1].into()));
+        let key = KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.0).unwrap();
+        Leaf {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        }
+    }
+
+    fn roots(&self) -> RootCertStore {
+        let mut roots = RootCertStore::empty();
+        roots.add(self.0.der().clone()).unwrap();
+        roots
+    }
+}
+
+fn write_leaf(dir: &Path, leaf: &Leaf) {
+    replace_file(&dir.join("tls.crt"), &leaf.cert_pem);
+    replace_file(&dir.join("tls.key"), &leaf.key_pem);
+}
+
+fn pem_der(pem: &str) -> CertificateDer<'static> {
+    use rustls::pki_types::pem::PemObject;
+    CertificateDer::from_pem_slice(pem.as_bytes()).unwrap()
+}
+
+/// One HTTPS GET on a fresh connection; the status and the certificate the
+/// server presented, or the error.
+async fn https_get(
+    proxy: &RunningProxy,
+    roots: RootCertStore,
+    client_cert: Option<&Leaf>,
+    path: &str,
+    auth: &str,
+) -> Result<(StatusCode, CertificateDer<'static>), String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots);
+    let config = match client_cert {
+        None => builder.with_no_client_auth(),
+        Some(leaf) => {
+            use rustls::pki_types::pem::PemObject;
+            let key = PrivateKeyDer::from_pem_slice(leaf.key_pem.as_bytes()).unwrap();
+            builder
+                .with_client_auth_cert(vec![pem_der(&leaf.cert_pem)], key)
+                .unwrap()
+        }
+    };
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let name = ServerName::try_from("localhost").unwrap();
+    let tls = connector
+        .connect(name, tcp)
+        .await
+        .map_err(|e| e.to_string())?;
+    let presented = tls.get_ref().1.peer_certificates().unwrap()[0]
+        .clone()
+        .into_owned();
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(connection);
+    let request = Request::get(path)
+        .header("host", "localhost")
+        .header("authorization", auth)
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(|e| e.to_string())?;
+    let status = response.status();
+    let _ = response.into_body().collect().await;
+    Ok((status, presented))
+}
+
+async fn start(dir: &Path, client_ca: bool) -> (LokiStandIn, RunningProxy) {
+    support::captured_logs();
+    let loki = LokiStandIn::start().await;
+    let mut options = ProxyOptions::new(loki.url());
+    let ca_line = if client_ca {
+        format!("  client_ca_file: {}\n", dir.join("clients.crt").display())
+    } else {
+        String::new()
+    };
+    let section = format!(
+        "tls:\n  cert_file: {}\n  key_file: {}\n{ca_line}  reload_interval: 100ms\n",
+        dir.join("tls.crt").display(),
+        dir.join("tls.key").display(),
+    );
+    options.extra = Box::leak(section.into_boxed_str());
+    (loki, RunningProxy::start(options).await)
+}
+
+const LABELS: &str = "/loki/api/v1/labels";
+
+#[tokio::test]
+async fn https_is_served_and_a_rotated_certificate_is_picked_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new();
+    let first = ca.issue("localhost");
+    write_leaf(dir.path(), &first);
+    let (loki, mut proxy) = start(dir.path(), false).await;
+    let alice = basic("alice", "alice-pw");
+
+    let (status, presented) = https_get(&proxy, ca.roots(), None, LABELS, &alice)
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(presented, pem_der(&first.cert_pem));
+    assert_eq!(loki.last().org_ids(), ["team-a"]);
+
+    let second = ca.issue("localhost");
+    let reloads = proxy.tls_reloads.as_mut().unwrap();
+    write_leaf(dir.path(), &second);
+    tokio::time::timeout(Duration::from_secs(10), reloads.wait_for(|n| *n >= 1))
+        .await
+        .expect("reloaded within 10 s")
+        .unwrap();
+    let (_, presented) = https_get(&proxy, ca.roots(), None, LABELS, &alice)
+        .await
+        .unwrap();
+    assert_eq!(
+        presented,
+        pem_der(&second.cert_pem),
+        "new connections get the new certificate"
+    );
+
+    // A broken certificate file is refused; the last good one stays.
+    replace_file(&dir.path().join("tls.crt"), "not a certificate");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !proxy
+        .metrics()
+        .await
+        .contains("tenant_proxy_tls_reload_failures_total 1")
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the broken file was noticed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, presented) = https_get(&proxy, ca.roots(), None, LABELS, &alice)
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(presented, pem_der(&second.cert_pem));
+
+    // Plain HTTP on the TLS port gets no answer.
+    let (url, auth) = (proxy.url(LABELS), alice.clone());
+    let plain = tokio::spawn(async move { support::get(&url, &auth).await });
+    let plain = tokio::time::timeout(Duration::from_secs(10), plain).await;
+    assert!(matches!(plain, Ok(Err(_))), "plain HTTP is not served");
+}
+
+#[tokio::test]
+async fn with_a_client_ca_a_client_certificate_is_required_besides_basic_auth() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new();
+    write_leaf(dir.path(), &ca.issue("localhost"));
+    let clients = Ca::new();
+    std::fs::write(dir.path().join("clients.crt"), clients.pem()).unwrap();
+    let (loki, proxy) = start(dir.path(), true).await;
+    let alice = basic("alice", "alice-pw");
+
+    let good = clients.issue("grafana");
+    let (status, _) = https_get(&proxy, ca.roots(), Some(&good), LABELS, &alice)
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::OK);
+
+    let (status, _) = https_get(
+        &proxy,
+        ca.roots(),
+        Some(&good),
+        LABELS,
+        &basic("alice", "wrong"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        status,
+        StatusCode::UNAUTHORIZED,
+        "the certificate does not replace basic auth"
+    );
+
+    let stranger = Ca::new().issue("grafana");
+    for client in [None, Some(&stranger)] {
+        let refused = https_get(&proxy, ca.roots(), client, LABELS, &alice).await;
+        assert!(refused.is_err(), "{:?}", refused.map(|r| r.0));
+    }
+    assert_eq!(
+        loki.received().len(),
+        1,
+        "only the good client's request got through"
+    );
+}
