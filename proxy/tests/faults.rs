@@ -1,0 +1,172 @@
+//! Upstream fault drills: an upstream that drops the connection before
+//! answering, in the middle of its response head, or in the middle of its
+//! body, or that stalls past the timeout. The proxy answers as documented
+//! (502 on queries, 503 on pushes so senders retry, 504 for a stall; a
+//! truncated body is never passed off as complete) and, once the upstream
+//! behaves again, serves normally without a restart.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Method, StatusCode};
+use http_body_util::BodyExt;
+use support::{basic, send, ProxyOptions, RunningProxy};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(u8)]
+enum Fault {
+    Healthy,
+    CloseBeforeAnswering,
+    CloseInHead,
+    CloseInBody,
+    Stall,
+}
+
+/// An upstream whose next connections misbehave as told.
+struct FaultyUpstream {
+    addr: SocketAddr,
+    fault: Arc<AtomicU8>,
+}
+
+impl FaultyUpstream {
+    async fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let fault = Arc::new(AtomicU8::new(Fault::Healthy as u8));
+        let shared = fault.clone();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let fault = shared.load(Ordering::SeqCst);
+                tokio::spawn(async move {
+                    // The request head (and a small body) arrive in one read.
+                    let mut buf = vec![0; 64 * 1024];
+                    let _ = stream.read(&mut buf).await;
+                    let reply: &[u8] = match fault {
+                        f if f == Fault::Healthy as u8 => {
+                            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}"
+                        }
+                        f if f == Fault::CloseInHead as u8 => b"HTTP/1.1 200 OK\r\nContent-Le",
+                        f if f == Fault::CloseInBody as u8 => {
+                            b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\nConnection: close\r\n\r\n{\"partial"
+                        }
+                        f if f == Fault::Stall as u8 => {
+                            tokio::time::sleep(Duration::from_secs(30)).await;
+                            b""
+                        }
+                        _ => b"",
+                    };
+                    let _ = stream.write_all(reply).await;
+                    // Dropping the stream closes the connection.
+                });
+            }
+        });
+        Self { addr, fault }
+    }
+
+    fn set(&self, fault: Fault) {
+        self.fault.store(fault as u8, Ordering::SeqCst);
+    }
+}
+
+const QUERY: &str = "/loki/api/v1/query_range?query=%7Bapp%3D%22x%22%7D";
+const PUSH: &str = "/loki/api/v1/push";
+
+async fn query(proxy: &RunningProxy) -> StatusCode {
+    support::get(&proxy.url(QUERY), &basic("alice", "alice-pw"))
+        .await
+        .status
+}
+
+async fn push(proxy: &RunningProxy) -> StatusCode {
+    let body = r#"{"streams":[{"stream":{"app":"x"},"values":[["1700000000000000000","line"]]}]}"#;
+    send(
+        Method::POST,
+        &proxy.url(PUSH),
+        Some(&basic("pusher-a", "pusher-pw")),
+        &[("content-type", "application/json")],
+        body,
+    )
+    .await
+    .status
+}
+
+#[tokio::test]
+async fn upstream_faults_get_the_documented_status_and_the_proxy_recovers() {
+    support::captured_logs();
+    let upstream = FaultyUpstream::start().await;
+    let mut options = ProxyOptions::new(format!("http://{}", upstream.addr));
+    options.limits = "  upstream_timeout: 300ms\n";
+    let proxy = RunningProxy::start(options).await;
+
+    assert_eq!(query(&proxy).await, StatusCode::OK);
+    for (fault, query_status, push_status) in [
+        (
+            Fault::CloseBeforeAnswering,
+            StatusCode::BAD_GATEWAY,
+            StatusCode::SERVICE_UNAVAILABLE,
+        ),
+        (
+            Fault::CloseInHead,
+            StatusCode::BAD_GATEWAY,
+            StatusCode::SERVICE_UNAVAILABLE,
+        ),
+        (
+            Fault::Stall,
+            StatusCode::GATEWAY_TIMEOUT,
+            StatusCode::GATEWAY_TIMEOUT,
+        ),
+    ] {
+        upstream.set(fault);
+        assert_eq!(query(&proxy).await, query_status, "{fault:?}, query");
+        assert_eq!(push(&proxy).await, push_status, "{fault:?}, push");
+        upstream.set(Fault::Healthy);
+        assert_eq!(
+            query(&proxy).await,
+            StatusCode::OK,
+            "recovered after {fault:?}"
+        );
+        assert_eq!(
+            push(&proxy).await,
+            StatusCode::OK,
+            "recovered after {fault:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_body_cut_off_by_the_upstream_is_not_passed_off_as_complete() {
+    support::captured_logs();
+    let upstream = FaultyUpstream::start().await;
+    let proxy = RunningProxy::start(ProxyOptions::new(format!("http://{}", upstream.addr))).await;
+    upstream.set(Fault::CloseInBody);
+
+    // The head was already forwarded (200); the client must see the body
+    // end in an error, not a short but "complete" body.
+    let stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    let request = http::Request::get(QUERY)
+        .header("host", "proxy")
+        .header("authorization", basic("alice", "alice-pw"))
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = tokio::time::timeout(Duration::from_secs(10), response.into_body().collect()).await;
+    assert!(
+        matches!(body, Ok(Err(_))),
+        "the truncated body ends in an error"
+    );
+
+    upstream.set(Fault::Healthy);
+    assert_eq!(query(&proxy).await, StatusCode::OK);
+}
