@@ -31,23 +31,20 @@ pub const IDENTITY_HEADERS: [HeaderName; 3] = [
 pub const RW_SAMPLES_WRITTEN: HeaderName =
     HeaderName::from_static("x-prometheus-remote-write-samples-written");
 
+/// Everything but the unreserved characters (RFC 3986) is percent-encoded.
+const POLICY_SELECTOR: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
+
 /// The value of `X-Prom-Label-Policy` restricting `tenant` to `selector`:
 /// `<tenant>:<selector, percent-encoded>`, as Loki and Mimir parse it (Go's
-/// `url.PathUnescape`, which decodes any `%XX`, so everything but the
-/// unreserved characters is encoded).
+/// `url.PathUnescape`, which decodes any `%XX`).
 pub fn label_policy(tenant: &str, selector: &str) -> http::HeaderValue {
-    let mut value = String::with_capacity(tenant.len() + 1 + selector.len() * 3);
-    value.push_str(tenant);
-    value.push(':');
-    for byte in selector.bytes() {
-        if byte.is_ascii_alphanumeric() || b"-_.~".contains(&byte) {
-            value.push(byte as char);
-        } else {
-            value.push_str(&format!("%{byte:02X}"));
-        }
-    }
+    let encoded = percent_encoding::utf8_percent_encode(selector, POLICY_SELECTOR);
     // Tenant ids are validated to a header-safe charset; the rest is ASCII.
-    http::HeaderValue::from_str(&value).expect("an ASCII header value")
+    http::HeaderValue::from_str(&format!("{tenant}:{encoded}")).expect("an ASCII header value")
 }
 
 #[cfg(test)]

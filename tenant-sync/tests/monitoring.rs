@@ -41,6 +41,7 @@ fn exported() -> BTreeSet<String> {
         .auth_failures
         .get_or_create(&proxy::ReasonLabels { reason: "r" });
     let _ = p.errors.get_or_create(&proxy::ReasonLabels { reason: "r" });
+    p.count_limited(Some("t"), Some("logs_query"), "rate");
     let _ = p
         .upstream_duration
         .get_or_create(&proxy::SurfaceLabels { surface: "s" });
