@@ -161,6 +161,25 @@ pub struct LogsConfig {
     /// them the whole tenant.
     #[serde(default)]
     pub lbac: bool,
+    /// For an `https://` upstream.
+    pub tls: Option<UpstreamTls>,
+}
+
+/// How the proxy connects to an `https://` upstream. Files are re-read
+/// when they change (`reload_interval`); new connections use them.
+#[derive(Clone, Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamTls {
+    /// PEM CA bundle to verify the upstream with; default: the system's roots.
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate and key, for upstreams that require one.
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    /// The name the upstream's certificate must carry, when it is not the
+    /// URL's host (an IP address, or a Service name the certificate lacks).
+    pub server_name: Option<String>,
+    #[serde(default = "defaults::tls_reload_interval", with = "humantime_serde")]
+    pub reload_interval: Duration,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -188,6 +207,8 @@ pub struct MetricsConfig {
     /// label names a value the tenant does not own.
     #[serde(default)]
     pub foreign_label: ForeignLabelPolicy,
+    /// For an `https://` upstream (both `upstream` and `push_upstream`).
+    pub tls: Option<UpstreamTls>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -368,10 +389,13 @@ impl Upstream {
         let uri: Uri = raw
             .parse()
             .map_err(|e| format!("invalid URL {raw:?}: {e}"))?;
-        let scheme = uri.scheme().cloned().ok_or("upstream URL needs http://")?;
-        if scheme != http::uri::Scheme::HTTP {
+        let scheme = uri
+            .scheme()
+            .cloned()
+            .ok_or("upstream URL needs http:// or https://")?;
+        if scheme != http::uri::Scheme::HTTP && scheme != http::uri::Scheme::HTTPS {
             return Err(format!(
-                "upstream {raw:?}: only http:// upstreams are supported so far"
+                "upstream {raw:?}: only http:// and https:// are supported"
             ));
         }
         let authority = uri
@@ -433,6 +457,18 @@ impl Config {
                 resolve(ca);
             }
         }
+        let upstream_tls = [
+            config.logs.as_mut().and_then(|l| l.tls.as_mut()),
+            config.metrics.as_mut().and_then(|m| m.tls.as_mut()),
+        ];
+        for tls in upstream_tls.into_iter().flatten() {
+            for file in [&mut tls.ca_file, &mut tls.cert_file, &mut tls.key_file]
+                .into_iter()
+                .flatten()
+            {
+                resolve(file);
+            }
+        }
         Ok(config)
     }
 
@@ -459,6 +495,31 @@ impl Config {
             }
             HeaderName::from_bytes(metrics.header.as_bytes())
                 .map_err(|_| format!("metrics.header {:?} is not a header name", metrics.header))?;
+        }
+        let upstreams = [
+            self.logs
+                .as_ref()
+                .map(|l| ("logs", vec![&l.upstream], l.tls.as_ref())),
+            self.metrics.as_ref().map(|m| {
+                let all = std::iter::once(&m.upstream)
+                    .chain(&m.push_upstream)
+                    .collect();
+                ("metrics", all, m.tls.as_ref())
+            }),
+        ];
+        for (section, urls, tls) in upstreams.into_iter().flatten() {
+            let https = urls.iter().any(|u| u.scheme == http::uri::Scheme::HTTPS);
+            match tls {
+                Some(_) if !https => {
+                    return Err(format!(
+                        "{section}.tls is set but no {section} upstream is https://"
+                    ))
+                }
+                Some(tls) if tls.cert_file.is_some() != tls.key_file.is_some() => {
+                    return Err(format!("{section}.tls: cert_file and key_file go together"))
+                }
+                _ => {}
+            }
         }
         if self.limits.max_header_bytes < 8 * 1024 {
             return Err("limits.max_header_bytes must be at least 8192".into());
@@ -508,8 +569,16 @@ mod tests {
             uri.to_string(),
             "http://mimir:8080/prometheus/api/v1/query?query=up"
         );
-        assert!(Upstream::parse("https://x").is_err());
+        assert!(Upstream::parse("https://x").is_ok());
+        assert!(Upstream::parse("ftp://x").is_err());
         assert!(Upstream::parse("x:3100").is_err());
+        // tls only with an https upstream, cert and key together.
+        let base = MINIMAL.replace("http://127.0.0.1:3100", "http://x");
+        let tls_on_http = format!("{base}  tls: {{ca_file: ca.crt}}\n");
+        assert!(Config::parse(&tls_on_http).unwrap_err().contains("https"));
+        let https = MINIMAL.replace("http://127.0.0.1:3100", "https://x");
+        let half = format!("{https}  tls: {{cert_file: c.crt}}\n");
+        assert!(Config::parse(&half).unwrap_err().contains("together"));
     }
 
     #[test]

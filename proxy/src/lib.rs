@@ -46,7 +46,7 @@ use crate::proxy::AppState;
 use crate::reload::{Reloader, Tenants};
 use crate::server::{serve_connections, Shutdown};
 use crate::tenants_file::TenantsFileError;
-use crate::tls::TlsReloader;
+use crate::tls::{TlsReloader, UpstreamTlsReloader};
 
 /// A configured proxy, its tenants file loaded (or found missing), not yet serving.
 pub struct Proxy {
@@ -83,7 +83,7 @@ impl Proxy {
             .map(|tls| TlsReloader::new(tls, metrics.clone()))
             .transpose()
             .map_err(StartError::Tls)?;
-        let state = Arc::new(AppState::new(&config, tenants, metrics));
+        let state = Arc::new(AppState::new(&config, tenants, metrics).map_err(StartError::Tls)?);
         Ok(Self {
             config,
             state,
@@ -123,6 +123,16 @@ impl Proxy {
         let current_tls = tls.as_ref().map(TlsReloader::current);
         if let (Some(tls), Some(settings)) = (tls, &config.tls) {
             tokio::spawn(tls.run(settings.reload_interval, shutdown.clone().wait()));
+        }
+        for target in [&state.logs, &state.metrics_target].into_iter().flatten() {
+            if let Some(tls) = &target.tls {
+                let reloader = UpstreamTlsReloader::new(
+                    tls.clone(),
+                    target.client.clone(),
+                    state.metrics.clone(),
+                );
+                tokio::spawn(reloader.run(shutdown.clone().wait()));
+            }
         }
 
         let admin_state = Arc::new(admin::ProxyAdmin {

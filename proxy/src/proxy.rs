@@ -17,6 +17,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode};
@@ -27,7 +28,7 @@ use hyper_util::rt::TokioIo;
 use crate::admission::{Admission, Admitted, Kind};
 use crate::auth::Authenticator;
 use crate::body::{self, ProxyBody};
-use crate::config::{Config, ForeignLabelPolicy, Limits, MetricsMode, Upstream};
+use crate::config::{Config, ForeignLabelPolicy, Limits, MetricsMode, Upstream, UpstreamTls};
 use crate::error::ProxyError;
 use crate::headers::{self, RW_SAMPLES_WRITTEN, X_PROM_LABEL_POLICY, X_SCOPE_ORGID};
 use crate::metrics::{
@@ -56,6 +57,10 @@ pub struct Target {
     pub foreign_label: ForeignLabelPolicy,
     /// Loki enforces `X-Prom-Label-Policy` (`logs.lbac`).
     pub enforces_label_policy: bool,
+    /// This upstream's pooled client; swapped when its TLS files change.
+    pub client: Arc<ArcSwap<HttpClient>>,
+    /// Its TLS settings, for the reloader.
+    pub tls: Option<UpstreamTls>,
 }
 
 impl Target {
@@ -102,7 +107,6 @@ pub struct AppState {
     pub metrics_target: Option<Target>,
     pub tenants: Arc<Tenants>,
     pub auth: Authenticator,
-    pub client: HttpClient,
     pub metrics: Arc<Metrics>,
     pub limits: Limits,
     pub admission: Admission,
@@ -111,41 +115,53 @@ pub struct AppState {
 }
 
 impl AppState {
-    pub fn new(config: &Config, tenants: Arc<Tenants>, metrics: Arc<Metrics>) -> Self {
-        let logs = config.logs.as_ref().map(|l| Target {
-            upstream: l.upstream.clone(),
-            push_upstream: None,
-            tenant_header: Some(X_SCOPE_ORGID),
-            tenant_label: None,
-            foreign_label: ForeignLabelPolicy::default(),
-            enforces_label_policy: l.lbac,
-        });
-        let metrics_target = config.metrics.as_ref().map(|m| match m.mode {
-            MetricsMode::Label => Target {
-                upstream: m.upstream.clone(),
-                push_upstream: m.push_upstream.clone(),
-                tenant_header: None,
-                tenant_label: Some(m.label.clone()),
-                foreign_label: m.foreign_label,
-                enforces_label_policy: false,
-            },
-            MetricsMode::Header => Target {
-                upstream: m.upstream.clone(),
-                push_upstream: m.push_upstream.clone(),
-                // Validated as a header name when the config was loaded.
-                tenant_header: HeaderName::from_bytes(m.header.as_bytes()).ok(),
+    pub fn new(
+        config: &Config,
+        tenants: Arc<Tenants>,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, String> {
+        let client = |tls: Option<&UpstreamTls>| -> Result<_, String> {
+            Ok(Arc::new(ArcSwap::from_pointee(upstream::client(tls)?)))
+        };
+        let logs = match &config.logs {
+            None => None,
+            Some(l) => Some(Target {
+                upstream: l.upstream.clone(),
+                push_upstream: None,
+                tenant_header: Some(X_SCOPE_ORGID),
                 tenant_label: None,
-                foreign_label: m.foreign_label,
-                enforces_label_policy: false,
-            },
-        });
-        Self {
+                foreign_label: ForeignLabelPolicy::default(),
+                enforces_label_policy: l.lbac,
+                client: client(l.tls.as_ref())?,
+                tls: l.tls.clone(),
+            }),
+        };
+        let metrics_target = match &config.metrics {
+            None => None,
+            Some(m) => {
+                let (tenant_header, tenant_label) = match m.mode {
+                    MetricsMode::Label => (None, Some(m.label.clone())),
+                    // Validated as a header name when the config was loaded.
+                    MetricsMode::Header => (HeaderName::from_bytes(m.header.as_bytes()).ok(), None),
+                };
+                Some(Target {
+                    upstream: m.upstream.clone(),
+                    push_upstream: m.push_upstream.clone(),
+                    tenant_header,
+                    tenant_label,
+                    foreign_label: m.foreign_label,
+                    enforces_label_policy: false,
+                    client: client(m.tls.as_ref())?,
+                    tls: m.tls.clone(),
+                })
+            }
+        };
+        Ok(Self {
             routes: RouteTable::new(logs.is_some(), config.metrics.as_ref().map(|m| m.mode)),
             logs,
             metrics_target,
             tenants,
             auth: Authenticator::new(&config.auth, metrics.password_verifications.clone()),
-            client: upstream::client(),
             metrics,
             limits: config.limits.clone(),
             admission: Admission::new(
@@ -153,7 +169,7 @@ impl AppState {
                 config.tenant_limits.clone(),
             ),
             memo: Memo::new(10_000),
-        }
+        })
     }
 
     fn target(&self, route: &Route) -> Result<&Target, ProxyError> {
@@ -368,7 +384,7 @@ async fn proxy(
 
     let sent = Instant::now();
     let mut response = upstream::send(
-        &state.client,
+        &target.client.load(),
         Request::from_parts(parts, body),
         state.limits.upstream_timeout,
         state.limits.max_body_bytes,

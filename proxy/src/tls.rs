@@ -1,7 +1,9 @@
 //! TLS on the tenant listener: certificate and key from PEM files, reloaded
 //! when they change (cert-manager and kubelet replace them in place), and
 //! optionally client certificates required from a CA bundle (mTLS), in
-//! addition to basic auth, never instead of it.
+//! addition to basic auth, never instead of it. And TLS to `https://`
+//! upstreams: a CA bundle (or the system's roots), an optional client
+//! certificate, an optional server name, reloaded the same way.
 //!
 //! A file that fails to load keeps the previous configuration in force;
 //! new connections use the newest one, established ones keep theirs.
@@ -12,13 +14,14 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use rustls::server::WebPkiClientVerifier;
-use rustls::{RootCertStore, ServerConfig};
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::sync::watch;
 
-use crate::config::TlsConfig;
+use crate::config::{TlsConfig, UpstreamTls};
 use crate::metrics::Metrics;
+use crate::upstream::{self, HttpClient};
 
 /// The server configuration in force, swapped on reload.
 pub type CurrentTls = Arc<ArcSwap<ServerConfig>>;
@@ -136,19 +139,120 @@ impl TlsReloader {
     }
 }
 
-/// What the files hold now (unreadable files hash as empty: a rename in
-/// progress is retried on the next tick).
 fn digest(config: &TlsConfig) -> blake3::Hash {
-    let mut hasher = blake3::Hasher::new();
-    let files: [Option<&PathBuf>; 3] = [
+    digest_files([
         Some(&config.cert_file),
         Some(&config.key_file),
         config.client_ca_file.as_ref(),
-    ];
+    ])
+}
+
+/// What the files hold now (unreadable files hash as empty: a rename in
+/// progress is retried on the next tick).
+fn digest_files(files: [Option<&PathBuf>; 3]) -> blake3::Hash {
+    let mut hasher = blake3::Hasher::new();
     for path in files.into_iter().flatten() {
         let bytes = std::fs::read(path).unwrap_or_default();
         hasher.update(&(bytes.len() as u64).to_le_bytes());
         hasher.update(&bytes);
     }
     hasher.finalize()
+}
+
+// === upstreams ===
+
+/// The rustls client configuration for an `https://` upstream.
+pub fn client_config(tls: &UpstreamTls) -> Result<ClientConfig, String> {
+    let mut roots = RootCertStore::empty();
+    match &tls.ca_file {
+        Some(ca_file) => {
+            for cert in
+                CertificateDer::pem_file_iter(ca_file).map_err(|e| file_error(ca_file, e))?
+            {
+                roots
+                    .add(cert.map_err(|e| file_error(ca_file, e))?)
+                    .map_err(|e| format!("{}: {e}", ca_file.display()))?;
+            }
+        }
+        None => {
+            // The system's roots; unreadable ones are skipped, as curl does.
+            for cert in rustls_native_certs::load_native_certs().certs {
+                let _ = roots.add(cert);
+            }
+        }
+    }
+    let builder =
+        ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_root_certificates(roots);
+    match (&tls.cert_file, &tls.key_file) {
+        (Some(cert_file), Some(key_file)) => {
+            let certs = CertificateDer::pem_file_iter(cert_file)
+                .map_err(|e| file_error(cert_file, e))?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| file_error(cert_file, e))?;
+            let key =
+                PrivateKeyDer::from_pem_file(key_file).map_err(|e| file_error(key_file, e))?;
+            builder
+                .with_client_auth_cert(certs, key)
+                .map_err(|e| format!("{}: {e}", key_file.display()))
+        }
+        _ => Ok(builder.with_no_client_auth()),
+    }
+}
+
+/// Rebuilds an upstream's client when its TLS files change.
+pub struct UpstreamTlsReloader {
+    pub tls: UpstreamTls,
+    pub client: Arc<ArcSwap<HttpClient>>,
+    pub metrics: Arc<Metrics>,
+    seen: blake3::Hash,
+}
+
+impl UpstreamTlsReloader {
+    pub fn new(tls: UpstreamTls, client: Arc<ArcSwap<HttpClient>>, metrics: Arc<Metrics>) -> Self {
+        let seen = upstream_digest(&tls);
+        Self {
+            tls,
+            client,
+            metrics,
+            seen,
+        }
+    }
+
+    pub async fn run(mut self, shutdown: impl std::future::Future<Output = ()>) {
+        let mut ticks = tokio::time::interval(self.tls.reload_interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = ticks.tick() => {}
+            }
+            let now = upstream_digest(&self.tls);
+            if now == self.seen {
+                continue;
+            }
+            self.seen = now;
+            match upstream::client(Some(&self.tls)) {
+                Ok(client) => {
+                    self.client.store(Arc::new(client));
+                    tracing::info!("upstream TLS files reloaded");
+                }
+                Err(e) => {
+                    self.metrics.tls_reload_failures.inc();
+                    tracing::error!(error = %e, "upstream TLS files rejected; the previous ones stay in force");
+                }
+            }
+        }
+    }
+}
+
+fn upstream_digest(tls: &UpstreamTls) -> blake3::Hash {
+    digest_files([
+        tls.ca_file.as_ref(),
+        tls.cert_file.as_ref(),
+        tls.key_file.as_ref(),
+    ])
 }

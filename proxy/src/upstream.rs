@@ -6,26 +6,46 @@ use std::time::Duration;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response};
 use hyper::body::Incoming;
+use hyper_rustls::{FixedServerNameResolver, HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use rustls_pki_types::ServerName;
 
 use crate::body::ProxyBody;
+use crate::config::UpstreamTls;
 use crate::error::ProxyError;
 use crate::headers::{IDENTITY_HEADERS, KEEP_ALIVE, PROXY_CONNECTION, X_FORWARDED_FOR};
 
-pub type HttpClient = Client<HttpConnector, ProxyBody>;
+pub type HttpClient = Client<HttpsConnector<HttpConnector>, ProxyBody>;
 
-/// One pooled client for all upstreams: connections are reused across
-/// requests and tenants (the tenant travels in a header, not the connection).
-pub fn client() -> HttpClient {
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(Duration::from_secs(5)));
-    Client::builder(TokioExecutor::new())
+/// A pooled client for one upstream: connections are reused across
+/// requests and tenants (the tenant travels in a header, not the
+/// connection). `http://` upstreams need no `tls`; `https://` ones use it,
+/// or the system's roots without it.
+pub fn client(tls: Option<&UpstreamTls>) -> Result<HttpClient, String> {
+    let mut http = HttpConnector::new();
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(Duration::from_secs(5)));
+    http.enforce_http(false);
+    let default = UpstreamTls::default();
+    let tls = tls.unwrap_or(&default);
+    let builder = HttpsConnectorBuilder::new()
+        .with_tls_config(crate::tls::client_config(tls)?)
+        .https_or_http();
+    let builder = match &tls.server_name {
+        Some(name) => {
+            let name = ServerName::try_from(name.clone())
+                .map_err(|e| format!("server_name {name:?}: {e}"))?;
+            builder.with_server_name_resolver(FixedServerNameResolver::new(name))
+        }
+        None => builder,
+    };
+    let connector = builder.enable_http1().wrap_connector(http);
+    Ok(Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(90))
         .pool_max_idle_per_host(256)
-        .build(connector)
+        .build(connector))
 }
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1) that never cross the proxy, besides

@@ -13,59 +13,15 @@ use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair, SanType};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::{ClientConfig, RootCertStore};
+use support::certs::{pem_der, Ca, Leaf};
 use support::loki::LokiStandIn;
 use support::{basic, replace_file, ProxyOptions, RunningProxy};
-
-/// A CA and certificates it signs, as PEM.
-struct Ca(CertifiedIssuer<'static, KeyPair>);
-
-struct Leaf {
-    cert_pem: String,
-    key_pem: String,
-}
-
-impl Ca {
-    fn new() -> Self {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        Self(CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap())
-    }
-
-    fn pem(&self) -> String {
-        self.0.pem()
-    }
-
-    fn issue(&self, name: &str) -> Leaf {
-        let mut params = CertificateParams::new(vec![name.to_string()]).unwrap();
-        params
-            .subject_alt_names
-            .push(SanType::IpAddress([127, 0, 0, 1].into()));
-        let key = KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.0).unwrap();
-        Leaf {
-            cert_pem: cert.pem(),
-            key_pem: key.serialize_pem(),
-        }
-    }
-
-    fn roots(&self) -> RootCertStore {
-        let mut roots = RootCertStore::empty();
-        roots.add(self.0.der().clone()).unwrap();
-        roots
-    }
-}
 
 fn write_leaf(dir: &Path, leaf: &Leaf) {
     replace_file(&dir.join("tls.crt"), &leaf.cert_pem);
     replace_file(&dir.join("tls.key"), &leaf.key_pem);
-}
-
-fn pem_der(pem: &str) -> CertificateDer<'static> {
-    use rustls::pki_types::pem::PemObject;
-    CertificateDer::from_pem_slice(pem.as_bytes()).unwrap()
 }
 
 /// One HTTPS GET on a fresh connection; the status and the certificate the

@@ -2,6 +2,7 @@
 //! on ephemeral ports, an HTTP client, captured logs.
 #![allow(dead_code)]
 
+pub mod certs;
 pub mod loki;
 pub mod prometheus;
 

@@ -1,0 +1,61 @@
+//! Certificates made per test (rcgen): a CA and the leaves it signs, PEM.
+
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair, SanType};
+use rustls::pki_types::CertificateDer;
+use rustls::RootCertStore;
+
+/// A CA and certificates it signs, as PEM.
+pub struct Ca(CertifiedIssuer<'static, KeyPair>);
+
+pub struct Leaf {
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+impl Ca {
+    pub fn new() -> Self {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        Self(CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap())
+    }
+
+    pub fn pem(&self) -> String {
+        self.0.pem()
+    }
+
+    /// A leaf for `name` and 127.0.0.1.
+    pub fn issue(&self, name: &str) -> Leaf {
+        self.leaf(name, true)
+    }
+
+    /// A leaf for `name` only.
+    pub fn issue_name_only(&self, name: &str) -> Leaf {
+        self.leaf(name, false)
+    }
+
+    fn leaf(&self, name: &str, loopback_ip: bool) -> Leaf {
+        let mut params = CertificateParams::new(vec![name.to_string()]).unwrap();
+        if loopback_ip {
+            params
+                .subject_alt_names
+                .push(SanType::IpAddress([127, 0, 0, 1].into()));
+        }
+        let key = KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.0).unwrap();
+        Leaf {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        }
+    }
+
+    pub fn roots(&self) -> RootCertStore {
+        let mut roots = RootCertStore::empty();
+        roots.add(self.0.der().clone()).unwrap();
+        roots
+    }
+}
+
+pub fn pem_der(pem: &str) -> CertificateDer<'static> {
+    use rustls::pki_types::pem::PemObject;
+    CertificateDer::from_pem_slice(pem.as_bytes()).unwrap()
+}

@@ -1,0 +1,153 @@
+//! TLS to an `https://` upstream: verified against the configured CA (not
+//! the system's roots), with a client certificate when the upstream
+//! requires one, and a server name when the URL's host is not in the
+//! certificate.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::PrivateKeyDer;
+use rustls::server::WebPkiClientVerifier;
+use rustls::ServerConfig;
+use support::certs::{pem_der, Ca, Leaf};
+use support::{basic, get, ProxyOptions, RunningProxy};
+
+/// An HTTPS upstream that records the tenant header of what it serves.
+struct HttpsUpstream {
+    addr: SocketAddr,
+    org_ids: Arc<Mutex<Vec<String>>>,
+}
+
+impl HttpsUpstream {
+    async fn start(leaf: &Leaf, client_ca: Option<&Ca>) -> Self {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap();
+        let builder = match client_ca {
+            None => builder.with_no_client_auth(),
+            Some(ca) => builder.with_client_cert_verifier(
+                WebPkiClientVerifier::builder_with_provider(Arc::new(ca.roots()), provider)
+                    .build()
+                    .unwrap(),
+            ),
+        };
+        let key = PrivateKeyDer::from_pem_slice(leaf.key_pem.as_bytes()).unwrap();
+        let config = builder
+            .with_single_cert(vec![pem_der(&leaf.cert_pem)], key)
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let org_ids = Arc::new(Mutex::new(Vec::new()));
+        let seen = org_ids.clone();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let (acceptor, seen) = (acceptor.clone(), seen.clone());
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return; // a failed handshake is what some tests expect
+                    };
+                    let service = service_fn(move |request: Request<hyper::body::Incoming>| {
+                        let org = request
+                            .headers()
+                            .get("x-scope-orgid")
+                            .map(|v| v.to_str().unwrap().to_owned())
+                            .unwrap_or_default();
+                        seen.lock().unwrap().push(org);
+                        async {
+                            Ok::<_, std::convert::Infallible>(Response::new(Full::new(
+                                Bytes::from("{}"),
+                            )))
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(tls), service)
+                        .await;
+                });
+            }
+        });
+        Self { addr, org_ids }
+    }
+
+    fn served(&self) -> Vec<String> {
+        self.org_ids.lock().unwrap().clone()
+    }
+}
+
+fn write(dir: &Path, name: &str, content: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, content).unwrap();
+    path.display().to_string()
+}
+
+async fn proxy(upstream_url: String, tls: String) -> RunningProxy {
+    support::captured_logs();
+    let options = ProxyOptions::new(format!("{upstream_url}\n  tls:\n{tls}"));
+    RunningProxy::start(options).await
+}
+
+const LABELS: &str = "/loki/api/v1/labels";
+
+#[tokio::test]
+async fn an_https_upstream_is_verified_with_the_configured_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new();
+    let upstream = HttpsUpstream::start(&ca.issue("localhost"), None).await;
+    let url = format!("https://localhost:{}", upstream.addr.port());
+    let ca_file = write(dir.path(), "ca.crt", &ca.pem());
+    let proxy = proxy(url.clone(), format!("    ca_file: {ca_file}\n")).await;
+    let reply = get(&proxy.url(LABELS), &basic("alice", "alice-pw")).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    assert_eq!(upstream.served(), ["team-a"]);
+
+    // Another CA's certificate at the same place is refused: 502, nothing served.
+    let stranger = HttpsUpstream::start(&Ca::new().issue("localhost"), None).await;
+    let url = format!("https://localhost:{}", stranger.addr.port());
+    let proxy = self::proxy(url, format!("    ca_file: {ca_file}\n")).await;
+    let reply = get(&proxy.url(LABELS), &basic("alice", "alice-pw")).await;
+    assert_eq!(reply.status, StatusCode::BAD_GATEWAY);
+    assert!(stranger.served().is_empty());
+}
+
+#[tokio::test]
+async fn a_client_certificate_and_a_server_name_are_presented_when_configured() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new();
+    let clients = Ca::new();
+    // The certificate names the Service, not the address the proxy dials.
+    let upstream =
+        HttpsUpstream::start(&ca.issue_name_only("loki.logging.svc"), Some(&clients)).await;
+    let url = format!("https://127.0.0.1:{}", upstream.addr.port());
+    let ca_file = write(dir.path(), "ca.crt", &ca.pem());
+    let client = clients.issue("tenant-proxy");
+    let cert_file = write(dir.path(), "client.crt", &client.cert_pem);
+    let key_file = write(dir.path(), "client.key", &client.key_pem);
+
+    let with_all = format!(
+        "    ca_file: {ca_file}\n    cert_file: {cert_file}\n    key_file: {key_file}\n    server_name: loki.logging.svc\n"
+    );
+    let proxy = proxy(url.clone(), with_all).await;
+    let reply = get(&proxy.url(LABELS), &basic("bob", "bob-pw")).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    assert_eq!(upstream.served(), ["team-b"]);
+
+    for missing in [
+        format!("    ca_file: {ca_file}\n    server_name: loki.logging.svc\n"),
+        format!("    ca_file: {ca_file}\n    cert_file: {cert_file}\n    key_file: {key_file}\n"),
+    ] {
+        let proxy = self::proxy(url.clone(), missing.clone()).await;
+        let reply = get(&proxy.url(LABELS), &basic("bob", "bob-pw")).await;
+        assert_eq!(reply.status, StatusCode::BAD_GATEWAY, "{missing}");
+    }
+    assert_eq!(upstream.served(), ["team-b"], "nothing else got through");
+}
