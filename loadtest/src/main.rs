@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use loadtest::load::{self, Workload};
-use loadtest::proxy_process::{self, ProxyProcess};
+use loadtest::proxy_process::{self, ProcessStats, ProxyProcess};
 use loadtest::report::{self, Reloads, Row};
 use loadtest::scenario::Scenario;
 use loadtest::{bodies, sink};
@@ -39,6 +39,10 @@ struct Cli {
     /// upstream connections are not counted.
     #[arg(long, value_parser = loopback)]
     upstream: Option<SocketAddr>,
+    /// Run only this row of each scenario: `direct`, `proxy`,
+    /// `proxy+guessing` or `proxy+reloads` (e.g. for the 10-minute soak).
+    #[arg(long)]
+    only: Option<String>,
 }
 
 fn loopback(value: &str) -> Result<SocketAddr, String> {
@@ -70,6 +74,16 @@ enum Alongside {
     Guessing,
     /// The scenario's tenants-file replacements (count in `reloads_applied`).
     Reloads,
+}
+
+impl Alongside {
+    fn target(self) -> &'static str {
+        match self {
+            Alongside::Nothing => "proxy",
+            Alongside::Guessing => "proxy+guessing",
+            Alongside::Reloads => "proxy+reloads",
+        }
+    }
 }
 
 /// One measured run through a fresh proxy process.
@@ -120,30 +134,27 @@ async fn proxied(
         _ => None,
     };
     let generation_before = proxy.metric("tenant_proxy_tenants_generation").await?;
-    let mut cpu = (Duration::ZERO, Duration::ZERO);
+    let mut process = (ProcessStats::default(), ProcessStats::default());
     let mut connections = (None, None);
     let outcome = load::run(proxy.addr, scenario, workload.clone(), |starting| {
-        let now = proxy_process::stats(pid).map(|s| s.cpu).unwrap_or_default();
+        let now = proxy_process::stats(pid).unwrap_or_default();
         if starting {
-            cpu.0 = now;
+            process.0 = now;
             connections.0 = connections_opened();
         } else {
-            cpu.1 = now;
+            process.1 = now;
             connections.1 = connections_opened();
         }
     })
     .await;
+    let cpu = (process.0.cpu, process.1.cpu);
     stop.store(true, Ordering::Release);
     let side = match side_task {
         Some(task) => Some(task.await?),
         None => None,
     };
     let peak = proxy_process::stats(pid)?;
-    let target = match alongside {
-        Alongside::Nothing => "proxy",
-        Alongside::Guessing => "proxy+guessing",
-        Alongside::Reloads => "proxy+reloads",
-    };
+    let target = alongside.target();
     let opened = connections
         .1
         .zip(connections.0)
@@ -153,6 +164,13 @@ async fn proxied(
         Some((cpu.1 - cpu.0).as_secs_f64() * 1e6 / outcome.requests().max(1) as f64);
     row.proxy_idle_rss_mib = Some(idle.rss_kib as f64 / 1024.0);
     row.proxy_peak_rss_mib = Some(peak.peak_rss_kib as f64 / 1024.0);
+    row.measured = Some(report::Measured {
+        rss_mib: (
+            process.0.rss_kib as f64 / 1024.0,
+            process.1.rss_kib as f64 / 1024.0,
+        ),
+        open_fds: (process.0.open_fds, process.1.open_fds),
+    });
     match side {
         Some(Side::Guesses(statuses)) => row.guess_statuses = Some(statuses),
         Some(Side::Reloads(written)) => {
@@ -223,12 +241,15 @@ async fn main() -> anyhow::Result<()> {
             .collect::<anyhow::Result<Vec<_>>>()?;
         let workload = Arc::new(Workload::new(&scenario, prepared));
 
-        let before = connections_opened();
-        let direct = load::run(upstream, &scenario, workload.clone(), |_| {}).await;
-        let opened = connections_opened()
-            .zip(before)
-            .map(|(end, start)| end - start);
-        rows.push(Row::new(&scenario.name, "direct", &direct, opened));
+        let wanted = |target: &str| cli.only.as_deref().is_none_or(|only| only == target);
+        if wanted("direct") {
+            let before = connections_opened();
+            let direct = load::run(upstream, &scenario, workload.clone(), |_| {}).await;
+            let opened = connections_opened()
+                .zip(before)
+                .map(|(end, start)| end - start);
+            rows.push(Row::new(&scenario.name, "direct", &direct, opened));
+        }
 
         let extra = scenario.reloads.as_ref().map_or(0, |r| r.extra_credentials);
         let tenants = proxy_process::tenants_file(scenario.users, extra);
@@ -246,6 +267,7 @@ async fn main() -> anyhow::Result<()> {
         if scenario.reloads.is_some() {
             runs.push(Alongside::Reloads);
         }
+        runs.retain(|alongside| wanted(alongside.target()));
         for alongside in runs {
             let row = proxied(
                 &scenario,

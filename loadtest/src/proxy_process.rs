@@ -31,6 +31,8 @@ pub struct ProcessStats {
     pub cpu: Duration,
     pub peak_rss_kib: u64,
     pub rss_kib: u64,
+    /// Open file descriptors (sockets included).
+    pub open_fds: u64,
 }
 
 pub fn stats(pid: u32) -> std::io::Result<ProcessStats> {
@@ -53,6 +55,7 @@ pub fn stats(pid: u32) -> std::io::Result<ProcessStats> {
         cpu: Duration::from_micros(ticks * 1_000_000 / clock_ticks()),
         peak_rss_kib: kib("VmHWM:"),
         rss_kib: kib("VmRSS:"),
+        open_fds: std::fs::read_dir(format!("/proc/{pid}/fd"))?.count() as u64,
     })
 }
 

@@ -29,6 +29,14 @@ pub struct Row {
     pub guess_statuses: Option<std::collections::BTreeMap<u16, u64>>,
     /// Tenants-file replacements during the run.
     pub reloads: Option<Reloads>,
+    /// The proxy process at the start and the end of the measured interval.
+    pub measured: Option<Measured>,
+}
+
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Measured {
+    pub rss_mib: (f64, f64),
+    pub open_fds: (u64, u64),
 }
 
 #[derive(Clone, Copy, Debug, Serialize)]
@@ -66,6 +74,7 @@ impl Row {
             proxy_peak_rss_mib: None,
             guess_statuses: None,
             reloads: None,
+            measured: None,
         }
     }
 }
@@ -118,6 +127,18 @@ pub fn table(rows: &[Row]) -> String {
             connections,
             rss
         ));
+    }
+    let measured: Vec<_> = rows.iter().filter_map(|r| Some((r, r.measured?))).collect();
+    if !measured.is_empty() {
+        out.push_str(
+            "\n| scenario | target | proxy RSS MiB, start → end of the measured interval | open fds, start → end |\n|---|---|---|---|\n",
+        );
+        for (r, m) in measured {
+            out.push_str(&format!(
+                "| {} | {} | {:.1} → {:.1} | {} → {} |\n",
+                r.scenario, r.target, m.rss_mib.0, m.rss_mib.1, m.open_fds.0, m.open_fds.1
+            ));
+        }
     }
     out
 }
