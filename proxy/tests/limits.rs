@@ -53,6 +53,18 @@ async fn held_at_upstream(
     held
 }
 
+async fn push(proxy: &RunningProxy, auth: &str, body: &str) -> support::Reply {
+    let json = [("content-type", "application/json")];
+    send(
+        Method::POST,
+        &proxy.url(PUSH),
+        Some(auth),
+        &json,
+        body.to_owned(),
+    )
+    .await
+}
+
 #[tokio::test]
 async fn a_tenant_over_its_query_rate_gets_429_and_others_do_not() {
     let (loki, proxy) = start(
@@ -121,24 +133,9 @@ async fn pushes_beyond_the_byte_rate_wait_for_the_overdraft() {
         r#"{{"streams":[{{"stream":{{"app":"x"}},"values":[["1700000000000000000","{line}"]]}}]}}"#
     );
     let pusher = basic("pusher-a", "pusher-pw");
-    let headers = [("content-type", "application/json")];
-    let first = send(
-        Method::POST,
-        &proxy.url(PUSH),
-        Some(&pusher),
-        &headers,
-        body.clone(),
-    )
-    .await;
+    let first = push(&proxy, &pusher, &body).await;
     assert_eq!(first.status, StatusCode::NO_CONTENT, "within the allowance");
-    let second = send(
-        Method::POST,
-        &proxy.url(PUSH),
-        Some(&pusher),
-        &headers,
-        body.clone(),
-    )
-    .await;
+    let second = push(&proxy, &pusher, &body).await;
     assert_eq!(second.status, StatusCode::TOO_MANY_REQUESTS);
     // About 2,000 bytes of debt at 1,000 bytes per second.
     assert!(
@@ -148,14 +145,7 @@ async fn pushes_beyond_the_byte_rate_wait_for_the_overdraft() {
     );
     let bob = basic("bob", "bob-pw");
     for _ in 0..3 {
-        let reply = send(
-            Method::POST,
-            &proxy.url(PUSH),
-            Some(&bob),
-            &headers,
-            body.clone(),
-        )
-        .await;
+        let reply = push(&proxy, &bob, &body).await;
         assert_eq!(
             reply.status,
             StatusCode::NO_CONTENT,

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use http::{Method, StatusCode};
 use serde_json::Value;
 use support::loki::LokiStandIn;
-use support::prometheus::PrometheusProcess;
+use support::prometheus::{namespaces, PrometheusProcess};
 use support::{basic, send, ProxyOptions, Reply, RunningProxy, TenantSpec};
 
 const FORM: (&str, &str) = ("content-type", "application/x-www-form-urlencoded");
@@ -139,25 +139,6 @@ fn success(reply: &Reply) -> Value {
     let json = reply.json();
     assert_eq!(json["status"], "success", "{json}");
     json["data"].clone()
-}
-
-/// The `namespace` of every series in a query result or a series list.
-fn namespaces(data: &Value) -> BTreeSet<String> {
-    let items = data
-        .get("result")
-        .unwrap_or(data)
-        .as_array()
-        .unwrap()
-        .clone();
-    items
-        .iter()
-        .map(|item| {
-            item.get("metric").unwrap_or(item)["namespace"]
-                .as_str()
-                .unwrap_or("<none>")
-                .to_owned()
-        })
-        .collect()
 }
 
 fn strings(data: &Value) -> BTreeSet<String> {

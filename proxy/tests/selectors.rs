@@ -106,25 +106,10 @@ async fn without_lbac_in_loki_a_restricted_credential_reads_no_logs() {
     assert_eq!(alice.status, StatusCode::OK);
 }
 
-/// The `namespace` of every series in a result.
+/// The `namespace` of every series in a successful answer.
 fn namespaces(reply: &support::Reply) -> BTreeSet<String> {
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
-    let data = reply.json()["data"].clone();
-    let items = data
-        .get("result")
-        .unwrap_or(&data)
-        .as_array()
-        .unwrap()
-        .clone();
-    items
-        .iter()
-        .map(|item| {
-            item.get("metric").unwrap_or(item)["namespace"]
-                .as_str()
-                .unwrap_or("<none>")
-                .to_owned()
-        })
-        .collect()
+    support::prometheus::namespaces(&reply.json()["data"])
 }
 
 #[tokio::test]

@@ -175,3 +175,23 @@ pub fn time_series(labels: &[(&str, &str)], value: f64, timestamp: i64) -> TimeS
         histograms: Vec::new(),
     }
 }
+
+/// The `namespace` of every series in a query result or a series list
+/// (the `data` of a Prometheus answer).
+pub fn namespaces(data: &serde_json::Value) -> std::collections::BTreeSet<String> {
+    let items = data
+        .get("result")
+        .unwrap_or(data)
+        .as_array()
+        .unwrap()
+        .clone();
+    items
+        .iter()
+        .map(|item| {
+            item.get("metric").unwrap_or(item)["namespace"]
+                .as_str()
+                .unwrap_or("<none>")
+                .to_owned()
+        })
+        .collect()
+}
