@@ -408,7 +408,10 @@ async fn proxy(
     if let (Some(client_upgrade), StatusCode::SWITCHING_PROTOCOLS) =
         (client_upgrade, response.status())
     {
-        splice_upgraded(client_upgrade, hyper::upgrade::on(&mut response));
+        // The tail counts against the tenant's concurrency for as long as
+        // it streams, not just until its 101.
+        let held = outcome.admitted.take();
+        splice_upgraded(client_upgrade, hyper::upgrade::on(&mut response), held);
         let (parts, _) = response.into_parts();
         return Ok(Response::from_parts(parts, body::empty()));
     }
@@ -562,8 +565,13 @@ fn websocket_upgrade(request: &Request<Incoming>) -> Option<HeaderValue> {
 /// Once both sides have switched protocols, copies bytes both ways until
 /// either closes. The upstream already answered 101 with the tenant header
 /// in force, so nothing in the stream can change the tenant.
-fn splice_upgraded(client: hyper::upgrade::OnUpgrade, upstream: hyper::upgrade::OnUpgrade) {
+fn splice_upgraded(
+    client: hyper::upgrade::OnUpgrade,
+    upstream: hyper::upgrade::OnUpgrade,
+    held: Option<Admitted>,
+) {
     tokio::spawn(async move {
+        let _held = held;
         let (client, upstream) = match tokio::try_join!(client, upstream) {
             Ok(pair) => pair,
             Err(e) => {

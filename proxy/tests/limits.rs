@@ -122,6 +122,43 @@ async fn concurrent_queries_beyond_the_tenant_limit_get_429_until_one_finishes()
 }
 
 #[tokio::test]
+async fn a_live_tail_counts_against_concurrency_while_it_streams() {
+    use futures_util::StreamExt;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let (_loki, proxy) = start(
+        "",
+        "tenant_limits:\n  default:\n    query: {concurrency: 1}\n",
+    )
+    .await;
+    let alice = basic("alice", "alice-pw");
+    let url = format!(
+        "ws://{}/loki/api/v1/tail?query=%7Bapp%3D%22x%22%7D",
+        proxy.addr
+    );
+    let mut request = url.into_client_request().unwrap();
+    request
+        .headers_mut()
+        .insert("authorization", alice.parse().unwrap());
+    let (mut tail, _) = tokio_tungstenite::connect_async(request).await.unwrap();
+    assert!(tail.next().await.is_some(), "the tail streams");
+    assert_eq!(
+        get(&proxy.url(QUERY), &alice).await.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "the open tail holds the only slot"
+    );
+    drop(tail);
+    // The slot frees when the proxy notices the closed stream.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while get(&proxy.url(QUERY), &alice).await.status != StatusCode::OK {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the slot was released"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
 async fn pushes_beyond_the_byte_rate_wait_for_the_overdraft() {
     let (loki, proxy) = start(
         "",
