@@ -115,6 +115,26 @@ async fn replaces_spoofed_scope_orgid_in_any_case_and_number() {
     assert_eq!(seen.headers["x-forwarded-for"], "127.0.0.1");
 }
 
+/// W3C trace context passes through, so a trace started in Grafana or an
+/// agent continues in Loki.
+#[tokio::test]
+async fn trace_context_reaches_the_upstream_untouched() {
+    let (loki, proxy) = setup().await;
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let reply = send(
+        Method::GET,
+        &proxy.url(QUERY),
+        Some(&basic("alice", "alice-pw")),
+        &[("traceparent", traceparent), ("tracestate", "vendor=x")],
+        "",
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK);
+    let seen = loki.last();
+    assert_eq!(seen.headers["traceparent"], traceparent);
+    assert_eq!(seen.headers["tracestate"], "vendor=x");
+}
+
 #[tokio::test]
 async fn a_tenant_id_with_a_pipe_is_never_loaded_so_never_sent() {
     let (loki, mut proxy) = setup().await;
