@@ -28,10 +28,7 @@ pub type CurrentTls = Arc<ArcSwap<ServerConfig>>;
 
 /// Loads the files named in `config` into a rustls configuration.
 pub fn load(config: &TlsConfig) -> Result<ServerConfig, String> {
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&config.cert_file)
-        .map_err(|e| file_error(&config.cert_file, e))?
-        .collect::<Result<_, _>>()
-        .map_err(|e| file_error(&config.cert_file, e))?;
+    let certs = certificates(&config.cert_file)?;
     if certs.is_empty() {
         return Err(format!("{}: no certificate", config.cert_file.display()));
     }
@@ -44,14 +41,7 @@ pub fn load(config: &TlsConfig) -> Result<ServerConfig, String> {
     let builder = match &config.client_ca_file {
         None => builder.with_no_client_auth(),
         Some(ca_file) => {
-            let mut roots = RootCertStore::empty();
-            for cert in
-                CertificateDer::pem_file_iter(ca_file).map_err(|e| file_error(ca_file, e))?
-            {
-                roots
-                    .add(cert.map_err(|e| file_error(ca_file, e))?)
-                    .map_err(|e| format!("{}: {e}", ca_file.display()))?;
-            }
+            let roots = roots_from(ca_file)?;
             let verifier = WebPkiClientVerifier::builder(Arc::new(roots))
                 .build()
                 .map_err(|e| format!("{}: {e}", ca_file.display()))?;
@@ -67,6 +57,40 @@ pub fn load(config: &TlsConfig) -> Result<ServerConfig, String> {
 
 fn file_error(path: &Path, e: impl std::fmt::Display) -> String {
     format!("{}: {e}", path.display())
+}
+
+/// Every certificate in a PEM file, in order.
+fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    CertificateDer::pem_file_iter(path)
+        .map_err(|e| file_error(path, e))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| file_error(path, e))
+}
+
+/// A PEM CA bundle as a root store.
+fn roots_from(path: &Path) -> Result<RootCertStore, String> {
+    let mut roots = RootCertStore::empty();
+    for cert in certificates(path)? {
+        roots.add(cert).map_err(|e| file_error(path, e))?;
+    }
+    Ok(roots)
+}
+
+/// Calls `check` every `interval` until `shutdown` resolves.
+async fn every(
+    interval: Duration,
+    shutdown: impl std::future::Future<Output = ()>,
+    mut check: impl FnMut(),
+) {
+    let mut ticks = tokio::time::interval(interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => return,
+            _ = ticks.tick() => check(),
+        }
+    }
 }
 
 /// Follows the certificate files and swaps the configuration in force.
@@ -108,15 +132,7 @@ impl TlsReloader {
         interval: Duration,
         shutdown: impl std::future::Future<Output = ()>,
     ) {
-        let mut ticks = tokio::time::interval(interval);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tokio::pin!(shutdown);
-        loop {
-            tokio::select! {
-                _ = &mut shutdown => return,
-                _ = ticks.tick() => self.check(),
-            }
-        }
+        every(interval, shutdown, || self.check()).await;
     }
 
     fn check(&mut self) {
@@ -163,24 +179,17 @@ fn digest_files(files: [Option<&PathBuf>; 3]) -> blake3::Hash {
 
 /// The rustls client configuration for an `https://` upstream.
 pub fn client_config(tls: &UpstreamTls) -> Result<ClientConfig, String> {
-    let mut roots = RootCertStore::empty();
-    match &tls.ca_file {
-        Some(ca_file) => {
-            for cert in
-                CertificateDer::pem_file_iter(ca_file).map_err(|e| file_error(ca_file, e))?
-            {
-                roots
-                    .add(cert.map_err(|e| file_error(ca_file, e))?)
-                    .map_err(|e| format!("{}: {e}", ca_file.display()))?;
-            }
-        }
+    let roots = match &tls.ca_file {
+        Some(ca_file) => roots_from(ca_file)?,
         None => {
             // The system's roots; unreadable ones are skipped, as curl does.
+            let mut roots = RootCertStore::empty();
             for cert in rustls_native_certs::load_native_certs().certs {
                 let _ = roots.add(cert);
             }
+            roots
         }
-    }
+    };
     let builder =
         ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
             .with_safe_default_protocol_versions()
@@ -188,10 +197,7 @@ pub fn client_config(tls: &UpstreamTls) -> Result<ClientConfig, String> {
             .with_root_certificates(roots);
     match (&tls.cert_file, &tls.key_file) {
         (Some(cert_file), Some(key_file)) => {
-            let certs = CertificateDer::pem_file_iter(cert_file)
-                .map_err(|e| file_error(cert_file, e))?
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| file_error(cert_file, e))?;
+            let certs = certificates(cert_file)?;
             let key =
                 PrivateKeyDer::from_pem_file(key_file).map_err(|e| file_error(key_file, e))?;
             builder
@@ -222,28 +228,23 @@ impl UpstreamTlsReloader {
     }
 
     pub async fn run(mut self, shutdown: impl std::future::Future<Output = ()>) {
-        let mut ticks = tokio::time::interval(self.tls.reload_interval);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tokio::pin!(shutdown);
-        loop {
-            tokio::select! {
-                _ = &mut shutdown => return,
-                _ = ticks.tick() => {}
+        every(self.tls.reload_interval, shutdown, || self.check()).await;
+    }
+
+    fn check(&mut self) {
+        let now = upstream_digest(&self.tls);
+        if now == self.seen {
+            return;
+        }
+        self.seen = now;
+        match upstream::client(Some(&self.tls)) {
+            Ok(client) => {
+                self.client.store(Arc::new(client));
+                tracing::info!("upstream TLS files reloaded");
             }
-            let now = upstream_digest(&self.tls);
-            if now == self.seen {
-                continue;
-            }
-            self.seen = now;
-            match upstream::client(Some(&self.tls)) {
-                Ok(client) => {
-                    self.client.store(Arc::new(client));
-                    tracing::info!("upstream TLS files reloaded");
-                }
-                Err(e) => {
-                    self.metrics.tls_reload_failures.inc();
-                    tracing::error!(error = %e, "upstream TLS files rejected; the previous ones stay in force");
-                }
+            Err(e) => {
+                self.metrics.tls_reload_failures.inc();
+                tracing::error!(error = %e, "upstream TLS files rejected; the previous ones stay in force");
             }
         }
     }

@@ -55,6 +55,15 @@ fn synced(index: &mut Index, namespaces: Vec<Namespace>, secrets: Vec<Secret>) {
     index.secret_event("", Event::InitDone);
 }
 
+/// (Secret name, reason) of every skipped Secret.
+fn skip_reasons(desired: &Desired) -> Vec<(&str, SkipReason)> {
+    desired
+        .skipped
+        .iter()
+        .map(|(k, r)| (k.1.as_str(), *r))
+        .collect()
+}
+
 fn users(desired: &Desired, tenant: &str) -> Vec<String> {
     desired.tenants[&TenantId::parse(tenant).unwrap()]
         .users
@@ -245,11 +254,7 @@ fn invalid_secrets_are_skipped_with_a_reason_and_break_nothing_else() {
     ];
     synced(&mut index, vec![namespace("a", json!({}))], cases);
     let desired = index.desired();
-    let reasons: Vec<_> = desired
-        .skipped
-        .iter()
-        .map(|(k, r)| (k.1.as_str(), *r))
-        .collect();
+    let reasons = skip_reasons(&desired);
     assert_eq!(
         reasons,
         [
@@ -300,11 +305,7 @@ fn a_selector_annotation_restricts_a_read_only_credential_and_is_refused_on_a_pu
     ];
     synced(&mut index, vec![namespace("a", json!({}))], cases);
     let desired = index.desired();
-    let reasons: Vec<_> = desired
-        .skipped
-        .iter()
-        .map(|(k, r)| (k.1.as_str(), *r))
-        .collect();
+    let reasons = skip_reasons(&desired);
     assert_eq!(
         reasons,
         [
