@@ -76,22 +76,22 @@ impl Target {
         &self,
         credential: &'c Credential,
     ) -> Result<&'c TenantMatcher, ProxyError> {
-        let label = self
-            .tenant_label
-            .as_deref()
-            .ok_or_else(|| ProxyError::Internal("label enforcement without a label".into()))?;
         credential
-            .metrics_matcher(label)
+            .metrics_matcher(self.label()?)
             .map_err(ProxyError::Internal)
     }
 
-    fn remote_write_label<'t>(&'t self, tenant: &'t Tenant) -> Result<TenantLabel<'t>, ProxyError> {
-        let name = self
-            .tenant_label
+    /// The tenant label (label mode); a label-mode route on a header-mode
+    /// target would be a bug in the route table.
+    fn label(&self) -> Result<&str, ProxyError> {
+        self.tenant_label
             .as_deref()
-            .ok_or_else(|| ProxyError::Internal("label enforcement without a label".into()))?;
+            .ok_or_else(|| ProxyError::Internal("label enforcement without a label".into()))
+    }
+
+    fn remote_write_label<'t>(&'t self, tenant: &'t Tenant) -> Result<TenantLabel<'t>, ProxyError> {
         Ok(TenantLabel {
-            name,
+            name: self.label()?,
             owned: &tenant.namespaces,
             owned_by: tenant.id.as_str(),
             policy: self.foreign_label,
