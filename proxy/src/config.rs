@@ -243,6 +243,11 @@ pub struct Limits {
     /// Largest request head (request line and headers) accepted.
     #[serde(default = "defaults::max_header_bytes")]
     pub max_header_bytes: usize,
+    /// Most header fields in one request head (431 above it). Grafana,
+    /// agents and shippers send a dozen or two; a flood of tiny fields costs
+    /// parsing time the byte limit alone does not bound.
+    #[serde(default = "defaults::max_header_count")]
+    pub max_header_count: usize,
     /// How long a client may take to send its request head; also closes
     /// keep-alive connections idle for that long.
     #[serde(default = "defaults::header_read_timeout", with = "humantime_serde")]
@@ -270,6 +275,7 @@ impl Default for Limits {
             max_body_bytes: defaults::max_body_bytes(),
             max_decompressed_bytes: defaults::max_decompressed_bytes(),
             max_header_bytes: defaults::max_header_bytes(),
+            max_header_count: defaults::max_header_count(),
             header_read_timeout: defaults::header_read_timeout(),
             body_read_timeout: defaults::body_read_timeout(),
             max_concurrent_requests: 0,
@@ -337,6 +343,9 @@ mod defaults {
     }
     pub fn max_header_bytes() -> usize {
         64 * 1024
+    }
+    pub fn max_header_count() -> usize {
+        100
     }
     pub fn header_read_timeout() -> Duration {
         Duration::from_secs(30)
@@ -523,6 +532,9 @@ impl Config {
         }
         if self.limits.max_header_bytes < 8 * 1024 {
             return Err("limits.max_header_bytes must be at least 8192".into());
+        }
+        if self.limits.max_header_count < 32 {
+            return Err("limits.max_header_count must be at least 32".into());
         }
         if self.auth.max_concurrent_verifications == 0 {
             return Err("auth.max_concurrent_verifications must be at least 1".into());

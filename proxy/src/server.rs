@@ -59,7 +59,8 @@ pub async fn serve_connections<H, F>(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout)
-        .max_buf_size(limits.max_header_bytes);
+        .max_buf_size(limits.max_header_bytes)
+        .max_headers(limits.max_header_count);
     builder
         .http2()
         .timer(TokioTimer::new())

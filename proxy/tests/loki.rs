@@ -700,3 +700,32 @@ async fn idle_and_slow_connections_are_closed_after_the_header_read_timeout() {
         }
     }
 }
+
+#[tokio::test]
+async fn request_heads_over_the_count_or_size_limit_get_431_and_never_reach_loki() {
+    let loki = LokiStandIn::start().await;
+    let mut options = ProxyOptions::new(loki.url());
+    options.limits = "  max_header_bytes: 8192\n  max_header_count: 40\n";
+    let proxy = RunningProxy::start(options).await;
+    let auth = basic("alice", "alice-pw");
+
+    let names: Vec<String> = (0..50).map(|i| format!("x-field-{i}")).collect();
+    let many: Vec<(&str, &str)> = names.iter().map(|n| (n.as_str(), "1")).collect();
+    let big_value = "v".repeat(9 * 1024);
+    for (what, headers) in [
+        ("50 fields", many),
+        ("a 9 KiB field", vec![("x-big", big_value.as_str())]),
+    ] {
+        let reply = send(Method::GET, &proxy.url(QUERY), Some(&auth), &headers, "").await;
+        assert_eq!(
+            reply.status,
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "{what}"
+        );
+    }
+    // Under both limits the same request is served.
+    let few: Vec<(&str, &str)> = names[..20].iter().map(|n| (n.as_str(), "1")).collect();
+    let reply = send(Method::GET, &proxy.url(QUERY), Some(&auth), &few, "").await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(loki.received().len(), 1, "only the request within limits");
+}
