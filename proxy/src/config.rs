@@ -44,6 +44,31 @@ pub struct Config {
     pub tenant_limits: TenantLimitsConfig,
     #[serde(default)]
     pub auth: AuthConfig,
+    /// OpenTelemetry spans over OTLP/HTTP; absent: none are made.
+    pub tracing: Option<TracingConfig>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TracingConfig {
+    /// The collector's OTLP/HTTP traces URL, e.g.
+    /// `http://otel-collector:4318/v1/traces` (protobuf is sent; https://
+    /// uses the system's CA certificates).
+    pub otlp_endpoint: String,
+    /// `service.name` on every span.
+    #[serde(default = "defaults::service_name")]
+    pub service_name: String,
+    /// Share of new traces recorded. A request that arrives with a
+    /// `traceparent` follows its sender's sampling decision instead.
+    #[serde(default = "defaults::sample_ratio")]
+    pub sample_ratio: f64,
+    /// How often finished spans are sent to the collector.
+    #[serde(default = "defaults::export_interval", with = "humantime_serde")]
+    pub export_interval: Duration,
+    /// How long one export may take before it is abandoned (the spans are dropped,
+    /// requests are never held up by the collector).
+    #[serde(default = "defaults::export_timeout", with = "humantime_serde")]
+    pub export_timeout: Duration,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -109,6 +134,25 @@ pub struct RequestLimits {
     /// the allowance once, and the next waits until it is paid back.
     #[serde(default)]
     pub bytes_per_second: u64,
+}
+
+impl TracingConfig {
+    fn validate(&self) -> Result<(), String> {
+        let uri: Uri = self
+            .otlp_endpoint
+            .parse()
+            .map_err(|e| format!("tracing.otlp_endpoint: {e}"))?;
+        if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+            return Err("tracing.otlp_endpoint must be an http:// or https:// URL".into());
+        }
+        if !(0.0..=1.0).contains(&self.sample_ratio) {
+            return Err("tracing.sample_ratio must be between 0 and 1".into());
+        }
+        if self.export_interval.is_zero() || self.export_timeout.is_zero() {
+            return Err("tracing.export_interval and export_timeout must be above zero".into());
+        }
+        Ok(())
+    }
 }
 
 impl TenantLimitsConfig {
@@ -344,6 +388,18 @@ mod defaults {
     pub fn max_header_bytes() -> usize {
         64 * 1024
     }
+    pub fn service_name() -> String {
+        "tenant-proxy".into()
+    }
+    pub fn sample_ratio() -> f64 {
+        1.0
+    }
+    pub fn export_interval() -> Duration {
+        Duration::from_secs(5)
+    }
+    pub fn export_timeout() -> Duration {
+        Duration::from_secs(10)
+    }
     pub fn max_header_count() -> usize {
         100
     }
@@ -533,6 +589,9 @@ impl Config {
         if self.limits.max_header_bytes < 8 * 1024 {
             return Err("limits.max_header_bytes must be at least 8192".into());
         }
+        if let Some(tracing) = &self.tracing {
+            tracing.validate()?;
+        }
         if self.limits.max_header_count < 32 {
             return Err("limits.max_header_count must be at least 32".into());
         }
@@ -608,5 +667,31 @@ mod tests {
             Config::parse(&durations).unwrap().limits.upstream_timeout,
             Duration::from_secs(90)
         );
+    }
+
+    #[test]
+    fn tracing_is_off_unless_configured_and_is_validated() {
+        assert!(Config::parse(MINIMAL).unwrap().tracing.is_none());
+        let on = format!("{MINIMAL}tracing:\n  otlp_endpoint: http://127.0.0.1:4318/v1/traces\n");
+        let tracing = Config::parse(&on).unwrap().tracing.unwrap();
+        assert_eq!(
+            (tracing.service_name.as_str(), tracing.sample_ratio),
+            ("tenant-proxy", 1.0)
+        );
+        for (bad, complaint) in [
+            ("otlp_endpoint: 127.0.0.1:4318", "http://"),
+            (
+                "otlp_endpoint: http://c:4318\n  sample_ratio: 1.5",
+                "sample_ratio",
+            ),
+            (
+                "otlp_endpoint: http://c:4318\n  export_interval: 0s",
+                "above zero",
+            ),
+        ] {
+            let text = format!("{MINIMAL}tracing:\n  {bad}\n");
+            let error = Config::parse(&text).unwrap_err();
+            assert!(error.contains(complaint), "{bad}: {error}");
+        }
     }
 }

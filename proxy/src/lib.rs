@@ -15,6 +15,7 @@ pub mod config;
 pub mod error;
 pub mod headers;
 pub mod metrics;
+pub mod otel;
 pub mod params;
 pub mod password;
 pub mod path;
@@ -135,6 +136,8 @@ impl Proxy {
             }
         }
 
+        // Taken before `state` moves into the handler: runs once serving stopped.
+        let flush_spans = state.tracing.as_ref().map(|tracing| tracing.shutdown());
         let admin_state = Arc::new(admin::ProxyAdmin {
             metrics: state.metrics.clone(),
             tenants: state.tenants.clone(),
@@ -149,5 +152,8 @@ impl Proxy {
         );
         tokio::join!(admin_server, tenant_server);
         let _ = reload.await;
+        if let Some(flush) = flush_spans {
+            flush.await;
+        }
     }
 }

@@ -34,6 +34,7 @@ use crate::headers::{self, RW_SAMPLES_WRITTEN, X_PROM_LABEL_POLICY, X_SCOPE_ORGI
 use crate::metrics::{
     self, Metrics, ReasonLabels, RequestLabels, SurfaceLabels, TenantActionLabels, TenantLabels,
 };
+use crate::otel::{RequestSpan, Tracing};
 use crate::path;
 use crate::prometheus::{self, EMPTY_METADATA};
 use crate::promql::{Memo, TenantMatcher};
@@ -112,6 +113,8 @@ pub struct AppState {
     pub admission: Admission,
     /// Enforced queries by (tenant, query): dashboards repeat themselves.
     pub memo: Memo,
+    /// Spans, when `tracing` is configured.
+    pub tracing: Option<Tracing>,
 }
 
 impl AppState {
@@ -169,6 +172,7 @@ impl AppState {
                 config.tenant_limits.clone(),
             ),
             memo: Memo::new(10_000),
+            tracing: config.tracing.as_ref().map(Tracing::new).transpose()?,
         })
     }
 
@@ -204,17 +208,23 @@ pub async fn handle(
     }
     let method = request.method().clone();
     let mut outcome = Outcome::default();
+    let span = state
+        .tracing
+        .as_ref()
+        .map(|tracing| tracing.start_request(&method, request.headers()));
     let entered = state.admission.enter();
     let result = match &entered {
-        Ok(_) => proxy(&state, peer, request, &mut outcome).await,
+        Ok(_) => proxy(&state, peer, request, &mut outcome, span.as_ref()).await,
         Err(_) => Err(ProxyError::Overloaded),
     };
+    let mut failure = None;
     let response = match result {
         Ok(response) => match (entered, outcome.admitted.take()) {
             (Ok(None), None) => response,
             held => response.map(|body| body::holding(body, held)),
         },
         Err(error) => {
+            failure = Some(error.metric_label());
             state
                 .metrics
                 .errors
@@ -261,6 +271,15 @@ pub async fn handle(
         status = status.as_u16(),
         duration_ms = started.elapsed().as_secs_f64() * 1000.0,
     );
+    if let Some(span) = span {
+        span.finish(
+            outcome.path.as_deref(),
+            outcome.surface,
+            outcome.tenant.as_deref(),
+            status,
+            failure,
+        );
+    }
     Ok(response)
 }
 
@@ -269,6 +288,7 @@ async fn proxy(
     peer: SocketAddr,
     mut request: Request<Incoming>,
     outcome: &mut Outcome,
+    span: Option<&RequestSpan<'_>>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let path = path::normalise(request.uri().path()).map_err(ProxyError::BadPath)?;
     outcome.path = Some(path.clone());
@@ -382,15 +402,24 @@ async fn proxy(
         parts.headers.insert(X_PROM_LABEL_POLICY, policy);
     }
 
+    let upstream_span = span.map(|span| span.upstream_call(&mut parts.headers));
     let sent = Instant::now();
-    let mut response = upstream::send(
+    let answered = upstream::send(
         &target.client.load(),
         Request::from_parts(parts, body),
         state.limits.upstream_timeout,
         state.limits.max_body_bytes,
     )
-    .await
-    .map_err(|e| {
+    .await;
+    if let Some(upstream_span) = upstream_span {
+        upstream_span.finish(
+            answered
+                .as_ref()
+                .map(Response::status)
+                .map_err(ProxyError::metric_label),
+        );
+    }
+    let mut response = answered.map_err(|e| {
         if route.operation.is_push() {
             e.on_push_path()
         } else {

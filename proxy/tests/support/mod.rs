@@ -4,6 +4,7 @@
 
 pub mod certs;
 pub mod loki;
+pub mod otlp;
 pub mod prometheus;
 
 use std::net::SocketAddr;

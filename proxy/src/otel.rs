@@ -1,0 +1,247 @@
+//! Optional OpenTelemetry spans, exported over OTLP/HTTP: one server span per
+//! request (tenant, surface, status) and, inside it, one client span for the
+//! upstream call, whose context the upstream receives as `traceparent`.
+//!
+//! Off unless `tracing` is configured; then the request path carries a `None`
+//! and nothing here runs. Spans never hold a credential, a header value or a
+//! query: only the normalised path, the route's surface and the tenant id.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use opentelemetry::propagation::TextMapPropagator;
+use opentelemetry::trace::{SpanKind, Status, TraceContextExt, Tracer as _, TracerProvider as _};
+use opentelemetry::{Context, KeyValue};
+use opentelemetry_http::{HeaderExtractor, HeaderInjector, HttpClient, HttpError};
+use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::{
+    BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracer, SdkTracerProvider,
+};
+use opentelemetry_sdk::Resource;
+
+use crate::body;
+use crate::config::TracingConfig;
+use crate::upstream::{self, HttpClient as UpstreamClient};
+
+/// Makes and exports spans; present only when tracing is configured.
+#[derive(Debug)]
+pub struct Tracing {
+    provider: SdkTracerProvider,
+    tracer: SdkTracer,
+    propagator: TraceContextPropagator,
+}
+
+impl Tracing {
+    /// Must be called inside the tokio runtime: exports run on it.
+    pub fn new(config: &TracingConfig) -> Result<Self, String> {
+        let runtime = tokio::runtime::Handle::try_current()
+            .map_err(|_| "tracing must start inside the runtime".to_string())?;
+        let client = CollectorClient {
+            client: upstream::client(None)?,
+            runtime,
+            timeout: config.export_timeout,
+        };
+        let exporter = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_http_client(client)
+            .with_protocol(Protocol::HttpBinary)
+            .with_endpoint(config.otlp_endpoint.clone())
+            .with_timeout(config.export_timeout)
+            .build()
+            .map_err(|e| format!("tracing: {e}"))?;
+        let batches = BatchConfigBuilder::default()
+            .with_scheduled_delay(config.export_interval)
+            .build();
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(
+                BatchSpanProcessor::builder(exporter)
+                    .with_batch_config(batches)
+                    .build(),
+            )
+            .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
+                config.sample_ratio,
+            ))))
+            .with_resource(
+                Resource::builder()
+                    .with_service_name(config.service_name.clone())
+                    .build(),
+            )
+            .build();
+        let tracer = provider.tracer("tenant-proxy");
+        Ok(Self {
+            provider,
+            tracer,
+            propagator: TraceContextPropagator::new(),
+        })
+    }
+
+    /// Starts a request's span, continuing the client's trace when it sent a
+    /// valid `traceparent`.
+    pub fn start_request(&self, method: &Method, headers: &HeaderMap) -> RequestSpan<'_> {
+        let parent = self.propagator.extract(&HeaderExtractor(headers));
+        let span = self
+            .tracer
+            .span_builder(method.to_string())
+            .with_kind(SpanKind::Server)
+            .with_attributes([KeyValue::new("http.request.method", method.to_string())])
+            .start_with_context(&self.tracer, &parent);
+        RequestSpan {
+            tracing: self,
+            cx: parent.with_span(span),
+            method: method.clone(),
+        }
+    }
+
+    /// Sends the spans still queued. Blocks while the exporter thread sends
+    /// them through the runtime, so it runs off the runtime's threads.
+    pub fn shutdown(&self) -> impl Future<Output = ()> + Send + 'static {
+        let provider = self.provider.clone();
+        async move {
+            let flushed = tokio::task::spawn_blocking(move || {
+                provider.shutdown_with_timeout(Duration::from_secs(5))
+            })
+            .await;
+            if let Ok(Err(e)) = flushed {
+                tracing::warn!(error = %e, "spans not exported at shutdown");
+            }
+        }
+    }
+}
+
+/// A request's server span; finished when its response head is ready.
+pub struct RequestSpan<'t> {
+    tracing: &'t Tracing,
+    cx: Context,
+    method: Method,
+}
+
+impl RequestSpan<'_> {
+    /// Starts the client span for the upstream call and puts its context in
+    /// the upstream request's `traceparent` (and `tracestate`), replacing the
+    /// client's: the upstream's spans then hang below the proxy's.
+    pub fn upstream_call(&self, upstream_headers: &mut HeaderMap) -> UpstreamSpan {
+        let span = self
+            .tracing
+            .tracer
+            .span_builder("upstream")
+            .with_kind(SpanKind::Client)
+            .start_with_context(&self.tracing.tracer, &self.cx);
+        let cx = self.cx.with_span(span);
+        // The client's tracestate belongs to its traceparent; what continues
+        // it (if anything) is the state the proxy's span inherited.
+        upstream_headers.remove("tracestate");
+        self.tracing
+            .propagator
+            .inject_context(&cx, &mut HeaderInjector(upstream_headers));
+        if upstream_headers
+            .get("tracestate")
+            .is_some_and(|state| state.is_empty())
+        {
+            upstream_headers.remove("tracestate");
+        }
+        UpstreamSpan { cx }
+    }
+
+    /// Records what the access log records, minus the user, and ends the span.
+    pub fn finish(
+        self,
+        path: Option<&str>,
+        surface: Option<&'static str>,
+        tenant: Option<&str>,
+        status: StatusCode,
+        error: Option<&'static str>,
+    ) {
+        let span = self.cx.span();
+        if let Some(surface) = surface {
+            span.update_name(format!("{} {surface}", self.method));
+            span.set_attribute(KeyValue::new("tenant_proxy.surface", surface));
+        }
+        if let Some(path) = path {
+            span.set_attribute(KeyValue::new("url.path", path.to_owned()));
+        }
+        if let Some(tenant) = tenant {
+            span.set_attribute(KeyValue::new("tenant_proxy.tenant", tenant.to_owned()));
+        }
+        span.set_attribute(status_attribute(status));
+        if let Some(error) = error {
+            span.set_attribute(KeyValue::new("error.type", error));
+            // A server span is in error for 5xx only: 4xx is the client's.
+            if status.is_server_error() {
+                span.set_status(Status::error(error));
+            }
+        }
+        span.end();
+    }
+}
+
+/// The upstream call's client span.
+pub struct UpstreamSpan {
+    cx: Context,
+}
+
+impl UpstreamSpan {
+    /// Ends the span when the upstream's response head arrived (`Ok`) or the
+    /// call failed (`Err` with the reason's metric label).
+    pub fn finish(self, outcome: Result<StatusCode, &'static str>) {
+        let span = self.cx.span();
+        match outcome {
+            Ok(status) => {
+                span.set_attribute(status_attribute(status));
+                if status.is_server_error() {
+                    span.set_status(Status::error(status.as_str().to_owned()));
+                }
+            }
+            Err(reason) => {
+                span.set_attribute(KeyValue::new("error.type", reason));
+                span.set_status(Status::error(reason));
+            }
+        }
+        span.end();
+    }
+}
+
+fn status_attribute(status: StatusCode) -> KeyValue {
+    KeyValue::new("http.response.status_code", i64::from(status.as_u16()))
+}
+
+/// Sends exports with the proxy's own hyper client. The SDK exports from its
+/// own thread, outside the runtime, so each send is spawned onto the runtime
+/// and awaited from there.
+#[derive(Debug)]
+struct CollectorClient {
+    client: UpstreamClient,
+    runtime: tokio::runtime::Handle,
+    timeout: Duration,
+}
+
+impl HttpClient for CollectorClient {
+    fn send_bytes<'a, 'b>(
+        &'a self,
+        request: Request<Bytes>,
+    ) -> Pin<Box<dyn Future<Output = Result<Response<Bytes>, HttpError>> + Send + 'b>>
+    where
+        'a: 'b,
+        Self: 'b,
+    {
+        let client = self.client.clone();
+        let timeout = self.timeout;
+        let sent = self.runtime.spawn(async move {
+            let request = request.map(body::full);
+            let exchange = async {
+                let response = client.request(request).await?;
+                let (parts, body) = response.into_parts();
+                let body = body.collect().await?.to_bytes();
+                Ok::<_, HttpError>(Response::from_parts(parts, body))
+            };
+            tokio::time::timeout(timeout, exchange)
+                .await
+                .map_err(|_| HttpError::from("collector did not answer in time"))?
+        });
+        Box::pin(async move { sent.await? })
+    }
+}
