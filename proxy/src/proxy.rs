@@ -100,6 +100,9 @@ impl Target {
     }
 }
 
+/// Largest upstream answer to a push read before answering the sender.
+const PUSH_ANSWER_LIMIT: usize = 1024 * 1024;
+
 /// Everything a request needs, shared by all connections.
 #[derive(Debug)]
 pub struct AppState {
@@ -456,6 +459,16 @@ async fn proxy(
         return Err(ProxyError::UnsupportedMediaType(
             "the upstream did not confirm a remote-write 2.0 request; it may only speak 1.0".into(),
         ));
+    }
+    if route.operation.is_push() {
+        // A push's answer is small (204, or an error text): read it whole,
+        // so an upstream lost mid-answer becomes a 503 the sender retries,
+        // not a 2xx whose body breaks off.
+        let answer = Limited::new(body, PUSH_ANSWER_LIMIT)
+            .collect()
+            .await
+            .map_err(ProxyError::PushUpstreamUnavailable)?;
+        return Ok(Response::from_parts(parts, body::full(answer.to_bytes())));
     }
     if let (Operation::Filter(filter), StatusCode::OK) = (route.operation, parts.status) {
         if parts.headers.contains_key(header::CONTENT_ENCODING) {

@@ -2,7 +2,8 @@
 //! answering, in the middle of its response head, or in the middle of its
 //! body, or that stalls past the timeout. The proxy answers as documented
 //! (502 on queries, 503 on pushes so senders retry, 504 for a stall; a
-//! truncated body is never passed off as complete) and, once the upstream
+//! truncated body is never passed off as complete: a query's ends in an
+//! error, a push's becomes a 503) and, once the upstream
 //! behaves again, serves normally without a restart.
 
 mod support;
@@ -140,7 +141,7 @@ async fn upstream_faults_get_the_documented_status_and_the_proxy_recovers() {
 }
 
 #[tokio::test]
-async fn a_body_cut_off_by_the_upstream_is_not_passed_off_as_complete() {
+async fn an_answer_cut_off_by_the_upstream_is_never_passed_off_as_complete() {
     support::captured_logs();
     let upstream = FaultyUpstream::start().await;
     let proxy = RunningProxy::start(ProxyOptions::new(format!("http://{}", upstream.addr))).await;
@@ -166,7 +167,11 @@ async fn a_body_cut_off_by_the_upstream_is_not_passed_off_as_complete() {
         matches!(body, Ok(Err(_))),
         "the truncated body ends in an error"
     );
+    // A push's answer is read whole before the sender gets one: a cut-off
+    // answer is a 503 it retries, on a connection that stays usable.
+    assert_eq!(push(&proxy).await, StatusCode::SERVICE_UNAVAILABLE);
 
     upstream.set(Fault::Healthy);
     assert_eq!(query(&proxy).await, StatusCode::OK);
+    assert_eq!(push(&proxy).await, StatusCode::OK);
 }
