@@ -3,6 +3,7 @@
 //! through the proxy side by side.
 
 pub mod bodies;
+pub mod faults;
 pub mod load;
 pub mod proxy_process;
 pub mod report;

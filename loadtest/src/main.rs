@@ -9,10 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
+use loadtest::faults::{Fault, FaultyUpstream};
 use loadtest::load::{self, Workload};
 use loadtest::proxy_process::{self, ProcessStats, ProxyProcess};
 use loadtest::report::{self, Reloads, Row};
-use loadtest::scenario::Scenario;
+use loadtest::scenario::{Faults, Scenario};
 use loadtest::{bodies, sink};
 
 #[derive(Parser)]
@@ -40,7 +41,8 @@ struct Cli {
     #[arg(long, value_parser = loopback)]
     upstream: Option<SocketAddr>,
     /// Run only this row of each scenario: `direct`, `proxy`,
-    /// `proxy+guessing` or `proxy+reloads` (e.g. for the 10-minute soak).
+    /// `proxy+guessing`, `proxy+reloads`, `proxy+tracing` or `faults` (all
+    /// of the drill's phases), e.g. for the 10-minute soak.
     #[arg(long)]
     only: Option<String>,
 }
@@ -74,6 +76,8 @@ enum Alongside {
     Guessing,
     /// The scenario's tenants-file replacements (count in `reloads_applied`).
     Reloads,
+    /// Nothing, but the proxy exports spans (to a second sink).
+    Tracing,
 }
 
 impl Alongside {
@@ -82,6 +86,7 @@ impl Alongside {
             Alongside::Nothing => "proxy",
             Alongside::Guessing => "proxy+guessing",
             Alongside::Reloads => "proxy+reloads",
+            Alongside::Tracing => "proxy+tracing",
         }
     }
 }
@@ -94,12 +99,24 @@ async fn proxied(
     options: ProxyOptions<'_>,
     alongside: Alongside,
 ) -> anyhow::Result<Row> {
+    let traces = match (alongside, &scenario.tracing) {
+        (Alongside::Tracing, Some(tracing)) => Some((sink::start().await?, tracing.sample_ratio)),
+        _ => None,
+    };
+    let extra_config = match &traces {
+        Some(((addr, _), ratio)) => format!(
+            "tracing:\n  otlp_endpoint: http://{addr}/v1/traces\n  sample_ratio: {ratio}\n  \
+             export_interval: 1s\n"
+        ),
+        None => String::new(),
+    };
     let proxy = ProxyProcess::start(
         options.binary,
         options.upstream,
         options.tenants,
         options.access_log,
         options.throttle,
+        &extra_config,
     )
     .await?;
     let idle = proxy_process::stats(proxy.pid())?;
@@ -182,7 +199,64 @@ async fn proxied(
         }
         None => {}
     }
+    row.trace_exports = traces.map(|((_, stats), _)| stats.requests.load(Ordering::Relaxed));
     Ok(row)
+}
+
+/// The workload through one proxy whose upstream misbehaves phase by phase,
+/// a healthy phase before and after each fault: what clients get during a
+/// fault, and that the proxy recovers without a restart.
+async fn fault_drill(
+    scenario: &Scenario,
+    workload: &Arc<Workload>,
+    options: ProxyOptions<'_>,
+    faults: &Faults,
+) -> anyhow::Result<Vec<Row>> {
+    let relay = FaultyUpstream::start(options.upstream).await?;
+    let limits = format!(
+        "limits:\n  upstream_timeout: {}ms\n",
+        faults.upstream_timeout.as_millis()
+    );
+    let proxy = ProxyProcess::start(
+        options.binary,
+        relay.addr,
+        options.tenants,
+        options.access_log,
+        options.throttle,
+        &limits,
+    )
+    .await?;
+    let mut phase = scenario.clone();
+    (phase.duration, phase.warmup) = (faults.phase, Duration::ZERO);
+    let mut rows = Vec::new();
+    for fault in [
+        Fault::Healthy,
+        Fault::Refuse,
+        Fault::Healthy,
+        Fault::ResetInHead,
+        Fault::Healthy,
+        Fault::ResetInBody,
+        Fault::Healthy,
+        Fault::Stall,
+        Fault::Healthy,
+    ] {
+        relay.set(fault);
+        let before = proxy_process::stats(proxy.pid())?;
+        let outcome = load::run(proxy.addr, &phase, workload.clone(), |_| {}).await;
+        let after = proxy_process::stats(proxy.pid())?;
+        let mut row = Row::new(&scenario.name, fault.name(), &outcome, None);
+        row.proxy_cpu_us_per_request =
+            Some((after.cpu - before.cpu).as_secs_f64() * 1e6 / outcome.requests().max(1) as f64);
+        row.measured = Some(report::Measured {
+            rss_mib: (
+                before.rss_kib as f64 / 1024.0,
+                after.rss_kib as f64 / 1024.0,
+            ),
+            open_fds: (before.open_fds, after.open_fds),
+        });
+        rows.push(row);
+    }
+    Ok(rows)
 }
 
 enum Side {
@@ -267,6 +341,9 @@ async fn main() -> anyhow::Result<()> {
         if scenario.reloads.is_some() {
             runs.push(Alongside::Reloads);
         }
+        if scenario.tracing.is_some() {
+            runs.push(Alongside::Tracing);
+        }
         runs.retain(|alongside| wanted(alongside.target()));
         for alongside in runs {
             let row = proxied(
@@ -277,6 +354,9 @@ async fn main() -> anyhow::Result<()> {
                 alongside,
             );
             rows.push(row.await?);
+        }
+        if let (Some(faults), true) = (&scenario.faults, wanted("faults")) {
+            rows.extend(fault_drill(&scenario, &workload, options, faults).await?);
         }
     }
     print!("{}", report::table(&rows));

@@ -123,13 +123,15 @@ pub fn tenants_file(users: usize, extra: usize) -> String {
 
 impl ProxyProcess {
     /// `throttle`: keep the proxy's failure throttles at their defaults
-    /// (off otherwise, so argon2's full cost is measured).
+    /// (off otherwise, so argon2's full cost is measured). `extra_config`:
+    /// more top-level sections (`tracing`, `limits`).
     pub async fn start(
         binary: &Path,
         upstream: SocketAddr,
         tenants: &str,
         access_log: bool,
         throttle: bool,
+        extra_config: &str,
     ) -> anyhow::Result<Self> {
         let dir =
             std::env::temp_dir().join(format!("tenant-proxy-loadtest-{}", std::process::id()));
@@ -141,7 +143,7 @@ impl ProxyProcess {
             dir.0.join("config.yaml"),
             format!(
                 "listen: {addr}\nadmin_listen: {admin}\ntenants_file: tenants.yaml\n\
-                 logs:\n  upstream: http://{upstream}\nmetrics:\n  upstream: http://{upstream}\n  mode: label\n{}",
+                 logs:\n  upstream: http://{upstream}\nmetrics:\n  upstream: http://{upstream}\n  mode: label\n{}{extra_config}",
                 if throttle { "" } else { "auth:\n  max_failures_per_client: 0\n  max_failures_per_user: 0\n" }
             ),
         )?;

@@ -31,6 +31,8 @@ pub struct Row {
     pub reloads: Option<Reloads>,
     /// The proxy process at the start and the end of the measured interval.
     pub measured: Option<Measured>,
+    /// OTLP exports the trace sink received (tracing rows).
+    pub trace_exports: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, Serialize)]
@@ -75,6 +77,7 @@ impl Row {
             guess_statuses: None,
             reloads: None,
             measured: None,
+            trace_exports: None,
         }
     }
 }
@@ -100,6 +103,9 @@ pub fn table(rows: &[Row]) -> String {
                 " (reloads: {} written, {} applied)",
                 reloads.written, reloads.applied
             ));
+        }
+        if let Some(exports) = r.trace_exports {
+            errors.push_str(&format!(" (OTLP exports: {exports})"));
         }
         let connections = r
             .upstream_connections_per_1000

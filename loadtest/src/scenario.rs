@@ -40,6 +40,33 @@ pub struct Scenario {
     /// third row, next to the same tenants file left alone.
     #[serde(default)]
     pub reloads: Option<Reloads>,
+    /// The proxy exporting OpenTelemetry spans to a second sink: measured
+    /// as a third row, next to the same proxy without tracing.
+    #[serde(default)]
+    pub tracing: Option<Tracing>,
+    /// Upstream faults injected while the workload runs: one row per phase,
+    /// healthy phases between faults, all through one proxy process.
+    #[serde(default)]
+    pub faults: Option<Faults>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tracing {
+    /// The proxy's `tracing.sample_ratio`.
+    pub sample_ratio: f64,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Faults {
+    /// How long the load runs in each phase.
+    #[serde(with = "humantime_serde")]
+    pub phase: Duration,
+    /// The proxy's `limits.upstream_timeout` during the drill: a stall ends
+    /// in 504 after it.
+    #[serde(with = "humantime_serde")]
+    pub upstream_timeout: Duration,
 }
 
 #[derive(Clone, Debug, Deserialize)]

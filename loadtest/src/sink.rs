@@ -1,5 +1,5 @@
-//! A minimal backend that answers like Loki and Prometheus with fixed small
-//! bodies, so the proxy's own cost can be isolated. It counts the
+//! A minimal backend that answers like Loki and Prometheus (and an OTLP
+//! traces receiver) with fixed small bodies, so the proxy's own cost can be isolated. It counts the
 //! connections it accepts (how well the proxy reuses upstream connections).
 
 use std::convert::Infallible;
@@ -62,6 +62,15 @@ async fn answer(
     let path = request.uri().path().to_owned();
     // Read the whole body, as a real backend would.
     let _ = request.into_body().collect().await;
+    if path == "/v1/traces" {
+        // An OTLP/HTTP receiver's success: an empty ExportTraceServiceResponse.
+        let mut response = Response::new(Full::new(Bytes::new()));
+        response.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            "application/x-protobuf".parse().unwrap(),
+        );
+        return Ok(response);
+    }
     let (status, body) = if path.ends_with("/push") || path.ends_with("/write") {
         (StatusCode::NO_CONTENT, "")
     } else if path.starts_with("/loki/") {

@@ -84,3 +84,69 @@ fn wrong_password_share_marks_that_share_of_credentials() {
         .count();
     assert_eq!(wrong * 10, workload.auths.len());
 }
+
+/// One request through the relay on a fresh connection: the status, or
+/// `None` when the connection failed, broke or gave no answer in 2 s.
+async fn through(relay: std::net::SocketAddr) -> Option<u16> {
+    let exchange = async {
+        let stream = tokio::net::TcpStream::connect(relay).await.ok()?;
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .ok()?;
+        tokio::spawn(connection);
+        let request = http::Request::get("/loki/api/v1/labels")
+            .header("host", "relay")
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .ok()?;
+        let response = sender.send_request(request).await.ok()?;
+        let status = response.status().as_u16();
+        http_body_util::BodyExt::collect(response.into_body())
+            .await
+            .ok()?;
+        Some(status)
+    };
+    tokio::time::timeout(Duration::from_secs(2), exchange)
+        .await
+        .ok()
+        .flatten()
+}
+
+#[tokio::test]
+async fn the_fault_relay_misbehaves_on_command_and_recovers_on_its_port() {
+    use loadtest::faults::{Fault, FaultyUpstream};
+    let (sink, _) = sink::start().await.unwrap();
+    let relay = FaultyUpstream::start(sink).await.unwrap();
+    assert_eq!(through(relay.addr).await, Some(200));
+    for fault in [
+        Fault::Refuse,
+        Fault::ResetInHead,
+        Fault::ResetInBody,
+        Fault::Stall,
+    ] {
+        relay.set(fault);
+        if fault == Fault::Refuse {
+            // Wait for the listener to close: the switch is asynchronous.
+            let mut refused = false;
+            for _ in 0..200 {
+                if tokio::net::TcpStream::connect(relay.addr).await.is_err() {
+                    refused = true;
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+            assert!(refused, "connections refused");
+        }
+        assert_eq!(through(relay.addr).await, None, "{fault:?}");
+        relay.set(Fault::Healthy);
+        let mut recovered = None;
+        for _ in 0..200 {
+            recovered = through(relay.addr).await;
+            if recovered.is_some() {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(recovered, Some(200), "after {fault:?}");
+    }
+}
