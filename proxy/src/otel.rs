@@ -84,16 +84,17 @@ impl Tracing {
     /// valid `traceparent`.
     pub fn start_request(&self, method: &Method, headers: &HeaderMap) -> RequestSpan<'_> {
         let parent = self.propagator.extract(&HeaderExtractor(headers));
+        let method = known_method(method);
         let span = self
             .tracer
-            .span_builder(method.to_string())
+            .span_builder(method)
             .with_kind(SpanKind::Server)
-            .with_attributes([KeyValue::new("http.request.method", method.to_string())])
+            .with_attributes([KeyValue::new("http.request.method", method)])
             .start_with_context(&self.tracer, &parent);
         RequestSpan {
             tracing: self,
             cx: parent.with_span(span),
-            method: method.clone(),
+            method,
         }
     }
 
@@ -117,7 +118,7 @@ impl Tracing {
 pub struct RequestSpan<'t> {
     tracing: &'t Tracing,
     cx: Context,
-    method: Method,
+    method: &'static str,
 }
 
 impl RequestSpan<'_> {
@@ -202,6 +203,21 @@ impl UpstreamSpan {
             }
         }
         span.end();
+    }
+}
+
+/// The method as span name and attribute: any other is `_OTHER`, as the
+/// HTTP semantic conventions say, so clients cannot mint span names.
+fn known_method(method: &Method) -> &'static str {
+    match *method {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        Method::PATCH => "PATCH",
+        _ => "_OTHER",
     }
 }
 

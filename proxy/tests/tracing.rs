@@ -44,6 +44,15 @@ async fn query(proxy: &RunningProxy, auth: &str, trace_headers: &[(&str, &str)])
     .status
 }
 
+/// The span of the request that was answered with `status`.
+fn answered<'s>(spans: &'s [ExportedSpan], status: &str) -> &'s ExportedSpan {
+    let code = |s: &&ExportedSpan| s.attributes.get("http.response.status_code").cloned();
+    spans
+        .iter()
+        .find(|s| code(s).as_deref() == Some(status))
+        .unwrap_or_else(|| panic!("no span answered {status} in {spans:#?}"))
+}
+
 fn one(spans: &[ExportedSpan], kind: i32, trace_id: &str) -> ExportedSpan {
     let found: Vec<_> = spans
         .iter()
@@ -137,18 +146,22 @@ async fn refusals_and_upstream_failures_are_spans_too_and_no_secret_is_in_any() 
     assert_eq!(query(&proxy, &wrong, &[]).await, StatusCode::UNAUTHORIZED);
     let right = basic("alice", "alice-pw");
     assert_eq!(query(&proxy, &right, &[]).await, StatusCode::BAD_GATEWAY);
+    let brew = Method::from_bytes(b"BREW").unwrap();
+    let odd = send(brew, &proxy.url(QUERY), Some(&right), &[], "").await;
+    assert_eq!(odd.status, StatusCode::METHOD_NOT_ALLOWED);
     proxy.stop().await;
 
-    let spans = collector.wait_for_spans(3).await;
-    let refused = spans
-        .iter()
-        .find(|s| {
-            s.attributes
-                .get("http.response.status_code")
-                .map(String::as_str)
-                == Some("401")
-        })
-        .expect("the 401 has a span");
+    let spans = collector.wait_for_spans(4).await;
+    let odd = answered(&spans, "405");
+    assert_eq!(
+        (
+            odd.name.as_str(),
+            odd.attributes["http.request.method"].as_str()
+        ),
+        ("_OTHER", "_OTHER"),
+        "clients cannot mint span names"
+    );
+    let refused = answered(&spans, "401");
     assert_eq!(refused.attributes["error.type"], "unauthenticated");
     assert!(!refused.attributes.contains_key("tenant_proxy.tenant"));
     assert_ne!(
