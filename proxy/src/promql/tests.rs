@@ -174,6 +174,22 @@ fn refuses_info_and_unparseable_queries() {
     ));
 }
 
+/// Found by coverage-guided fuzzing: promql-parser 0.11 panics on a range
+/// too long for a `Duration`. A refusal (400), never a panic.
+#[test]
+fn inputs_that_make_the_parser_panic_are_refused() {
+    let crash = include_str!("../../../fuzz/corpus/promql/regression-range-overflows-duration");
+    for query in [crash, "x[99999999999999999999999]", "rate(x[1e30])"] {
+        let refused = enforce_query(query, &one()).unwrap_err();
+        assert!(
+            matches!(refused, EnforceError::Parse(_)) && refused.is_client_error(),
+            "{query}: {refused:?}"
+        );
+        assert!(enforce_selector(query, &one()).is_err());
+    }
+    assert!(CredentialSelector::parse("{app=\"x\"}[99999999999999999999999]").is_err());
+}
+
 #[test]
 fn bounds_length_and_nesting_before_parsing() {
     let deep = format!("{}up{}", "(".repeat(20_000), ")".repeat(20_000));
