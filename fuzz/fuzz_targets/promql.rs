@@ -7,6 +7,12 @@ use libfuzzer_sys::fuzz_target;
 use tenant_proxy::promql::{enforce_query, enforce_selector, TenantMatcher};
 
 fuzz_target!(|data: &[u8]| {
+    // libfuzzer-sys aborts on any panic, even one the proxy catches:
+    // promql::parse turns promql-parser's panics into parse errors on
+    // purpose. Back to the default hook (which only prints); a panic that
+    // escapes the target still aborts (libfuzzer-sys's catch_unwind).
+    static DEFAULT_HOOK: std::sync::Once = std::sync::Once::new();
+    DEFAULT_HOOK.call_once(|| drop(std::panic::take_hook()));
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
