@@ -36,6 +36,7 @@ fn bench(c: &mut Criterion) {
             sample_ratio: ratio,
             export_interval: Duration::from_secs(3600),
             export_timeout: Duration::from_millis(100),
+            tls: None,
         };
         let tracing = runtime.block_on(async { Tracing::new(&config) }).unwrap();
         c.bench_function(name, |b| {

@@ -53,7 +53,7 @@ pub struct Config {
 pub struct TracingConfig {
     /// The collector's OTLP/HTTP traces URL, e.g.
     /// `http://otel-collector:4318/v1/traces` (protobuf is sent; https://
-    /// uses the system's CA certificates).
+    /// trusts the system's CA certificates unless `tls.ca_file` is set).
     pub otlp_endpoint: String,
     /// `service.name` on every span.
     #[serde(default = "defaults::service_name")]
@@ -69,6 +69,9 @@ pub struct TracingConfig {
     /// requests are never held up by the collector).
     #[serde(default = "defaults::export_timeout", with = "humantime_serde")]
     pub export_timeout: Duration,
+    /// TLS to an `https://` collector: a private CA, a client certificate,
+    /// a server name; reloaded like an upstream's.
+    pub tls: Option<UpstreamTls>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -136,6 +139,20 @@ pub struct RequestLimits {
     pub bytes_per_second: u64,
 }
 
+/// An upstream's `tls` needs an https:// URL to apply to, and a client
+/// certificate needs its key.
+fn check_upstream_tls(section: &str, https: bool, tls: Option<&UpstreamTls>) -> Result<(), String> {
+    match tls {
+        Some(_) if !https => Err(format!(
+            "{section}.tls is set but no {section} upstream is https://"
+        )),
+        Some(tls) if tls.cert_file.is_some() != tls.key_file.is_some() => {
+            Err(format!("{section}.tls: cert_file and key_file go together"))
+        }
+        _ => Ok(()),
+    }
+}
+
 impl TracingConfig {
     fn validate(&self) -> Result<(), String> {
         let uri: Uri = self
@@ -145,6 +162,11 @@ impl TracingConfig {
         if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
             return Err("tracing.otlp_endpoint must be an http:// or https:// URL".into());
         }
+        check_upstream_tls(
+            "tracing",
+            uri.scheme_str() == Some("https"),
+            self.tls.as_ref(),
+        )?;
         if !(0.0..=1.0).contains(&self.sample_ratio) {
             return Err("tracing.sample_ratio must be between 0 and 1".into());
         }
@@ -525,6 +547,7 @@ impl Config {
         let upstream_tls = [
             config.logs.as_mut().and_then(|l| l.tls.as_mut()),
             config.metrics.as_mut().and_then(|m| m.tls.as_mut()),
+            config.tracing.as_mut().and_then(|t| t.tls.as_mut()),
         ];
         for tls in upstream_tls.into_iter().flatten() {
             for file in [&mut tls.ca_file, &mut tls.cert_file, &mut tls.key_file]
@@ -574,17 +597,7 @@ impl Config {
         ];
         for (section, urls, tls) in upstreams.into_iter().flatten() {
             let https = urls.iter().any(|u| u.scheme == http::uri::Scheme::HTTPS);
-            match tls {
-                Some(_) if !https => {
-                    return Err(format!(
-                        "{section}.tls is set but no {section} upstream is https://"
-                    ))
-                }
-                Some(tls) if tls.cert_file.is_some() != tls.key_file.is_some() => {
-                    return Err(format!("{section}.tls: cert_file and key_file go together"))
-                }
-                _ => {}
-            }
+            check_upstream_tls(section, https, tls)?;
         }
         if self.limits.max_header_bytes < 8 * 1024 {
             return Err("limits.max_header_bytes must be at least 8192".into());
@@ -687,6 +700,14 @@ mod tests {
             (
                 "otlp_endpoint: http://c:4318\n  export_interval: 0s",
                 "above zero",
+            ),
+            (
+                "otlp_endpoint: http://c:4318\n  tls: {ca_file: ca.crt}",
+                "https://",
+            ),
+            (
+                "otlp_endpoint: https://c:4318\n  tls: {key_file: k}",
+                "go together",
             ),
         ] {
             let text = format!("{MINIMAL}tracing:\n  {bad}\n");

@@ -125,13 +125,16 @@ impl Proxy {
         if let (Some(tls), Some(settings)) = (tls, &config.tls) {
             tokio::spawn(tls.run(settings.reload_interval, shutdown.clone().wait()));
         }
-        for target in [&state.logs, &state.metrics_target].into_iter().flatten() {
-            if let Some(tls) = &target.tls {
-                let reloader = UpstreamTlsReloader::new(
-                    tls.clone(),
-                    target.client.clone(),
-                    state.metrics.clone(),
-                );
+        let upstream_clients = [&state.logs, &state.metrics_target]
+            .into_iter()
+            .flatten()
+            .map(|target| (&target.tls, &target.client));
+        let collector = config.tracing.as_ref().zip(state.tracing.as_ref());
+        let collector_client = collector.map(|(config, tracing)| (&config.tls, &tracing.collector));
+        for (tls, client) in upstream_clients.chain(collector_client) {
+            if let Some(tls) = tls {
+                let reloader =
+                    UpstreamTlsReloader::new(tls.clone(), client.clone(), state.metrics.clone());
                 tokio::spawn(reloader.run(shutdown.clone().wait()));
             }
         }

@@ -8,8 +8,10 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
@@ -34,6 +36,8 @@ pub struct Tracing {
     provider: SdkTracerProvider,
     tracer: SdkTracer,
     propagator: TraceContextPropagator,
+    /// The exporter's client, swapped when `tracing.tls` files change.
+    pub collector: Arc<ArcSwap<UpstreamClient>>,
 }
 
 impl Tracing {
@@ -42,10 +46,13 @@ impl Tracing {
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|_| "tracing must start inside the runtime".to_string())?;
         let client = CollectorClient {
-            client: upstream::client(None)?,
+            client: Arc::new(ArcSwap::from_pointee(upstream::client(
+                config.tls.as_ref(),
+            )?)),
             runtime,
             timeout: config.export_timeout,
         };
+        let collector = client.client.clone();
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
             .with_http_client(client)
@@ -77,6 +84,7 @@ impl Tracing {
             provider,
             tracer,
             propagator: TraceContextPropagator::new(),
+            collector,
         })
     }
 
@@ -230,7 +238,7 @@ fn status_attribute(status: StatusCode) -> KeyValue {
 /// and awaited from there.
 #[derive(Debug)]
 struct CollectorClient {
-    client: UpstreamClient,
+    client: Arc<ArcSwap<UpstreamClient>>,
     runtime: tokio::runtime::Handle,
     timeout: Duration,
 }
@@ -244,7 +252,7 @@ impl HttpClient for CollectorClient {
         'a: 'b,
         Self: 'b,
     {
-        let client = self.client.clone();
+        let client = self.client.load_full();
         let timeout = self.timeout;
         let sent = self.runtime.spawn(async move {
             let request = request.map(body::full);

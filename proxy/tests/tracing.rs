@@ -222,3 +222,40 @@ async fn new_traces_are_sampled_at_the_ratio_and_callers_decisions_are_followed(
     assert!(traceparent.ends_with("-00"));
     proxy.stop().await;
 }
+
+#[tokio::test]
+async fn spans_reach_an_https_collector_with_its_ca_a_client_certificate_and_a_server_name() {
+    use support::certs::{server_config, Ca};
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, content: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, content).unwrap();
+        path.display().to_string()
+    };
+    let (ca, clients) = (Ca::new(), Ca::new());
+    // The certificate names the collector's Service, not the dialled address.
+    let leaf = ca.issue_name_only("otel-collector.observability.svc");
+    let collector = Collector::start_tls(server_config(&leaf, Some(&clients))).await;
+    let client = clients.issue("tenant-proxy");
+    let tracing = format!(
+        "tracing:\n  otlp_endpoint: {}\n  export_interval: 50ms\n  tls:\n    ca_file: {}\n    \
+         cert_file: {}\n    key_file: {}\n    server_name: otel-collector.observability.svc\n",
+        collector.https_traces_url("127.0.0.1"),
+        write("ca.crt", &ca.pem()),
+        write("client.crt", &client.cert_pem),
+        write("client.key", &client.key_pem),
+    );
+    let loki = LokiStandIn::start().await;
+    let mut options = ProxyOptions::new(loki.url());
+    options.extra = Box::leak(tracing.into_boxed_str());
+    let mut proxy = RunningProxy::start(options).await;
+
+    assert_eq!(
+        query(&proxy, &basic("alice", "alice-pw"), &[]).await,
+        StatusCode::OK
+    );
+    let spans = collector.wait_for_spans(2).await;
+    assert!(spans.iter().any(|s| s.kind == SERVER
+        && s.attributes.get("tenant_proxy.tenant").map(String::as_str) == Some("team-a")));
+    proxy.stop().await;
+}

@@ -14,11 +14,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::PrivateKeyDer;
-use rustls::server::WebPkiClientVerifier;
-use rustls::ServerConfig;
-use support::certs::{pem_der, Ca, Leaf};
+use support::certs::{server_config, Ca, Leaf};
 use support::{basic, get, ProxyOptions, RunningProxy};
 
 /// An HTTPS upstream that records the tenant header of what it serves.
@@ -29,22 +25,7 @@ struct HttpsUpstream {
 
 impl HttpsUpstream {
     async fn start(leaf: &Leaf, client_ca: Option<&Ca>) -> Self {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let builder = ServerConfig::builder_with_provider(provider.clone())
-            .with_safe_default_protocol_versions()
-            .unwrap();
-        let builder = match client_ca {
-            None => builder.with_no_client_auth(),
-            Some(ca) => builder.with_client_cert_verifier(
-                WebPkiClientVerifier::builder_with_provider(Arc::new(ca.roots()), provider)
-                    .build()
-                    .unwrap(),
-            ),
-        };
-        let key = PrivateKeyDer::from_pem_slice(leaf.key_pem.as_bytes()).unwrap();
-        let config = builder
-            .with_single_cert(vec![pem_der(&leaf.cert_pem)], key)
-            .unwrap();
+        let config = server_config(leaf, client_ca);
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

@@ -1,8 +1,12 @@
 //! Certificates made per test (rcgen): a CA and the leaves it signs, PEM.
 
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair, SanType};
-use rustls::pki_types::CertificateDer;
-use rustls::RootCertStore;
+use std::sync::Arc;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{RootCertStore, ServerConfig};
 
 /// A CA and certificates it signs, as PEM.
 pub struct Ca(CertifiedIssuer<'static, KeyPair>);
@@ -56,6 +60,26 @@ impl Ca {
 }
 
 pub fn pem_der(pem: &str) -> CertificateDer<'static> {
-    use rustls::pki_types::pem::PemObject;
     CertificateDer::from_pem_slice(pem.as_bytes()).unwrap()
+}
+
+/// A TLS server presenting `leaf`; with `client_ca`, clients must present a
+/// certificate it signed.
+pub fn server_config(leaf: &Leaf, client_ca: Option<&Ca>) -> ServerConfig {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .unwrap();
+    let builder = match client_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => builder.with_client_cert_verifier(
+            WebPkiClientVerifier::builder_with_provider(Arc::new(ca.roots()), provider)
+                .build()
+                .unwrap(),
+        ),
+    };
+    let key = PrivateKeyDer::from_pem_slice(leaf.key_pem.as_bytes()).unwrap();
+    builder
+        .with_single_cert(vec![pem_der(&leaf.cert_pem)], key)
+        .unwrap()
 }

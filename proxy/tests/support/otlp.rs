@@ -19,6 +19,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use prost::Message;
 use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
 
 /// One exported span, flattened for assertions; ids in lowercase hex.
 #[derive(Clone, Debug)]
@@ -56,6 +57,15 @@ impl Drop for Collector {
 
 impl Collector {
     pub async fn start() -> Self {
+        Self::start_with(None).await
+    }
+
+    /// Over TLS (`https://` to `addr`).
+    pub async fn start_tls(config: rustls::ServerConfig) -> Self {
+        Self::start_with(Some(TlsAcceptor::from(Arc::new(config)))).await
+    }
+
+    async fn start_with(tls: Option<TlsAcceptor>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let received = Arc::new(Mutex::new(Received::default()));
@@ -67,10 +77,19 @@ impl Collector {
                 let (received, counted) = (shared.clone(), counted.clone());
                 let service =
                     service_fn(move |request| receive(received.clone(), counted.clone(), request));
-                tokio::spawn(
-                    hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service),
-                );
+                let http = hyper::server::conn::http1::Builder::new();
+                let tls = tls.clone();
+                tokio::spawn(async move {
+                    let _ = match tls {
+                        None => http.serve_connection(TokioIo::new(stream), service).await,
+                        Some(tls) => match tls.accept(stream).await {
+                            Ok(stream) => {
+                                http.serve_connection(TokioIo::new(stream), service).await
+                            }
+                            Err(_) => return, // an untrusted client: nothing received
+                        },
+                    };
+                });
             }
         });
         Self {
@@ -83,6 +102,11 @@ impl Collector {
 
     pub fn traces_url(&self) -> String {
         format!("http://{}/v1/traces", self.addr)
+    }
+
+    /// The collector's URL over TLS, by `host` (which must resolve to loopback).
+    pub fn https_traces_url(&self, host: &str) -> String {
+        format!("https://{host}:{}/v1/traces", self.addr.port())
     }
 
     /// Waits (at most 10 s) until `count` spans have arrived, and returns all.
