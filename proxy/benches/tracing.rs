@@ -45,13 +45,13 @@ fn bench(c: &mut Criterion) {
                 let mut upstream = HeaderMap::new();
                 let call = span.upstream_call(&mut upstream);
                 call.finish(Ok(StatusCode::OK));
-                span.finish(
+                drop(span.record(
                     Some("/loki/api/v1/query_range"),
                     Some("logs_query"),
                     Some("team-a"),
                     StatusCode::OK,
                     None,
-                );
+                ));
                 upstream
             })
         });

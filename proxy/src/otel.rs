@@ -35,7 +35,6 @@ use crate::upstream::{self, HttpClient as UpstreamClient};
 pub struct Tracing {
     provider: SdkTracerProvider,
     tracer: SdkTracer,
-    propagator: TraceContextPropagator,
     /// The exporter's client, swapped when `tracing.tls` files change.
     pub collector: Arc<ArcSwap<UpstreamClient>>,
 }
@@ -83,15 +82,14 @@ impl Tracing {
         Ok(Self {
             provider,
             tracer,
-            propagator: TraceContextPropagator::new(),
             collector,
         })
     }
 
     /// Starts a request's span, continuing the client's trace when it sent a
     /// valid `traceparent`.
-    pub fn start_request(&self, method: &Method, headers: &HeaderMap) -> RequestSpan<'_> {
-        let parent = self.propagator.extract(&HeaderExtractor(headers));
+    pub fn start_request(&self, method: &Method, headers: &HeaderMap) -> RequestSpan {
+        let parent = TraceContextPropagator::new().extract(&HeaderExtractor(headers));
         let method = known_method(method);
         let span = self
             .tracer
@@ -100,7 +98,7 @@ impl Tracing {
             .with_attributes([KeyValue::new("http.request.method", method)])
             .start_with_context(&self.tracer, &parent);
         RequestSpan {
-            tracing: self,
+            tracer: self.tracer.clone(),
             cx: parent.with_span(span),
             method,
         }
@@ -122,31 +120,28 @@ impl Tracing {
     }
 }
 
-/// A request's server span; finished when its response head is ready.
-pub struct RequestSpan<'t> {
-    tracing: &'t Tracing,
+/// A request's server span, from its arrival to the end of its response body.
+pub struct RequestSpan {
+    tracer: SdkTracer,
     cx: Context,
     method: &'static str,
 }
 
-impl RequestSpan<'_> {
+impl RequestSpan {
     /// Starts the client span for the upstream call and puts its context in
     /// the upstream request's `traceparent` (and `tracestate`), replacing the
     /// client's: the upstream's spans then hang below the proxy's.
     pub fn upstream_call(&self, upstream_headers: &mut HeaderMap) -> UpstreamSpan {
         let span = self
-            .tracing
             .tracer
             .span_builder("upstream")
             .with_kind(SpanKind::Client)
-            .start_with_context(&self.tracing.tracer, &self.cx);
+            .start_with_context(&self.tracer, &self.cx);
         let cx = self.cx.with_span(span);
         // The client's tracestate belongs to its traceparent; what continues
         // it (if anything) is the state the proxy's span inherited.
         upstream_headers.remove("tracestate");
-        self.tracing
-            .propagator
-            .inject_context(&cx, &mut HeaderInjector(upstream_headers));
+        TraceContextPropagator::new().inject_context(&cx, &mut HeaderInjector(upstream_headers));
         if upstream_headers
             .get("tracestate")
             .is_some_and(|state| state.is_empty())
@@ -156,15 +151,18 @@ impl RequestSpan<'_> {
         UpstreamSpan { cx }
     }
 
-    /// Records what the access log records, minus the user, and ends the span.
-    pub fn finish(
+    /// Records what the access log records, minus the user. The span ends
+    /// when the returned guard is dropped: held by the response body, so a
+    /// streamed response is in the span's duration.
+    #[must_use = "the span ends when this is dropped"]
+    pub fn record(
         self,
         path: Option<&str>,
         surface: Option<&'static str>,
         tenant: Option<&str>,
         status: StatusCode,
         error: Option<&'static str>,
-    ) {
+    ) -> SpanEnd {
         let span = self.cx.span();
         if let Some(surface) = surface {
             span.update_name(format!("{} {surface}", self.method));
@@ -184,7 +182,16 @@ impl RequestSpan<'_> {
                 span.set_status(Status::error(error));
             }
         }
-        span.end();
+        SpanEnd(self.cx)
+    }
+}
+
+/// Ends a request's span when dropped.
+pub struct SpanEnd(Context);
+
+impl Drop for SpanEnd {
+    fn drop(&mut self) {
+        self.0.span().end();
     }
 }
 

@@ -274,16 +274,17 @@ pub async fn handle(
         status = status.as_u16(),
         duration_ms = started.elapsed().as_secs_f64() * 1000.0,
     );
-    if let Some(span) = span {
-        span.finish(
-            outcome.path.as_deref(),
-            outcome.surface,
-            outcome.tenant.as_deref(),
-            status,
-            failure,
-        );
-    }
-    Ok(response)
+    let Some(span) = span else {
+        return Ok(response);
+    };
+    let span_end = span.record(
+        outcome.path.as_deref(),
+        outcome.surface,
+        outcome.tenant.as_deref(),
+        status,
+        failure,
+    );
+    Ok(response.map(|body| body::holding(body, span_end)))
 }
 
 async fn proxy(
@@ -291,7 +292,7 @@ async fn proxy(
     peer: SocketAddr,
     mut request: Request<Incoming>,
     outcome: &mut Outcome,
-    span: Option<&RequestSpan<'_>>,
+    span: Option<&RequestSpan>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let path = path::normalise(request.uri().path()).map_err(ProxyError::BadPath)?;
     outcome.path = Some(path.clone());

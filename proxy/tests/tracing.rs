@@ -259,3 +259,37 @@ async fn spans_reach_an_https_collector_with_its_ca_a_client_certificate_and_a_s
         && s.attributes.get("tenant_proxy.tenant").map(String::as_str) == Some("team-a")));
     proxy.stop().await;
 }
+
+#[tokio::test]
+async fn the_request_span_lasts_until_the_response_body_is_sent() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // An upstream that answers its head at once and its body 300 ms later.
+    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = upstream.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = upstream.accept().await {
+            tokio::spawn(async move {
+                let mut request = vec![0; 64 * 1024];
+                let _ = stream.read(&mut request).await;
+                let head = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n";
+                let _ = stream.write_all(head.as_bytes()).await;
+                tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+                let _ = stream.write_all(b"{}").await;
+            });
+        }
+    });
+    let collector = Collector::start().await;
+    let mut proxy = traced(format!("http://{addr}"), &collector, 1.0, "50ms").await;
+    assert_eq!(
+        query(&proxy, &basic("alice", "alice-pw"), &[]).await,
+        StatusCode::OK
+    );
+
+    let spans = collector.wait_for_spans(2).await;
+    let server = spans.iter().find(|s| s.kind == SERVER).unwrap();
+    let call = one(&spans, CLIENT, &server.trace_id);
+    // The upstream span ends with the head; the request's with the body.
+    let after_head = server.end_unix_nano - call.end_unix_nano;
+    assert!(after_head >= 250_000_000, "{after_head} ns after the head");
+    proxy.stop().await;
+}

@@ -34,6 +34,8 @@ pub struct ExportedSpan {
     /// OTLP's status code: 0 unset, 2 error.
     pub status_code: i32,
     pub service_name: String,
+    pub start_unix_nano: u64,
+    pub end_unix_nano: u64,
 }
 
 #[derive(Default)]
@@ -163,6 +165,8 @@ async fn receive(
                 attributes: attributes(&span.attributes),
                 status_code: span.status.map_or(0, |s| s.code),
                 service_name: service_name.clone(),
+                start_unix_nano: span.start_time_unix_nano,
+                end_unix_nano: span.end_time_unix_nano,
             });
         }
     }
