@@ -64,6 +64,9 @@ pub enum StartError {
     TenantsFile(#[from] TenantsFileError),
     #[error("TLS: {0}")]
     Tls(String),
+    /// An upstream's or the trace collector's client (its TLS files).
+    #[error("client: {0}")]
+    Client(String),
 }
 
 impl Proxy {
@@ -84,7 +87,7 @@ impl Proxy {
             .map(|tls| TlsReloader::new(tls, metrics.clone()))
             .transpose()
             .map_err(StartError::Tls)?;
-        let state = Arc::new(AppState::new(&config, tenants, metrics).map_err(StartError::Tls)?);
+        let state = Arc::new(AppState::new(&config, tenants, metrics).map_err(StartError::Client)?);
         Ok(Self {
             config,
             state,
