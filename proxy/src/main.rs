@@ -107,8 +107,8 @@ async fn run(config: Config) -> anyhow::Result<()> {
     let admin = tokio::net::TcpListener::bind(config.admin_listen)
         .await
         .with_context(|| format!("binding {}", config.admin_listen))?;
-    tracing::info!(listen = %listener.local_addr()?, admin = %admin.local_addr()?, "tenant-proxy serving");
     let proxy = Proxy::new(config)?;
+    tracing::info!(listen = %listener.local_addr()?, admin = %admin.local_addr()?, "tenant-proxy serving");
     proxy
         .serve(listener, admin, tenant_proxy::process::shutdown_signal())
         .await;

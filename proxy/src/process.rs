@@ -13,7 +13,24 @@ pub fn init_logging(format: &str) -> Result<(), String> {
         "text" => builder.init(),
         other => return Err(format!("unknown log format {other:?} (text or json)")),
     }
+    log_panics();
     Ok(())
+}
+
+/// Panics become log events (one JSON line in `json` mode) instead of the
+/// default hook's free text on stderr, which log pipelines mangle. The
+/// proxy survives some on purpose (promql-parser's, answered 400): the
+/// message and location are logged, as the default hook would print them,
+/// never the request.
+fn log_panics() {
+    std::panic::set_hook(Box::new(|info| {
+        let location = info.location().map(ToString::to_string).unwrap_or_default();
+        let payload = info.payload();
+        let message = (payload.downcast_ref::<&str>().copied())
+            .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("(not a string)");
+        tracing::error!(panic = message, location, "panic");
+    }));
 }
 
 /// Resolves on SIGTERM (Kubernetes) or SIGINT (a terminal).

@@ -5,6 +5,8 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use base64::Engine;
+
 const BIN: &str = env!("CARGO_BIN_EXE_tenant-proxy");
 
 fn examples() -> PathBuf {
@@ -110,21 +112,22 @@ fn runs_until_sigterm_then_exits_cleanly() {
     )
     .unwrap();
     let config = dir.path().join("c.yaml");
-    std::fs::write(&config, "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\ntenants_file: tenants.yaml\nlogs:\n  upstream: http://127.0.0.1:1\n").unwrap();
+    std::fs::write(&config, "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\ntenants_file: tenants.yaml\nlogs:\n  upstream: http://127.0.0.1:1\nmetrics:\n  upstream: http://127.0.0.1:1\n").unwrap();
     let mut child = Command::new(BIN)
         .args(["--config", config.to_str().unwrap(), "--log-format", "json"])
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let admin = loop {
+    let (listen, admin) = loop {
         let line = lines
             .next()
             .expect("the proxy logs that it serves")
             .unwrap();
         let entry: serde_json::Value = serde_json::from_str(&line).unwrap();
         if entry["fields"]["message"] == "tenant-proxy serving" {
-            break entry["fields"]["admin"].as_str().unwrap().to_owned();
+            let field = |name: &str| entry["fields"][name].as_str().unwrap().to_owned();
+            break (field("listen"), field("admin"));
         }
     };
     let mut stream = std::net::TcpStream::connect(&admin).unwrap();
@@ -135,6 +138,20 @@ fn runs_until_sigterm_then_exits_cleanly() {
     std::io::Read::read_to_string(&mut stream, &mut reply).unwrap();
     assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
 
+    // A query that makes promql-parser panic: answered 400, and the panic
+    // is a JSON log line like any other.
+    let mut stream = std::net::TcpStream::connect(&listen).unwrap();
+    let auth = base64::engine::general_purpose::STANDARD.encode("team-b:team-b-password");
+    let request = format!(
+        "GET /api/v1/query?query=x%5B99999999999999999999999%5D HTTP/1.1\r\nHost: x\r\n\
+         Authorization: Basic {auth}\r\nConnection: close\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut reply = String::new();
+    std::io::Read::read_to_string(&mut stream, &mut reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 400"), "{reply}");
+    assert!(reply.contains(r#""errorType":"bad_data""#), "{reply}");
+
     let killed = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
@@ -142,10 +159,23 @@ fn runs_until_sigterm_then_exits_cleanly() {
     assert!(killed.success());
     let status = child.wait().unwrap();
     assert!(status.success(), "exit after SIGTERM: {status}");
-    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    let rest: Vec<serde_json::Value> = lines
+        .map_while(Result::ok)
+        .map(|line| serde_json::from_str(&line).unwrap_or_else(|_| panic!("not JSON: {line}")))
+        .collect();
+    let logged = |message: &str| rest.iter().find(|e| e["fields"]["message"] == message);
+    assert!(logged("tenant-proxy stopped").is_some(), "{rest:?}");
+    let panic = logged("panic").expect("the parser's panic is logged");
     assert!(
-        rest.iter().any(|l| l.contains("tenant-proxy stopped")),
-        "{rest:?}"
+        panic["fields"]["panic"]
+            .as_str()
+            .unwrap()
+            .contains("Duration"),
+        "{panic}"
+    );
+    assert!(
+        !panic.to_string().contains("99999999999999999999999"),
+        "never the query"
     );
 }
 
