@@ -38,7 +38,10 @@ fn bench(c: &mut Criterion) {
             export_timeout: Duration::from_millis(100),
             tls: None,
         };
-        let tracing = runtime.block_on(async { Tracing::new(&config) }).unwrap();
+        let metrics = Default::default();
+        let tracing = runtime
+            .block_on(async { Tracing::new(&config, &metrics) })
+            .unwrap();
         c.bench_function(name, |b| {
             b.iter(|| {
                 let span = tracing.start_request(&Method::GET, black_box(&headers));

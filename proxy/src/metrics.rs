@@ -53,6 +53,12 @@ pub struct LimitedLabels {
     pub limit: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    /// `sent` or `failed`.
+    pub outcome: &'static str,
+}
+
 #[derive(Clone)]
 pub struct LatencyHistogram;
 
@@ -83,6 +89,7 @@ pub struct Metrics {
     pub remote_write_bytes: Family<TenantLabels, Counter>,
     pub remote_write_tenant_label: Family<TenantActionLabels, Counter>,
     pub remote_write_decode_errors: Family<TenantLabels, Counter>,
+    pub trace_exports: Family<OutcomeLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -198,6 +205,12 @@ impl Default for Metrics {
             "Remote-write bodies refused as undecodable, oversized or unsupported",
             remote_write_decode_errors.clone(),
         );
+        let trace_exports = Family::default();
+        registry.register(
+            "trace_exports",
+            "OTLP span exports sent to the collector (2xx) or failed (error, timeout, non-2xx)",
+            trace_exports.clone(),
+        );
         Self {
             registry,
             requests,
@@ -218,6 +231,7 @@ impl Default for Metrics {
             remote_write_bytes,
             remote_write_tenant_label,
             remote_write_decode_errors,
+            trace_exports,
         }
     }
 }

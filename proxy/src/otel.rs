@@ -25,9 +25,12 @@ use opentelemetry_sdk::trace::{
     BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracer, SdkTracerProvider,
 };
 use opentelemetry_sdk::Resource;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 
 use crate::body;
 use crate::config::TracingConfig;
+use crate::metrics::{Metrics, OutcomeLabels};
 use crate::upstream::{self, HttpClient as UpstreamClient};
 
 /// Makes and exports spans; present only when tracing is configured.
@@ -41,7 +44,7 @@ pub struct Tracing {
 
 impl Tracing {
     /// Must be called inside the tokio runtime: exports run on it.
-    pub fn new(config: &TracingConfig) -> Result<Self, String> {
+    pub fn new(config: &TracingConfig, metrics: &Metrics) -> Result<Self, String> {
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|_| "tracing must start inside the runtime".to_string())?;
         let client = CollectorClient {
@@ -50,6 +53,7 @@ impl Tracing {
             )?)),
             runtime,
             timeout: config.export_timeout,
+            exports: metrics.trace_exports.clone(),
         };
         let collector = client.client.clone();
         let exporter = opentelemetry_otlp::SpanExporter::builder()
@@ -243,11 +247,18 @@ fn status_attribute(status: StatusCode) -> KeyValue {
 /// Sends exports with the proxy's own hyper client. The SDK exports from its
 /// own thread, outside the runtime, so each send is spawned onto the runtime
 /// and awaited from there.
-#[derive(Debug)]
 struct CollectorClient {
     client: Arc<ArcSwap<UpstreamClient>>,
     runtime: tokio::runtime::Handle,
     timeout: Duration,
+    /// Exports by outcome: spans the SDK gives up on are otherwise invisible.
+    exports: Family<OutcomeLabels, Counter>,
+}
+
+impl std::fmt::Debug for CollectorClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CollectorClient").finish_non_exhaustive()
+    }
 }
 
 impl HttpClient for CollectorClient {
@@ -261,6 +272,7 @@ impl HttpClient for CollectorClient {
     {
         let client = self.client.load_full();
         let timeout = self.timeout;
+        let exports = self.exports.clone();
         let sent = self.runtime.spawn(async move {
             let request = request.map(body::full);
             let exchange = async {
@@ -269,9 +281,17 @@ impl HttpClient for CollectorClient {
                 let body = body.collect().await?.to_bytes();
                 Ok::<_, HttpError>(Response::from_parts(parts, body))
             };
-            tokio::time::timeout(timeout, exchange)
+            let answered = tokio::time::timeout(timeout, exchange)
                 .await
-                .map_err(|_| HttpError::from("collector did not answer in time"))?
+                .map_err(|_| HttpError::from("collector did not answer in time"))
+                .and_then(|answer| answer);
+            let sent = matches!(&answered, Ok(response) if response.status().is_success());
+            exports
+                .get_or_create(&OutcomeLabels {
+                    outcome: if sent { "sent" } else { "failed" },
+                })
+                .inc();
+            answered
         });
         Box::pin(async move { sent.await? })
     }

@@ -162,6 +162,9 @@ impl AppState {
                 })
             }
         };
+        let tracing = (config.tracing.as_ref())
+            .map(|tracing| Tracing::new(tracing, &metrics))
+            .transpose()?;
         Ok(Self {
             routes: RouteTable::new(logs.is_some(), config.metrics.as_ref().map(|m| m.mode)),
             logs,
@@ -175,7 +178,7 @@ impl AppState {
                 config.tenant_limits.clone(),
             ),
             memo: Memo::new(10_000),
-            tracing: config.tracing.as_ref().map(Tracing::new).transpose()?,
+            tracing,
         })
     }
 

@@ -5,14 +5,14 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use http::{Method, StatusCode};
 use prost::Message;
 use serde_json::Value;
 use support::loki::LokiStandIn;
 use support::prometheus::{time_series, PrometheusProcess};
-use support::{basic, send, ProxyOptions, Reply, RunningProxy, TenantSpec};
+use support::{basic, eventually, send, ProxyOptions, Reply, RunningProxy, TenantSpec};
 use tenant_proxy::prompb::{v2, WriteRequest};
 
 fn tenants() -> String {
@@ -78,15 +78,6 @@ async fn query(url: &str, auth: Option<&str>, promql: &str) -> Vec<Value> {
     .await;
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
     reply.json()["data"]["result"].as_array().unwrap().clone()
-}
-
-/// Polls (bounded): remote write is asynchronous and gives no other signal.
-async fn eventually(what: &str, timeout: Duration, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !check().await {
-        assert!(Instant::now() < deadline, "{what}: not within {timeout:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 // Several threads: stopping an agent blocks one while the proxy serves its flush.

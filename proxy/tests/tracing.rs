@@ -293,3 +293,41 @@ async fn the_request_span_lasts_until_the_response_body_is_sent() {
     assert!(after_head >= 250_000_000, "{after_head} ns after the head");
     proxy.stop().await;
 }
+
+/// The value of `tenant_proxy_trace_exports_total{outcome=...}`, 0 if absent.
+async fn exports(proxy: &RunningProxy, outcome: &str) -> f64 {
+    let prefix = format!("tenant_proxy_trace_exports_total{{outcome=\"{outcome}\"}} ");
+    let metrics = proxy.metrics().await;
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(&prefix)?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn exports_are_counted_so_a_collector_that_is_down_shows_in_metrics() {
+    let loki = LokiStandIn::start().await;
+    let down = support::closed_port().await;
+    let collector = Collector::start().await;
+    let auth = basic("alice", "alice-pw");
+    for (url, outcome) in [
+        (format!("http://{down}/v1/traces"), "failed"),
+        (collector.traces_url(), "sent"),
+    ] {
+        let mut options = ProxyOptions::new(loki.url());
+        let tracing = format!(
+            "tracing:\n  otlp_endpoint: {url}\n  export_interval: 50ms\n  export_timeout: 1s\n"
+        );
+        options.extra = Box::leak(tracing.into_boxed_str());
+        let mut proxy = RunningProxy::start(options).await;
+        assert_eq!(query(&proxy, &auth, &[]).await, StatusCode::OK);
+        let what = format!("an export {outcome}");
+        support::eventually(&what, std::time::Duration::from_secs(10), async || {
+            exports(&proxy, outcome).await >= 1.0
+        })
+        .await;
+        let other = if outcome == "sent" { "failed" } else { "sent" };
+        assert_eq!(exports(&proxy, other).await, 0.0, "{what}");
+        proxy.stop().await;
+    }
+}

@@ -55,6 +55,9 @@ fn exported() -> BTreeSet<String> {
             tenant: "t".into(),
             action: "added",
         });
+    let _ = p
+        .trace_exports
+        .get_or_create(&proxy::OutcomeLabels { outcome: "failed" });
     let s = sync::Metrics::default();
     let _ = s
         .skipped_secrets

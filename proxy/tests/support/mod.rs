@@ -312,6 +312,23 @@ pub async fn get(url: &str, auth: &str) -> Reply {
     send(Method::GET, url, Some(auth), &[], "").await
 }
 
+/// Polls (bounded), for what happens in the background and gives no
+/// signal: a remote-write agent's sends, a span export's outcome.
+pub async fn eventually(
+    what: &str,
+    timeout: std::time::Duration,
+    mut check: impl AsyncFnMut() -> bool,
+) {
+    let deadline = std::time::Instant::now() + timeout;
+    while !check().await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: not within {timeout:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
 // === captured logs ===
 
 /// Everything every test in this binary logged, at TRACE level, so a test can
