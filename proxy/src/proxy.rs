@@ -467,11 +467,14 @@ async fn proxy(
     if route.operation.is_push() {
         // A push's answer is small (204, or an error text): read it whole,
         // so an upstream lost mid-answer becomes a 503 the sender retries,
-        // not a 2xx whose body breaks off.
-        let answer = Limited::new(body, PUSH_ANSWER_LIMIT)
-            .collect()
-            .await
-            .map_err(ProxyError::PushUpstreamUnavailable)?;
+        // not a 2xx whose body breaks off; one that stalls there, a 504.
+        let answer = tokio::time::timeout(
+            state.limits.upstream_timeout,
+            Limited::new(body, PUSH_ANSWER_LIMIT).collect(),
+        )
+        .await
+        .map_err(|_| ProxyError::UpstreamTimeout)?
+        .map_err(ProxyError::PushUpstreamUnavailable)?;
         return Ok(Response::from_parts(parts, body::full(answer.to_bytes())));
     }
     if let (Operation::Filter(filter), StatusCode::OK) = (route.operation, parts.status) {

@@ -27,6 +27,7 @@ enum Fault {
     CloseInHead,
     CloseInBody,
     Stall,
+    StallInBody,
 }
 
 /// An upstream whose next connections misbehave as told.
@@ -57,6 +58,12 @@ impl FaultyUpstream {
                             b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\nConnection: close\r\n\r\n{\"partial"
                         }
                         f if f == Fault::Stall as u8 => {
+                            tokio::time::sleep(Duration::from_secs(30)).await;
+                            b""
+                        }
+                        f if f == Fault::StallInBody as u8 => {
+                            let head = b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{";
+                            let _ = stream.write_all(head).await;
                             tokio::time::sleep(Duration::from_secs(30)).await;
                             b""
                         }
@@ -138,6 +145,13 @@ async fn upstream_faults_get_the_documented_status_and_the_proxy_recovers() {
             "recovered after {fault:?}"
         );
     }
+    // A push answer that stalls after its head: 504 as well. (A query's
+    // head is already on its way to the client by then: its body just
+    // stops, as the upstream's did.)
+    upstream.set(Fault::StallInBody);
+    assert_eq!(push(&proxy).await, StatusCode::GATEWAY_TIMEOUT);
+    upstream.set(Fault::Healthy);
+    assert_eq!(push(&proxy).await, StatusCode::OK);
 }
 
 #[tokio::test]
