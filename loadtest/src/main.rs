@@ -164,7 +164,6 @@ async fn proxied(
         }
     })
     .await;
-    let cpu = (process.0.cpu, process.1.cpu);
     stop.store(true, Ordering::Release);
     let side = match side_task {
         Some(task) => Some(task.await?),
@@ -177,17 +176,9 @@ async fn proxied(
         .zip(connections.0)
         .map(|(end, start)| end - start);
     let mut row = Row::new(&scenario.name, target, &outcome, opened);
-    row.proxy_cpu_us_per_request =
-        Some((cpu.1 - cpu.0).as_secs_f64() * 1e6 / outcome.requests().max(1) as f64);
+    row.measure_process(&process.0, &process.1);
     row.proxy_idle_rss_mib = Some(idle.rss_kib as f64 / 1024.0);
     row.proxy_peak_rss_mib = Some(peak.peak_rss_kib as f64 / 1024.0);
-    row.measured = Some(report::Measured {
-        rss_mib: (
-            process.0.rss_kib as f64 / 1024.0,
-            process.1.rss_kib as f64 / 1024.0,
-        ),
-        open_fds: (process.0.open_fds, process.1.open_fds),
-    });
     match side {
         Some(Side::Guesses(statuses)) => row.guess_statuses = Some(statuses),
         Some(Side::Reloads(written)) => {
@@ -245,15 +236,7 @@ async fn fault_drill(
         let outcome = load::run(proxy.addr, &phase, workload.clone(), |_| {}).await;
         let after = proxy_process::stats(proxy.pid())?;
         let mut row = Row::new(&scenario.name, fault.name(), &outcome, None);
-        row.proxy_cpu_us_per_request =
-            Some((after.cpu - before.cpu).as_secs_f64() * 1e6 / outcome.requests().max(1) as f64);
-        row.measured = Some(report::Measured {
-            rss_mib: (
-                before.rss_kib as f64 / 1024.0,
-                after.rss_kib as f64 / 1024.0,
-            ),
-            open_fds: (before.open_fds, after.open_fds),
-        });
+        row.measure_process(&before, &after);
         rows.push(row);
     }
     Ok(rows)

@@ -3,6 +3,7 @@
 use serde::Serialize;
 
 use crate::load::Outcome;
+use crate::proxy_process::ProcessStats;
 
 #[derive(Debug, Serialize)]
 pub struct Row {
@@ -50,6 +51,18 @@ pub struct Reloads {
 }
 
 impl Row {
+    /// The proxy's CPU per request and its RSS and descriptors, from its
+    /// process stats at the start and the end of the measured interval.
+    pub fn measure_process(&mut self, start: &ProcessStats, end: &ProcessStats) {
+        let cpu = (end.cpu - start.cpu).as_secs_f64();
+        self.proxy_cpu_us_per_request = Some(cpu * 1e6 / self.requests.max(1) as f64);
+        let mib = |kib: u64| kib as f64 / 1024.0;
+        self.measured = Some(Measured {
+            rss_mib: (mib(start.rss_kib), mib(end.rss_kib)),
+            open_fds: (start.open_fds, end.open_fds),
+        });
+    }
+
     pub fn new(
         scenario: &str,
         target: &'static str,
