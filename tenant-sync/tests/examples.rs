@@ -1,6 +1,9 @@
 //! Every file under examples/tenant-sync/ is parsed into real Kubernetes
 //! types and read with tenant-sync's own rules.
 
+#[path = "support/files.rs"]
+mod files;
+
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
@@ -37,13 +40,8 @@ fn secret(value: serde_yaml_ng::Value) -> Secret {
 
 #[test]
 fn every_example_file_is_checked() {
-    let mut names: Vec<_> = std::fs::read_dir(dir())
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
-    names.sort();
     assert_eq!(
-        names,
+        files::names(&dir()),
         [
             "credentials-secret.yaml",
             "rbac.yaml",

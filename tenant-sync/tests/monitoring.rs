@@ -2,6 +2,9 @@
 //! tests, and every metric the alerts and the dashboard query is one that
 //! tenant-proxy or tenant-sync really exports.
 
+#[path = "support/files.rs"]
+mod files;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -163,13 +166,8 @@ fn alerts_and_dashboard_query_only_exported_metrics() {
 
 #[test]
 fn every_monitoring_file_is_checked() {
-    let mut names: Vec<_> = std::fs::read_dir(dir())
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
-    names.sort();
     assert_eq!(
-        names,
+        files::names(&dir()),
         [
             "tenant-proxy-alerts.test.yml",
             "tenant-proxy-alerts.yml",
