@@ -6,7 +6,6 @@
 //! same body (what a rewrite through generated structs would cost at least).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use http::header::{HeaderMap, HeaderValue, CONTENT_ENCODING, CONTENT_TYPE};
 use prost::Message;
 use std::hint::black_box;
 use tenant_proxy::config::ForeignLabelPolicy;
@@ -59,12 +58,6 @@ fn bench(c: &mut Criterion) {
         owned_by: "team-a",
         policy: ForeignLabelPolicy::Overwrite,
     };
-    let mut headers = HeaderMap::new();
-    headers.insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("application/x-protobuf"),
-    );
-    headers.insert(CONTENT_ENCODING, HeaderValue::from_static("snappy"));
 
     let mut group = c.benchmark_group("remote_write");
     for series in [500, 2_000] {
@@ -74,7 +67,9 @@ fn bench(c: &mut Criterion) {
         group.bench_with_input(
             BenchmarkId::new("rewrite_body_snappy", series),
             &compressed,
-            |b, body| b.iter(|| rewrite_body(&headers, black_box(body), &tenant, 1 << 30).unwrap()),
+            |b, body| {
+                b.iter(|| rewrite_body(Version::V1, black_box(body), &tenant, 1 << 30).unwrap())
+            },
         );
         // The sender's scrape config set the tenant's own namespace already.
         let labelled = snap::raw::Encoder::new()
@@ -83,7 +78,9 @@ fn bench(c: &mut Criterion) {
         group.bench_with_input(
             BenchmarkId::new("rewrite_body_snappy_already_labelled", series),
             &labelled,
-            |b, body| b.iter(|| rewrite_body(&headers, black_box(body), &tenant, 1 << 30).unwrap()),
+            |b, body| {
+                b.iter(|| rewrite_body(Version::V1, black_box(body), &tenant, 1 << 30).unwrap())
+            },
         );
         group.bench_with_input(
             BenchmarkId::new("rewrite_decompressed", series),

@@ -89,6 +89,7 @@ pub struct Metrics {
     pub remote_write_bytes: Family<TenantLabels, Counter>,
     pub remote_write_tenant_label: Family<TenantActionLabels, Counter>,
     pub remote_write_decode_errors: Family<TenantLabels, Counter>,
+    pub remote_write_dropped_fields: Family<TenantLabels, Counter>,
     pub trace_exports: Family<OutcomeLabels, Counter>,
 }
 
@@ -205,6 +206,12 @@ impl Default for Metrics {
             "Remote-write bodies refused as undecodable, oversized or unsupported",
             remote_write_decode_errors.clone(),
         );
+        let remote_write_dropped_fields = Family::default();
+        registry.register(
+            "remote_write_dropped_fields",
+            "Fields inside remote-write series that no schema defines, removed before forwarding",
+            remote_write_dropped_fields.clone(),
+        );
         let trace_exports = Family::default();
         registry.register(
             "trace_exports",
@@ -231,6 +238,7 @@ impl Default for Metrics {
             remote_write_bytes,
             remote_write_tenant_label,
             remote_write_decode_errors,
+            remote_write_dropped_fields,
             trace_exports,
         }
     }

@@ -74,6 +74,8 @@ pub mod v2 {
         /// `Metadata`, kept verbatim.
         #[prost(bytes = "vec", optional, tag = "5")]
         pub metadata: Option<Vec<u8>>,
+        #[prost(int64, tag = "6")]
+        pub created_timestamp: i64,
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
@@ -82,5 +84,113 @@ pub mod v2 {
         pub value: f64,
         #[prost(int64, tag = "2")]
         pub timestamp: i64,
+    }
+}
+
+/// How a receiver reads a decompressed remote-write body, under either
+/// schema: the label sets it would store. Used by the tests and fuzz
+/// targets that prove a forwarded body means the same to every receiver.
+///
+/// Names, values and symbols are decoded as bytes, not strings: Go's gogo
+/// decoders (Prometheus, Mimir) do not check UTF-8, so a reading that
+/// refused invalid UTF-8 would miss series a real receiver stores.
+pub mod readings {
+    /// A series as a receiver sees it: its labels in wire order.
+    pub type LabelSet = Vec<(Vec<u8>, Vec<u8>)>;
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct V1Request {
+        #[prost(message, repeated, tag = "1")]
+        timeseries: Vec<V1Series>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct V1Series {
+        #[prost(message, repeated, tag = "1")]
+        labels: Vec<V1Label>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct V1Label {
+        #[prost(bytes = "vec", tag = "1")]
+        name: Vec<u8>,
+        #[prost(bytes = "vec", tag = "2")]
+        value: Vec<u8>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct V2Request {
+        #[prost(bytes = "vec", repeated, tag = "4")]
+        symbols: Vec<Vec<u8>>,
+        #[prost(message, repeated, tag = "5")]
+        timeseries: Vec<V2Series>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct V2Series {
+        #[prost(uint32, repeated, tag = "1")]
+        labels_refs: Vec<u32>,
+    }
+
+    /// The series a 1.0 receiver finds, or `None` where its decoder fails
+    /// (then it stores nothing).
+    pub fn as_v1(body: &[u8]) -> Option<Vec<LabelSet>> {
+        let request = <V1Request as prost::Message>::decode(body).ok()?;
+        Some(
+            request
+                .timeseries
+                .into_iter()
+                .map(|s| s.labels.into_iter().map(|l| (l.name, l.value)).collect())
+                .collect(),
+        )
+    }
+
+    /// The series a 2.0 receiver finds, or `None` where it stores nothing
+    /// (its decoder fails, or a reference points outside the symbols).
+    pub fn as_v2(body: &[u8]) -> Option<Vec<LabelSet>> {
+        let request = <V2Request as prost::Message>::decode(body).ok()?;
+        let symbol = |r: &u32| request.symbols.get(*r as usize).cloned();
+        request
+            .timeseries
+            .iter()
+            .map(|s| {
+                s.labels_refs
+                    .chunks(2)
+                    .map(|pair| Some((symbol(&pair[0])?, symbol(pair.get(1)?)?)))
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Whether every series of every reading carries exactly one `label`
+    /// with a value in `owned`: the property remote write in label mode
+    /// keeps for each body it forwards.
+    pub fn only_owned_series(body: &[u8], label: &str, owned: &[String]) -> Result<(), String> {
+        for (reading, series) in [("1.0", as_v1(body)), ("2.0", as_v2(body))] {
+            for labels in series.into_iter().flatten() {
+                let values: Vec<&[u8]> = labels
+                    .iter()
+                    .filter(|(n, _)| n == label.as_bytes())
+                    .map(|(_, v)| v.as_slice())
+                    .collect();
+                if !matches!(values[..], [v] if owned.iter().any(|o| o.as_bytes() == v)) {
+                    let shown: Vec<_> = labels
+                        .iter()
+                        .map(|(n, v)| {
+                            format!(
+                                "{}={:?}",
+                                String::from_utf8_lossy(n),
+                                String::from_utf8_lossy(v)
+                            )
+                        })
+                        .collect();
+                    return Err(format!(
+                        "read as {reading}: series {{{}}}",
+                        shown.join(", ")
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 }

@@ -180,6 +180,10 @@ fn canonical_label_name(message: &[u8]) -> Option<&[u8]> {
 }
 
 /// The string fields 1 and 2 of a `Label { name = 1; value = 2; }`.
+///
+/// Any other field is an error: the label is forwarded as it came, and a
+/// field no check has read must not reach a receiver that might read it as
+/// part of a name or value.
 pub fn label_pair(message: &[u8]) -> Result<(&[u8], &[u8]), WireError> {
     let (mut name, mut value): (&[u8], &[u8]) = (b"", b"");
     for field in fields(message) {
@@ -187,7 +191,7 @@ pub fn label_pair(message: &[u8]) -> Result<(&[u8], &[u8]), WireError> {
         match (field.tag, field.wire_type) {
             (1, LEN) => name = field.payload,
             (2, LEN) => value = field.payload,
-            _ => {}
+            _ => return Err(WireError("a Label field other than name (1) and value (2)")),
         }
     }
     Ok((name, value))

@@ -352,9 +352,8 @@ async fn proxy(
             limit: state.limits.max_body_bytes,
         });
     }
-    // Read before the headers are rewritten: decides how the answer is judged.
-    let remote_write_v2 = route.operation == Operation::RemoteWrite
-        && remote_write::version_of(&parts.headers) == Ok(remote_write::Version::V2);
+    // Set by a remote write: decides how the answer is judged.
+    let mut remote_write_v2 = false;
     let (query, body) = match route.operation {
         Operation::Enforce(selectors) => {
             let matcher = target.tenant_matcher(&credential)?;
@@ -373,11 +372,15 @@ async fn proxy(
         Operation::RemoteWrite => {
             let compressed = body::read_bounded(body, state.limits.max_body_bytes).await?;
             let tenant = target.remote_write_label(&credential.tenant)?;
-            let rewritten = match rewrite_remote_write(state, &parts.headers, &compressed, &tenant)?
-            {
+            let (version, rewritten) =
+                rewrite_remote_write(state, &parts.headers, &compressed, &tenant)?;
+            let rewritten = match rewritten {
                 Rewritten::Unchanged => compressed,
                 Rewritten::Body(body) => Bytes::from(body),
             };
+            remote_write_v2 = version == remote_write::Version::V2;
+            // The receiver decodes by these: they say what was checked.
+            remote_write::set_upstream_headers(version, &mut parts.headers);
             parts
                 .headers
                 .insert(header::CONTENT_LENGTH, HeaderValue::from(rewritten.len()));
@@ -494,13 +497,14 @@ async fn proxy(
     ))
 }
 
-/// Rewrites a remote-write body for the tenant and counts what happened.
+/// Reads the version a remote-write request declares, rewrites its body
+/// for the tenant and counts what happened.
 fn rewrite_remote_write(
     state: &AppState,
     headers: &http::HeaderMap,
     compressed: &[u8],
     tenant: &TenantLabel<'_>,
-) -> Result<Rewritten, ProxyError> {
+) -> Result<(remote_write::Version, Rewritten), ProxyError> {
     let metrics = &state.metrics;
     let tenant_id = || TenantLabels {
         tenant: tenant.owned_by.to_owned(),
@@ -510,8 +514,12 @@ fn rewrite_remote_write(
         .get_or_create(&tenant_id())
         .inc_by(compressed.len() as u64);
     let max = state.limits.max_decompressed_bytes;
-    match remote_write::rewrite_body(headers, compressed, tenant, max) {
-        Ok((body, stats)) => {
+    let rewritten = remote_write::read_headers(headers).and_then(|version| {
+        let (body, stats) = remote_write::rewrite_body(version, compressed, tenant, max)?;
+        Ok((version, body, stats))
+    });
+    match rewritten {
+        Ok((version, body, stats)) => {
             metrics
                 .remote_write_series
                 .get_or_create(&tenant_id())
@@ -530,7 +538,13 @@ fn rewrite_remote_write(
                     .get_or_create(&labels)
                     .inc_by(n);
             }
-            Ok(body)
+            if stats.dropped_fields > 0 {
+                metrics
+                    .remote_write_dropped_fields
+                    .get_or_create(&tenant_id())
+                    .inc_by(stats.dropped_fields);
+            }
+            Ok((version, body))
         }
         Err(error) => {
             if let RemoteWriteError::ForeignLabel(_) = error {

@@ -4,8 +4,17 @@
 //! The body is snappy-compressed protobuf, 1.0 (`prometheus.WriteRequest`) or
 //! 2.0 (`io.prometheus.write.v2.Request`, labels as references into a symbols
 //! table). The rewrite splices bytes: only the label fields of each series
-//! are parsed and rebuilt; samples, exemplars, histograms, metadata and any
-//! field this code does not know are copied verbatim.
+//! are parsed and rebuilt; samples, exemplars, histograms and metadata are
+//! copied verbatim.
+//!
+//! What is forwarded must mean the same to every receiver, under either
+//! schema: a 1.0-only receiver ignores `proto=` and decodes any body as 1.0,
+//! a 2.0 one trusts it. So a body may carry, at the top level, only the
+//! fields of the version it declares (the other version's series would
+//! reach a receiver unchecked: 400); inside a series, a field neither schema
+//! defines is dropped, never forwarded unread; inside a 1.0 `Label`, one is
+//! refused. The headers a receiver reads to pick its decoder are written
+//! back canonically (docs/remote-write.md, "One body, one reading").
 //!
 //! Per series: no tenant label → the tenant's first namespace is added; one
 //! (or several equal) copies with a value the tenant owns → kept once;
@@ -16,7 +25,7 @@
 
 use std::cell::RefCell;
 
-use http::header::{self, HeaderMap};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 use crate::config::ForeignLabelPolicy;
 use crate::protowire::{self, fields, WireError, LEN, VARINT};
@@ -24,6 +33,12 @@ use crate::protowire::{self, fields, WireError, LEN, VARINT};
 pub const V1_CONTENT_TYPE: &str = "application/x-protobuf";
 pub const V1_PROTO: &str = "prometheus.WriteRequest";
 pub const V2_PROTO: &str = "io.prometheus.write.v2.Request";
+const V2_CONTENT_TYPE: &str = "application/x-protobuf;proto=io.prometheus.write.v2.Request";
+const VERSION_HEADER: HeaderName = HeaderName::from_static("x-prometheus-remote-write-version");
+/// The stream identifier that opens snappy's *framing* format. Remote write
+/// uses the block format; a body in the other one could be read
+/// differently by a receiver that sniffs for it.
+const SNAPPY_FRAMED_STREAM: &[u8] = b"\xff\x06\x00\x00sNaPpY";
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum RemoteWriteError {
@@ -36,6 +51,20 @@ pub enum RemoteWriteError {
     Malformed(String),
     #[error("series {0} carries a tenant label value this tenant does not own")]
     ForeignLabel(String),
+    /// 400: a field the declared schema does not define where a receiver
+    /// reading the body as the other version would find series.
+    #[error(
+        "remote write {declared} {message}: field {tag} (wire type {wire_type}) is not in its schema{other}; \
+         refused so that no receiver reading the body as another version finds series the proxy did not check"
+    )]
+    UnexpectedField {
+        declared: &'static str,
+        message: &'static str,
+        tag: u32,
+        wire_type: u8,
+        /// What the field is in the other version, if anything.
+        other: &'static str,
+    },
 }
 
 impl From<WireError> for RemoteWriteError {
@@ -50,20 +79,32 @@ pub enum Version {
     V2,
 }
 
-/// Reads `Content-Type` as Prometheus' receiver does, but strictly: exactly
-/// `application/x-protobuf`, optionally followed by `;proto=<message>`.
-/// Anything else (spaces, unknown parameters or messages) is 415, because a
-/// receiver that reads it differently from us would decode 2.0 as 1.0 and
-/// drop the data while answering 2xx.
+/// Reads the headers a receiver picks its decoder by, as one decision: the
+/// remote-write version (`Content-Type`) and that the body is snappy
+/// (`Content-Encoding`; absent means snappy, as every receiver assumes).
+/// Media types and codings are case-insensitive (RFC 9110); parameters are
+/// read strictly: exactly `;proto=<message>` or none. Anything else, and a
+/// repeated header (receivers differ on which copy they read), is 415.
+pub fn read_headers(headers: &HeaderMap) -> Result<Version, RemoteWriteError> {
+    let version = version_of(headers)?;
+    match single_header(headers, &header::CONTENT_ENCODING)? {
+        None => Ok(version),
+        Some(coding) if coding.eq_ignore_ascii_case("snappy") => Ok(version),
+        Some(coding) => Err(RemoteWriteError::Unsupported(format!(
+            "content encoding {coding:?}: remote-write bodies are snappy-compressed (block format)"
+        ))),
+    }
+}
+
+/// The version a `Content-Type` declares. A receiver that reads it
+/// differently from us would decode 2.0 as 1.0 (and drop the data while
+/// answering 2xx), hence the strict reading of parameters.
 pub fn version_of(headers: &HeaderMap) -> Result<Version, RemoteWriteError> {
-    let Some(value) = headers.get(header::CONTENT_TYPE) else {
+    let Some(value) = single_header(headers, &header::CONTENT_TYPE)? else {
         return Ok(Version::V1); // Prometheus 2.x senders before 2.0 support
     };
-    let value = value
-        .to_str()
-        .map_err(|_| RemoteWriteError::Unsupported("non-ASCII content type".into()))?;
     let (media, params) = value.split_once(';').unwrap_or((value, ""));
-    if media != V1_CONTENT_TYPE {
+    if !media.eq_ignore_ascii_case(V1_CONTENT_TYPE) {
         return Err(RemoteWriteError::Unsupported(format!(
             "content type {value:?}"
         )));
@@ -76,6 +117,40 @@ pub fn version_of(headers: &HeaderMap) -> Result<Version, RemoteWriteError> {
             "content type {value:?}"
         ))),
     }
+}
+
+/// The one value of a header, if any.
+fn single_header<'h>(
+    headers: &'h HeaderMap,
+    name: &HeaderName,
+) -> Result<Option<&'h str>, RemoteWriteError> {
+    let mut values = headers.get_all(name).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(RemoteWriteError::Unsupported(format!(
+            "more than one {name} header"
+        )));
+    }
+    value
+        .to_str()
+        .map(Some)
+        .map_err(|_| RemoteWriteError::Unsupported(format!("non-ASCII {name}")))
+}
+
+/// Replaces the headers a receiver decodes by with the canonical spelling
+/// of what the proxy read and checked: a receiver compares the media type
+/// case-sensitively (Prometheus 3 does), or would take a missing coding or
+/// version header differently from us.
+pub fn set_upstream_headers(version: Version, headers: &mut HeaderMap) {
+    let (content_type, protocol) = match version {
+        Version::V1 => (V1_CONTENT_TYPE, "0.1.0"),
+        Version::V2 => (V2_CONTENT_TYPE, "2.0.0"),
+    };
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("snappy"));
+    headers.insert(VERSION_HEADER, HeaderValue::from_static(protocol));
 }
 
 /// The tenant as remote write sees it.
@@ -106,6 +181,8 @@ pub struct Stats {
     pub samples: u64,
     pub added: u64,
     pub overwritten: u64,
+    /// Fields inside a series that neither schema defines, not forwarded.
+    pub dropped_fields: u64,
 }
 
 /// Scratch buffers kept per thread: allocating the decompressed and
@@ -143,18 +220,17 @@ pub enum Rewritten {
     Body(Vec<u8>),
 }
 
-/// Decompresses (size checked first), rewrites and recompresses a body.
+/// Decompresses (size checked first), rewrites and recompresses a body of
+/// the `version` [`read_headers`] found.
 pub fn rewrite_body(
-    headers: &HeaderMap,
+    version: Version,
     compressed: &[u8],
     tenant: &TenantLabel<'_>,
     max_decompressed: u64,
 ) -> Result<(Rewritten, Stats), RemoteWriteError> {
-    let version = version_of(headers)?;
-    let encoding = headers.get(header::CONTENT_ENCODING).map(|v| v.as_bytes());
-    if !matches!(encoding, None | Some(b"snappy")) {
-        return Err(RemoteWriteError::Unsupported(
-            "content encoding other than snappy".into(),
+    if compressed.starts_with(SNAPPY_FRAMED_STREAM) {
+        return Err(RemoteWriteError::Malformed(
+            "snappy framing format; remote-write bodies use the block format".into(),
         ));
     }
     let size = snap::raw::decompress_len(compressed)
@@ -345,12 +421,55 @@ fn rewrite_v1(
     };
     for field in fields(message) {
         let field = field?;
-        if (field.tag, field.wire_type) == (1, LEN) {
-            rewrite_series_v1(field.payload, tenant, stats, &mut scratch, out)?;
-        } else {
-            out.extend_from_slice(field.raw);
+        match (field.tag, field.wire_type) {
+            (1, LEN) => rewrite_series_v1(field.payload, tenant, stats, &mut scratch, out)?,
+            // MetricMetadata: a metric family's type, help and unit; no labels.
+            (3, LEN) => out.extend_from_slice(field.raw),
+            _ => return Err(unexpected_top_level(Version::V1, &field)),
         }
     }
+    Ok(())
+}
+
+/// A top-level field outside the declared schema: refused, because a
+/// receiver reading the body as the other version could find series in it.
+fn unexpected_top_level(declared: Version, field: &protowire::Field<'_>) -> RemoteWriteError {
+    let (declared, message) = match declared {
+        Version::V1 => ("1.0", "WriteRequest"),
+        Version::V2 => ("2.0", "Request"),
+    };
+    let other = match (declared, field.tag) {
+        ("1.0", 4) => " (it is 2.0's symbols)",
+        ("1.0", 5) => " (it is 2.0's timeseries)",
+        ("2.0", 1) => " (it is 1.0's timeseries)",
+        ("2.0", 3) => " (it is 1.0's metadata)",
+        _ => "",
+    };
+    RemoteWriteError::UnexpectedField {
+        declared,
+        message,
+        tag: field.tag,
+        wire_type: field.wire_type,
+        other,
+    }
+}
+
+/// What happens to a field inside a series, by its place in the schema.
+fn series_field(
+    message: &'static str,
+    known: std::ops::RangeInclusive<u32>,
+    field: &protowire::Field<'_>,
+    stats: &mut Stats,
+) -> Result<(), RemoteWriteError> {
+    if known.contains(&field.tag) {
+        // A decoder fails on it, or (a lenient one) reads something else.
+        return Err(RemoteWriteError::Malformed(format!(
+            "{message} field {} has wire type {}, not the schema's",
+            field.tag, field.wire_type
+        )));
+    }
+    // Not in this schema: no check has read it, so it is not forwarded.
+    stats.dropped_fields += 1;
     Ok(())
 }
 
@@ -386,7 +505,9 @@ fn rewrite_series_v1<'m>(
                 stats.samples += 1;
                 scratch.others.push(field.raw);
             }
-            _ => scratch.others.push(field.raw),
+            // Exemplars (their labels are not the series'), histograms.
+            (3 | 4, LEN) => scratch.others.push(field.raw),
+            _ => series_field("1.0 TimeSeries", 1..=4, &field, stats)?,
         }
     }
     let decision = decide(found, tenant, || describe_v1(series))?;
@@ -467,12 +588,15 @@ fn rewrite_v2<'a>(
     stats: &mut Stats,
     out: &mut Vec<u8>,
 ) -> Result<(), RemoteWriteError> {
-    // Series may come before symbols on the wire: read all symbols first.
+    // Series may come before symbols on the wire: read all symbols first,
+    // and refuse any field 2.0 does not define before writing anything.
     let mut all = Vec::new();
     for field in fields(message) {
         let field = field?;
-        if (field.tag, field.wire_type) == (4, LEN) {
-            all.push(field.payload);
+        match (field.tag, field.wire_type) {
+            (4, LEN) => all.push(field.payload),
+            (5, LEN) => {}
+            _ => return Err(unexpected_top_level(Version::V2, &field)),
         }
     }
     let sent = all.len();
@@ -531,7 +655,10 @@ fn rewrite_series_v2<'a>(
                 stats.samples += 1;
                 others.push(field.raw);
             }
-            _ => others.push(field.raw),
+            // Histograms, exemplars (labels of their own, not the
+            // series'), metadata, created timestamp.
+            (3..=5, LEN) | (6, VARINT) => others.push(field.raw),
+            _ => series_field("2.0 TimeSeries", 1..=6, &field, stats)?,
         }
     }
     if refs.len() % 2 != 0 {

@@ -278,9 +278,14 @@ async fn remote_write_2_0_is_rewritten_and_confirmed_by_a_2_0_receiver() {
     let body = snap::raw::Encoder::new()
         .compress_vec(&request.encode_to_vec())
         .unwrap();
+    // Spelled in capitals, which RFC 9110 allows and Prometheus 3 refuses
+    // (415): the proxy forwards the canonical spelling of what it read.
     let headers = [
-        ("content-type", V2_CT),
-        ("content-encoding", "snappy"),
+        (
+            "content-type",
+            "Application/X-Protobuf;proto=io.prometheus.write.v2.Request",
+        ),
+        ("content-encoding", "SNAPPY"),
         ("x-prometheus-remote-write-version", "2.0.0"),
     ];
     let reply = push(&proxy, &headers, body).await;
@@ -293,8 +298,9 @@ async fn remote_write_2_0_is_rewritten_and_confirmed_by_a_2_0_receiver() {
     let seen = receiver.last();
     assert_eq!(
         seen.headers["content-type"], V2_CT,
-        "Content-Type byte for byte"
+        "canonical Content-Type"
     );
+    assert_eq!(seen.headers["content-encoding"], "snappy");
     assert_eq!(seen.headers["x-prometheus-remote-write-version"], "2.0.0");
     assert!(!seen.headers.contains_key("authorization"));
     let raw = snap::raw::Decoder::new()
@@ -393,6 +399,19 @@ async fn bad_remote_write_requests_are_refused_and_never_forwarded() {
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
         ),
         (
+            "identity",
+            push(
+                &proxy,
+                &[
+                    ("content-type", "application/x-protobuf"),
+                    ("content-encoding", "identity"),
+                ],
+                good.clone(),
+            )
+            .await,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        ),
+        (
             "garbage",
             push(&proxy, V1_HEADERS, b"not snappy at all".to_vec()).await,
             StatusCode::BAD_REQUEST,
@@ -423,9 +442,17 @@ async fn bad_remote_write_requests_are_refused_and_never_forwarded() {
         assert_eq!(reply.json()["status"], "error", "{case}");
     }
     assert!(
-        cases[5].1.text().contains("stolen"),
+        cases[6].1.text().contains("stolen"),
         "the refused series is named"
     );
+    for coding in &cases[2..4] {
+        assert!(
+            coding.1.text().contains("snappy-compressed"),
+            "{}: the reason names what is expected: {}",
+            coding.0,
+            coding.1.text()
+        );
+    }
     assert!(
         receiver.received().is_empty(),
         "nothing reached the receiver"
@@ -440,6 +467,115 @@ async fn bad_remote_write_requests_are_refused_and_never_forwarded() {
 
     let reply = push(&proxy, V1_HEADERS, good).await;
     assert_eq!(reply.status, StatusCode::NO_CONTENT);
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// A compressed 1.0 body of one series stamped with team-b's namespace.
+fn v1_for_team_b(metric: &str) -> Vec<u8> {
+    let request = WriteRequest {
+        timeseries: vec![time_series(
+            &[("__name__", metric), ("namespace", "team-b")],
+            1.0,
+            now_ms(),
+        )],
+        metadata: vec![],
+    };
+    snap::raw::Encoder::new()
+        .compress_vec(&request.encode_to_vec())
+        .unwrap()
+}
+
+/// Issue #13: a 1.0 body declared 2.0 was forwarded, and a real 1.0
+/// receiver (which ignores `proto=`) stored it under team-b.
+#[tokio::test]
+async fn a_body_of_one_version_declared_as_the_other_never_reaches_the_receiver() {
+    let receiver = PrometheusProcess::start("groups: []\n").await;
+    let proxy = label_mode_proxy(&receiver.url(), "").await;
+
+    let confusion = push(
+        &proxy,
+        &[("content-type", V2_CT), ("content-encoding", "snappy")],
+        v1_for_team_b("escape_marker"),
+    )
+    .await;
+    assert_eq!(
+        confusion.status,
+        StatusCode::BAD_REQUEST,
+        "{}",
+        confusion.text()
+    );
+    assert!(
+        confusion.text().contains("1.0's timeseries"),
+        "the error says what was wrong: {}",
+        confusion.text()
+    );
+    let v2_bytes = v2::Request {
+        symbols: ["", "__name__", "escape_marker_v2", "namespace", "team-b"]
+            .map(String::from)
+            .to_vec(),
+        timeseries: vec![v2::TimeSeries {
+            labels_refs: vec![1, 2, 3, 4],
+            samples: vec![v2::Sample {
+                value: 1.0,
+                timestamp: now_ms(),
+            }],
+            ..Default::default()
+        }],
+    };
+    let mut mixed = WriteRequest {
+        timeseries: vec![time_series(&[("__name__", "mixed_ok")], 1.0, now_ms())],
+        metadata: vec![],
+    }
+    .encode_to_vec();
+    mixed.extend(v2_bytes.encode_to_vec());
+    let reverse = push(
+        &proxy,
+        V1_HEADERS,
+        snap::raw::Encoder::new().compress_vec(&mixed).unwrap(),
+    )
+    .await;
+    assert_eq!(
+        reverse.status,
+        StatusCode::BAD_REQUEST,
+        "{}",
+        reverse.text()
+    );
+
+    // A control push in unusual but valid spelling lands, under team-a:
+    // the receiver stores a push before it answers, so the query below
+    // would see the refused ones had they been forwarded.
+    let control = push(
+        &proxy,
+        &[
+            ("content-type", "Application/X-Protobuf"),
+            ("content-encoding", "SNAPPY"),
+        ],
+        v1_for_team_b("control_marker"),
+    )
+    .await;
+    assert_eq!(control.status, StatusCode::NO_CONTENT, "{}", control.text());
+
+    let direct = format!("{}/api/v1/query", receiver.url());
+    let stored = |promql| query(&direct, None, promql);
+    let control = stored("control_marker").await;
+    assert_eq!(control.len(), 1, "{control:?}");
+    assert_eq!(control[0]["metric"]["namespace"], "team-a");
+    assert_eq!(
+        stored(r#"{__name__=~"escape_marker.*|mixed_ok"}"#).await,
+        Vec::<Value>::new(),
+        "nothing of a refused push is stored, under any namespace"
+    );
+    let metrics = proxy.metrics().await;
+    assert!(
+        metrics.contains(r#"tenant_proxy_remote_write_decode_errors_total{tenant="team-a"} 2"#),
+        "{metrics}"
+    );
 }
 
 #[tokio::test]

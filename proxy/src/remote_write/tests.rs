@@ -1,5 +1,5 @@
 use super::*;
-use crate::prompb::{self, v2, Label, Sample, TimeSeries, WriteRequest};
+use crate::prompb::{self, readings, v2, Label, Sample, TimeSeries, WriteRequest};
 use http::HeaderValue;
 use proptest::prelude::*;
 use prost::Message;
@@ -109,7 +109,8 @@ fn v1_adds_keeps_and_overwrites_the_tenant_label() {
             series: 5,
             samples: 5,
             added: 1,
-            overwritten: 2
+            overwritten: 2,
+            dropped_fields: 0,
         }
     );
 }
@@ -130,18 +131,14 @@ fn v1_keeps_samples_exemplars_histograms_and_metadata_byte_for_byte() {
 }
 
 #[test]
-fn v1_keeps_fields_no_schema_here_knows() {
+fn v1_refuses_a_top_level_field_no_schema_here_knows() {
+    // Copied verbatim before issue #13: no check had read it.
     let mut body = v1(vec![series(&[("__name__", "up")])]);
     // An unknown top-level field 15 (varint 42).
     body.extend_from_slice(&[0x78, 42]);
     let owned = owned();
-    let (out, _) = rewrite(
-        Version::V1,
-        &body,
-        &tenant(&owned, ForeignLabelPolicy::Overwrite),
-    )
-    .unwrap();
-    assert!(out.ends_with(&[0x78, 42]));
+    let t = tenant(&owned, ForeignLabelPolicy::Overwrite);
+    assert_eq!(refused_field(rewrite(Version::V1, &body, &t)), (15, ""));
 }
 
 #[test]
@@ -282,6 +279,7 @@ fn v2_request(series: &[&[(&str, &str)]]) -> v2::Request {
             histograms: vec![],
             exemplars: vec![vec![0x0a, 0x02, 0x01, 0x02]],
             metadata: Some(vec![0x08, 0x02]),
+            created_timestamp: 1_699_999_000_000,
         })
         .collect();
     v2::Request {
@@ -374,7 +372,7 @@ fn headers(content_type: Option<&str>, encoding: Option<&str>) -> HeaderMap {
 
 #[test]
 fn content_type_is_read_strictly() {
-    let v = |ct| version_of(&headers(ct, None));
+    let v = |ct| read_headers(&headers(ct, None));
     assert_eq!(v(None), Ok(Version::V1));
     assert_eq!(v(Some("application/x-protobuf")), Ok(Version::V1));
     assert_eq!(
@@ -387,10 +385,22 @@ fn content_type_is_read_strictly() {
         )),
         Ok(Version::V2)
     );
+    // Media types are case-insensitive (RFC 9110); parameters are not read
+    // loosely: Prometheus 3 takes `PROTO=` for no parameter at all (1.0).
+    assert_eq!(v(Some("Application/X-Protobuf")), Ok(Version::V1));
+    assert_eq!(
+        v(Some(
+            "APPLICATION/X-PROTOBUF;proto=io.prometheus.write.v2.Request"
+        )),
+        Ok(Version::V2)
+    );
     for bad in [
         "application/x-protobuf; proto=io.prometheus.write.v2.Request",
+        "application/x-protobuf;PROTO=io.prometheus.write.v2.Request",
+        "application/x-protobuf;proto=io.prometheus.write.v2.request",
         "application/x-protobuf;proto=io.prometheus.write.v3.Request",
         "application/x-protobuf;charset=utf-8",
+        "application/x-protobuf;proto=prometheus.WriteRequest;proto=io.prometheus.write.v2.Request",
         "application/json",
         "multipart/form-data",
     ] {
@@ -402,6 +412,74 @@ fn content_type_is_read_strictly() {
 }
 
 #[test]
+fn content_coding_is_snappy_in_any_case_and_nothing_else() {
+    let ct = Some("application/x-protobuf");
+    for good in [None, Some("snappy"), Some("SNAPPY"), Some("Snappy")] {
+        assert_eq!(
+            read_headers(&headers(ct, good)),
+            Ok(Version::V1),
+            "{good:?}"
+        );
+    }
+    for bad in ["identity", "gzip", "zstd", "snappy, gzip", ""] {
+        let Err(RemoteWriteError::Unsupported(reason)) = read_headers(&headers(ct, Some(bad)))
+        else {
+            panic!("{bad:?} must be refused");
+        };
+        assert!(
+            reason.contains("snappy"),
+            "the reason says what is expected: {reason}"
+        );
+    }
+}
+
+#[test]
+fn a_repeated_content_type_or_coding_is_refused() {
+    // Receivers differ on which copy they read: Go's Header.Get takes the first.
+    for (name, first, second) in [
+        (
+            header::CONTENT_TYPE,
+            "application/x-protobuf",
+            V2_CONTENT_TYPE,
+        ),
+        (
+            header::CONTENT_TYPE,
+            V2_CONTENT_TYPE,
+            "application/x-protobuf",
+        ),
+        (header::CONTENT_ENCODING, "snappy", "snappy"),
+    ] {
+        let mut h = headers(None, None);
+        h.append(&name, HeaderValue::from_static(first));
+        h.append(&name, HeaderValue::from_static(second));
+        assert!(
+            matches!(read_headers(&h), Err(RemoteWriteError::Unsupported(m)) if m.contains("more than one")),
+            "{name}: {first} + {second}"
+        );
+    }
+}
+
+#[test]
+fn upstream_headers_are_the_canonical_spelling_of_what_was_read() {
+    let mut h = headers(Some("Application/X-Protobuf"), Some("SNAPPY"));
+    h.append(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+    set_upstream_headers(Version::V1, &mut h);
+    assert_eq!(h.get_all(header::CONTENT_TYPE).iter().count(), 1);
+    assert_eq!(h[header::CONTENT_TYPE], "application/x-protobuf");
+    assert_eq!(h.get_all(header::CONTENT_ENCODING).iter().count(), 1);
+    assert_eq!(h[header::CONTENT_ENCODING], "snappy");
+    assert_eq!(h["x-prometheus-remote-write-version"], "0.1.0");
+    set_upstream_headers(Version::V2, &mut h);
+    assert_eq!(h[header::CONTENT_TYPE], V2_CONTENT_TYPE);
+    assert_eq!(h["x-prometheus-remote-write-version"], "2.0.0");
+    assert_eq!(
+        read_headers(&h),
+        Ok(Version::V2),
+        "and reads back as it was decided"
+    );
+}
+
+#[test]
 fn body_is_size_checked_before_decompressing() {
     let owned = owned();
     let t = tenant(&owned, ForeignLabelPolicy::Overwrite);
@@ -410,10 +488,10 @@ fn body_is_size_checked_before_decompressing() {
         ("big", &"x".repeat(10_000)),
     ])]);
     let compressed = snap::raw::Encoder::new().compress_vec(&raw).unwrap();
-    let h = headers(Some("application/x-protobuf"), Some("snappy"));
-    assert!(rewrite_body(&h, &compressed, &t, 100_000).is_ok());
+    let h = Version::V1;
+    assert!(rewrite_body(h, &compressed, &t, 100_000).is_ok());
     assert_eq!(
-        rewrite_body(&h, &compressed, &t, 1_000),
+        rewrite_body(h, &compressed, &t, 1_000),
         Err(RemoteWriteError::TooLarge {
             size: raw.len() as u64,
             limit: 1_000
@@ -422,16 +500,19 @@ fn body_is_size_checked_before_decompressing() {
     // A snappy header claiming 4 GiB is refused without allocating it.
     let bomb = [0xff, 0xff, 0xff, 0xff, 0x0f, 0x00];
     assert!(matches!(
-        rewrite_body(&h, &bomb, &t, 1 << 26),
+        rewrite_body(h, &bomb, &t, 1 << 26),
         Err(RemoteWriteError::TooLarge { .. })
     ));
     assert!(matches!(
-        rewrite_body(&h, &compressed[..compressed.len() / 2], &t, 100_000),
+        rewrite_body(h, &compressed[..compressed.len() / 2], &t, 100_000),
         Err(RemoteWriteError::Malformed(_))
     ));
+    // Snappy's framing format is not remote write's block format.
+    let mut framed = SNAPPY_FRAMED_STREAM.to_vec();
+    framed.extend_from_slice(&compressed);
     assert!(matches!(
-        rewrite_body(&headers(None, Some("gzip")), &compressed, &t, 100_000),
-        Err(RemoteWriteError::Unsupported(_))
+        rewrite_body(h, &framed, &t, 100_000),
+        Err(RemoteWriteError::Malformed(m)) if m.contains("framing")
     ));
 }
 
@@ -439,13 +520,13 @@ fn body_is_size_checked_before_decompressing() {
 fn a_body_that_needs_no_change_is_forwarded_as_it_came() {
     let owned = owned();
     let t = tenant(&owned, ForeignLabelPolicy::Overwrite);
-    let h = headers(Some("application/x-protobuf"), Some("snappy"));
+    let h = Version::V1;
     let compress = |raw: &[u8]| snap::raw::Encoder::new().compress_vec(raw).unwrap();
     let ready = compress(&v1(vec![
         series(&[("__name__", "up"), ("namespace", "team-a")]),
         series(&[("__name__", "up"), ("namespace", "team-a-2"), ("pod", "p")]),
     ]));
-    let (out, stats) = rewrite_body(&h, &ready, &t, 1 << 20).unwrap();
+    let (out, stats) = rewrite_body(h, &ready, &t, 1 << 20).unwrap();
     assert_eq!(out, Rewritten::Unchanged);
     assert_eq!((stats.series, stats.added, stats.overwritten), (2, 0, 0));
 
@@ -464,7 +545,7 @@ fn a_body_that_needs_no_change_is_forwarded_as_it_came() {
             series(&[("__name__", "up"), ("namespace", "team-a")]),
             series(&needs_work),
         ]);
-        let (out, _) = rewrite_body(&h, &compress(&raw), &t, 1 << 20).unwrap();
+        let (out, _) = rewrite_body(h, &compress(&raw), &t, 1 << 20).unwrap();
         let Rewritten::Body(body) = out else {
             panic!("{needs_work:?} must be rewritten");
         };
@@ -480,6 +561,296 @@ fn a_body_that_needs_no_change_is_forwarded_as_it_came() {
     }
 }
 
+// === one body, one reading: what is forwarded means the same to every receiver ===
+
+/// The push that reached another tenant (issue #13): 1.0 bytes declared
+/// 2.0. A 1.0-only receiver ignores `proto=` and stored the series under
+/// team-b, because the 2.0 rewrite copied field 1 as unknown.
+fn v1_bytes_for_team_b() -> Vec<u8> {
+    v1(vec![series(&[
+        ("__name__", "escape_marker"),
+        ("namespace", "team-b"),
+    ])])
+}
+
+fn refused_field(result: Result<(Vec<u8>, Stats), RemoteWriteError>) -> (u32, &'static str) {
+    match result {
+        Err(RemoteWriteError::UnexpectedField { tag, other, .. }) => (tag, other),
+        other => panic!("expected an unexpected-field refusal, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_1_0_body_declared_2_0_is_refused_not_forwarded() {
+    let owned = owned();
+    let t = tenant(&owned, ForeignLabelPolicy::Overwrite);
+    let body = v1_bytes_for_team_b();
+    assert_eq!(
+        refused_field(rewrite(Version::V2, &body, &t)),
+        (1, " (it is 1.0's timeseries)")
+    );
+    // Even behind valid 2.0 content, and with metadata only.
+    let mut mixed = v2_request(&[&[("__name__", "up")]]).encode_to_vec();
+    mixed.extend_from_slice(&body);
+    assert_eq!(refused_field(rewrite(Version::V2, &mixed, &t)).0, 1);
+    let metadata_only = WriteRequest {
+        timeseries: vec![],
+        metadata: vec![vec![0x08, 0x01]],
+    };
+    assert_eq!(
+        refused_field(rewrite(Version::V2, &metadata_only.encode_to_vec(), &t)),
+        (3, " (it is 1.0's metadata)")
+    );
+    // The message says why, so a sender's operator can act on it.
+    let message = rewrite(Version::V2, &body, &t).unwrap_err().to_string();
+    assert!(
+        message.contains("remote write 2.0 Request: field 1"),
+        "{message}"
+    );
+    assert!(message.contains("1.0's timeseries"), "{message}");
+}
+
+#[test]
+fn a_2_0_body_declared_1_0_is_refused_not_forwarded() {
+    let owned = owned();
+    let t = tenant(&owned, ForeignLabelPolicy::Overwrite);
+    let v2_body = v2_request(&[&[("__name__", "up"), ("namespace", "team-b")]]).encode_to_vec();
+    assert_eq!(
+        refused_field(rewrite(Version::V1, &v2_body, &t)),
+        (4, " (it is 2.0's symbols)")
+    );
+    let mut mixed = v1(vec![series(&[("__name__", "up")])]);
+    let series_only = v2::Request {
+        symbols: vec![],
+        ..v2_request(&[&[("__name__", "up")]])
+    };
+    mixed.extend_from_slice(&series_only.encode_to_vec());
+    assert_eq!(
+        refused_field(rewrite(Version::V1, &mixed, &t)),
+        (5, " (it is 2.0's timeseries)")
+    );
+}
+
+#[test]
+fn unknown_and_mistyped_top_level_fields_are_refused_in_both_versions() {
+    let owned = owned();
+    let t = tenant(&owned, ForeignLabelPolicy::Overwrite);
+    let varint_field = |tag: u32| {
+        let mut b = Vec::new();
+        protowire::write_varint(&mut b, u64::from(tag) << 3);
+        protowire::write_varint(&mut b, 1);
+        b
+    };
+    for (version, tag) in [
+        (Version::V1, 2), // Cortex's `source`, reserved in Prometheus
+        (Version::V1, 1), // timeseries, but as a varint
+        (Version::V1, 1000),
+        (Version::V2, 2),
+        (Version::V2, 5), // timeseries, but as a varint
+        (Version::V2, 6),
+    ] {
+        assert_eq!(
+            refused_field(rewrite(version, &varint_field(tag), &t)).0,
+            tag,
+            "{version:?}"
+        );
+    }
+}
+
+/// A series with one extra field appended.
+fn with_field(mut series: Vec<u8>, tag: u32, wire_type: u8) -> Vec<u8> {
+    protowire::write_varint(&mut series, (u64::from(tag) << 3) | u64::from(wire_type));
+    match wire_type {
+        VARINT => protowire::write_varint(&mut series, 7),
+        LEN => {
+            protowire::write_varint(&mut series, 3);
+            series.extend_from_slice(b"\x0a\x01x");
+        }
+        protowire::FIXED64 => series.extend_from_slice(&[0; 8]),
+        _ => series.extend_from_slice(&[0; 4]),
+    }
+    series
+}
+
+fn top_level(tag: u32, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    protowire::write_len_field(&mut out, tag, payload);
+    out
+}
+
+#[test]
+fn a_field_no_schema_defines_inside_a_series_is_dropped_not_forwarded() {
+    let owned = owned();
+    let t = tenant(&owned, ForeignLabelPolicy::Overwrite);
+    let plain = series(&[("__name__", "up"), ("namespace", "team-a")]).encode_to_vec();
+    // Field 9 could be anything to a future receiver, a label among others.
+    let body = top_level(1, &with_field(plain.clone(), 9, LEN));
+    let (out, stats) = rewrite(Version::V1, &body, &t).unwrap();
+    assert_eq!(stats.dropped_fields, 1);
+    assert_eq!(
+        out,
+        top_level(1, &plain),
+        "the series without field 9, nothing else changed"
+    );
+
+    let v2_series = v2_request(&[&[("__name__", "up"), ("namespace", "team-a")]]);
+    let mut body = Vec::new();
+    for symbol in &v2_series.symbols {
+        protowire::write_len_field(&mut body, 4, symbol.as_bytes());
+    }
+    let ts = v2_series.timeseries[0].encode_to_vec();
+    body.extend(top_level(5, &with_field(ts, 7, VARINT)));
+    let (out, stats) = rewrite(Version::V2, &body, &t).unwrap();
+    assert_eq!(stats.dropped_fields, 1);
+    let decoded = v2::Request::decode(out.as_slice()).unwrap();
+    assert_eq!(
+        decoded.timeseries[0].created_timestamp, 1_699_999_000_000,
+        "field 6 kept"
+    );
+    assert!(!out.windows(2).any(|w| w == [7 << 3, 7]), "field 7 gone");
+}
+
+#[test]
+fn a_schema_field_with_the_wrong_wire_type_is_refused() {
+    let owned = owned();
+    let t = tenant(&owned, ForeignLabelPolicy::Overwrite);
+    let plain = series(&[("__name__", "up")]).encode_to_vec();
+    for tag in 1..=4 {
+        let body = top_level(1, &with_field(plain.clone(), tag, VARINT));
+        assert!(
+            matches!(rewrite(Version::V1, &body, &t), Err(RemoteWriteError::Malformed(m)) if m.contains("wire type")),
+            "1.0 field {tag}"
+        );
+    }
+    let ts = v2_request(&[&[("__name__", "up")]]).timeseries[0].encode_to_vec();
+    for (tag, wire_type) in [(2, VARINT), (5, VARINT), (6, LEN), (1, protowire::FIXED32)] {
+        let mut body = top_level(4, b"");
+        body.extend(top_level(5, &with_field(ts.clone(), tag, wire_type)));
+        assert!(
+            matches!(
+                rewrite(Version::V2, &body, &t),
+                Err(RemoteWriteError::Malformed(_))
+            ),
+            "2.0 field {tag}/{wire_type}"
+        );
+    }
+}
+
+#[test]
+fn a_1_0_label_with_a_field_besides_name_and_value_is_refused() {
+    let owned = owned();
+    let t = tenant(&owned, ForeignLabelPolicy::Overwrite);
+    for extra_tag in [3, 15] {
+        let mut label = Vec::new();
+        protowire::write_len_field(&mut label, 1, b"job");
+        protowire::write_len_field(&mut label, 2, b"a");
+        protowire::write_len_field(&mut label, extra_tag, b"namespace");
+        let mut ts = Vec::new();
+        protowire::write_len_field(&mut ts, 1, &label);
+        assert!(
+            matches!(
+                rewrite(Version::V1, &top_level(1, &ts), &t),
+                Err(RemoteWriteError::Malformed(_))
+            ),
+            "field {extra_tag}"
+        );
+    }
+}
+
+#[test]
+fn every_fuzz_seed_that_once_escaped_keeps_the_invariant() {
+    // The same inputs seed fuzz/fuzz_targets/remote_write.rs.
+    let seeds: [&[u8]; 3] = [
+        include_bytes!("../../../fuzz/corpus/remote_write/v1-bytes-declared-v2"),
+        include_bytes!("../../../fuzz/corpus/remote_write/v2-bytes-declared-v1"),
+        include_bytes!("../../../fuzz/corpus/remote_write/v1-and-v2-in-one-body"),
+    ];
+    let owned = owned();
+    let t = tenant(&owned, ForeignLabelPolicy::Overwrite);
+    for (i, seed) in seeds.iter().enumerate() {
+        let readable = readings::as_v1(seed)
+            .into_iter()
+            .chain(readings::as_v2(seed))
+            .flatten();
+        assert!(
+            readable.count() > 0,
+            "seed {i} holds a series some receiver reads"
+        );
+        for version in [Version::V1, Version::V2] {
+            if let Ok((out, _)) = rewrite(version, seed, &t) {
+                readings::only_owned_series(&out, "namespace", &owned)
+                    .unwrap_or_else(|e| panic!("seed {i} as {version:?}: {e}"));
+            }
+        }
+    }
+    // The confusion of issue #13 is refused outright.
+    assert!(rewrite(Version::V2, seeds[0], &t).is_err());
+    assert!(rewrite(Version::V1, seeds[1], &t).is_err());
+}
+
+/// One top-level field of a generated body, from either schema or none.
+#[derive(Debug, Clone)]
+enum Piece {
+    V1Series(Vec<(&'static str, &'static str)>, Option<(u32, u8)>),
+    V1Metadata,
+    V2Symbol(&'static str),
+    V2Series(Vec<u32>, Option<(u32, u8)>),
+    Other(u32, u8),
+}
+
+fn encode_pieces(pieces: &[Piece]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for piece in pieces {
+        match piece {
+            Piece::V1Series(labels, extra) => {
+                let mut ts = series(labels).encode_to_vec();
+                if let Some((tag, wire)) = extra {
+                    ts = with_field(ts, *tag, *wire);
+                }
+                protowire::write_len_field(&mut out, 1, &ts);
+            }
+            Piece::V1Metadata => protowire::write_len_field(&mut out, 3, &[0x08, 0x01]),
+            Piece::V2Symbol(s) => protowire::write_len_field(&mut out, 4, s.as_bytes()),
+            Piece::V2Series(refs, extra) => {
+                let mut ts = v2::TimeSeries {
+                    labels_refs: refs.clone(),
+                    samples: vec![v2::Sample {
+                        value: 1.0,
+                        timestamp: 1,
+                    }],
+                    ..Default::default()
+                }
+                .encode_to_vec();
+                if let Some((tag, wire)) = extra {
+                    ts = with_field(ts, *tag, *wire);
+                }
+                protowire::write_len_field(&mut out, 5, &ts);
+            }
+            Piece::Other(tag, wire) => {
+                out = with_field(out, *tag, *wire);
+            }
+        }
+    }
+    out
+}
+
+fn piece() -> impl Strategy<Value = Piece> {
+    let name = prop::sample::select(vec!["__name__", "namespace", "job", ""]);
+    let value = prop::sample::select(vec!["up", "team-a", "team-a-2", "team-b", ""]);
+    let wire = prop::sample::select(vec![VARINT, LEN, protowire::FIXED32, protowire::FIXED64]);
+    let extra = prop::option::of((1u32..10, wire.clone()));
+    prop_oneof![
+        (prop::collection::vec((name, value), 0..4), extra.clone())
+            .prop_map(|(labels, extra)| Piece::V1Series(labels, extra)),
+        Just(Piece::V1Metadata),
+        prop::sample::select(vec!["", "__name__", "up", "namespace", "team-a", "team-b"])
+            .prop_map(Piece::V2Symbol),
+        (prop::collection::vec(0u32..8, 0..6), extra)
+            .prop_map(|(refs, extra)| Piece::V2Series(refs, extra)),
+        ((1u32..8), wire).prop_map(|(tag, wire)| Piece::Other(tag, wire)),
+    ]
+}
+
 // === properties ===
 
 proptest! {
@@ -491,6 +862,25 @@ proptest! {
         let t = tenant(&owned, ForeignLabelPolicy::Overwrite);
         let _ = rewrite(Version::V1, &bytes, &t);
         let _ = rewrite(Version::V2, &bytes, &t);
+    }
+
+    /// The differential property of issue #13: for every body the rewrite
+    /// accepts, as either version, a 1.0 decoder and a 2.0 decoder of what
+    /// is forwarded both find only series carrying one owned tenant label.
+    #[test]
+    fn every_reading_of_a_forwarded_body_finds_only_owned_series(
+        pieces in prop::collection::vec(piece(), 0..8),
+        reject in any::<bool>(),
+    ) {
+        let owned = owned();
+        let policy = if reject { ForeignLabelPolicy::Reject } else { ForeignLabelPolicy::Overwrite };
+        let body = encode_pieces(&pieces);
+        for version in [Version::V1, Version::V2] {
+            if let Ok((out, _)) = rewrite(version, &body, &tenant(&owned, policy)) {
+                let scoped = readings::only_owned_series(&out, "namespace", &owned);
+                prop_assert!(scoped.is_ok(), "{:?} accepted {:?}: {:?}", version, pieces, scoped);
+            }
+        }
     }
 
     #[test]

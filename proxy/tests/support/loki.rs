@@ -4,7 +4,7 @@
 //! asking tenant's data only, and serves live tail over WebSocket. It records
 //! every request so tests can assert on what the upstream actually received.
 //! On `/api/v1/write` it plays a Prometheus 3 remote-write receiver instead
-//! (no tenant header needed; 2.0 writes confirmed with the `*-Written` header).
+//! (no tenant header needed; see [`prometheus3_remote_write`]).
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -152,18 +152,8 @@ async fn handle(
         return Ok(response);
     }
 
-    // Prometheus 3's receiver (no tenants): confirms 2.0 writes.
     if received.path.ends_with("/api/v1/write") {
-        let mut response = reply(StatusCode::NO_CONTENT, "");
-        let v2 = header_str(&parts.headers, "content-type")
-            .is_some_and(|ct| ct.ends_with("proto=io.prometheus.write.v2.Request"));
-        if v2 {
-            response.headers_mut().insert(
-                "x-prometheus-remote-write-samples-written",
-                "1".parse().unwrap(),
-            );
-        }
-        return Ok(response);
+        return Ok(prometheus3_remote_write(&parts.headers, &body));
     }
     // Loki: exactly one org id, or the request is refused.
     let org_ids = received.org_ids();
@@ -200,6 +190,72 @@ async fn handle(
         "data": {"resultType": "streams", "tenant": tenant, "result": lines},
     });
     Ok(reply(StatusCode::OK, body.to_string()))
+}
+
+/// Prometheus 3.x's remote-write receiver, reading a request as
+/// `storage/remote/write_handler.go` (v3.x) does: the media type compared
+/// byte for byte (`Application/X-Protobuf` is 415 there), the first
+/// `proto=` parameter picks the decoder, no `proto=` means 1.0, a coding
+/// other than snappy (in any case) is 415, a body that does not decompress
+/// or decode 400. A 2.0 write is confirmed with the samples it holds.
+/// Stricter than the real one in one way: prost refuses strings that are not
+/// UTF-8, gogo does not. It stores nothing: tests read what it received.
+fn prometheus3_remote_write(headers: &HeaderMap, body: &[u8]) -> Response<Full<Bytes>> {
+    use prost::Message;
+    use tenant_proxy::prompb::{v2, WriteRequest};
+
+    let content_type = header_str(headers, "content-type").unwrap_or("application/x-protobuf");
+    let mut parts = content_type.trim().split(';');
+    if parts.next() != Some("application/x-protobuf") {
+        return reply(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "expected application/x-protobuf\n",
+        );
+    }
+    let mut is_v2 = false;
+    for parameter in parts {
+        match parameter.split('=').collect::<Vec<_>>()[..] {
+            ["proto", "prometheus.WriteRequest"] => break,
+            ["proto", "io.prometheus.write.v2.Request"] => {
+                is_v2 = true;
+                break;
+            }
+            ["proto", _] | [_] | [_, _, _, ..] | [] => {
+                return reply(StatusCode::UNSUPPORTED_MEDIA_TYPE, "unknown proto\n")
+            }
+            [_, _] => {}
+        }
+    }
+    if header_str(headers, "content-encoding").is_some_and(|e| !e.eq_ignore_ascii_case("snappy")) {
+        return reply(StatusCode::UNSUPPORTED_MEDIA_TYPE, "only snappy\n");
+    }
+    let Ok(raw) = snap::raw::Decoder::new().decompress_vec(body) else {
+        return reply(StatusCode::BAD_REQUEST, "snappy: corrupt input\n");
+    };
+    if !is_v2 {
+        return match WriteRequest::decode(raw.as_slice()) {
+            Ok(_) => reply(StatusCode::NO_CONTENT, ""),
+            Err(e) => reply(StatusCode::BAD_REQUEST, format!("{e}\n")),
+        };
+    }
+    let request = match v2::Request::decode(raw.as_slice()) {
+        Ok(request) => request,
+        Err(e) => return reply(StatusCode::BAD_REQUEST, format!("{e}\n")),
+    };
+    let symbols = request.symbols.len();
+    let valid = |ts: &v2::TimeSeries| {
+        ts.labels_refs.len() % 2 == 0 && ts.labels_refs.iter().all(|r| (*r as usize) < symbols)
+    };
+    if !request.timeseries.iter().all(valid) {
+        return reply(StatusCode::BAD_REQUEST, "invalid label references\n");
+    }
+    let samples: usize = request.timeseries.iter().map(|ts| ts.samples.len()).sum();
+    let mut response = reply(StatusCode::NO_CONTENT, "");
+    response.headers_mut().insert(
+        "x-prometheus-remote-write-samples-written",
+        samples.to_string().parse().unwrap(),
+    );
+    response
 }
 
 fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
