@@ -11,11 +11,23 @@
 # Usage: examples/quickstart/run.sh            # keeps running until Ctrl-C
 #        examples/quickstart/run.sh --check    # checks, then stops (CI)
 # Needs: cargo; installs prometheus and curl from Debian's packages if missing.
+#        examples/quickstart/run.sh --loki-config DIR HTTP_PORT GRPC_PORT
+#                                               # prints the Loki config it runs
 set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+# The Loki configuration, from the template beside this script.
+loki_config() { # dir http_port grpc_port
+  sed -e "s|@LOKI_DIR@|$1|g" -e "s|@LOKI_PORT@|$2|g" -e "s|@LOKI_GRPC_PORT@|$3|g" "$here/loki.yaml"
+}
+if [ "${1:-}" = "--loki-config" ]; then
+  loki_config "$2" "$3" "$4"
+  exit 0
+fi
 
 check=0
 [ "${1:-}" = "--check" ] && check=1
-root=$(cd "$(dirname "$0")/../.." && pwd)
+root=$(cd "$here/../.." && pwd)
 work=$(mktemp -d)
 pids=()
 
@@ -96,31 +108,11 @@ metrics:
 YAML
 
 if [ -n "$loki_bin" ]; then
-  # Loki 3.x, single binary, multi-tenant, everything on local disk.
+  # Loki 3.x, single binary, multi-tenant (examples/quickstart/loki.yaml).
   loki_port=$(free_port); loki_grpc_port=$(free_port)
   printf 'logs:\n  upstream: http://127.0.0.1:%s\n' "$loki_port" >> "$work/proxy.yaml"
   mkdir -p "$work/loki"
-  cat > "$work/loki/loki.yaml" <<YAML
-auth_enabled: true
-server:
-  http_listen_address: 127.0.0.1
-  http_listen_port: $loki_port
-  grpc_listen_address: 127.0.0.1
-  grpc_listen_port: $loki_grpc_port
-  log_level: warn
-common:
-  path_prefix: $work/loki
-  replication_factor: 1
-  ring:
-    instance_addr: 127.0.0.1
-    kvstore: {store: inmemory}
-  storage:
-    filesystem: {chunks_directory: $work/loki/chunks, rules_directory: $work/loki/rules}
-schema_config:
-  configs:
-    - {from: "2024-01-01", store: tsdb, object_store: filesystem, schema: v13, index: {prefix: index_, period: 24h}}
-analytics: {reporting_enabled: false}
-YAML
+  loki_config "$work/loki" "$loki_port" "$loki_grpc_port" > "$work/loki/loki.yaml"
   say "starting Loki ($loki_bin) on 127.0.0.1:$loki_port"
   "$loki_bin" -config.file="$work/loki/loki.yaml" >"$work/loki.log" 2>&1 &
   pids+=($!)

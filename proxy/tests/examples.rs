@@ -160,9 +160,216 @@ fn check(path: &Path) -> bool {
             assert!(mode & 0o111 != 0, "run.sh is executable");
             assert!(std::fs::read_to_string(path).unwrap().contains("--check"));
         }
+        "quickstart/loki.yaml" => {
+            let out = std::process::Command::new("bash")
+                .arg(root().join("quickstart/run.sh"))
+                .args(["--loki-config", "/tmp/loki-quickstart", "3100", "9095"])
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let rendered = String::from_utf8(out.stdout).unwrap();
+            assert!(
+                !rendered.contains("@LOKI"),
+                "every placeholder filled:\n{rendered}"
+            );
+            loki3::check(&rendered).unwrap_or_else(|e| panic!("quickstart loki.yaml: {e}"));
+        }
         _ => return false,
     }
     true
+}
+
+/// What this project's Loki configs may say, modelled on Loki 3.x's config
+/// structs (`pkg/loki/loki.go`, `pkg/loki/common/common.go`, dskit's server
+/// and memberlist configs, read at v3.5): the keys the examples use, each
+/// level refusing unknown keys as Loki does (`-config.expand-env` aside).
+/// Real Loki cannot be installed here, so this is what stands between a
+/// config and a user: it refused the quickstart's config that hung (#14).
+// Fields not checked below are still parsed, so a misspelt key is refused.
+#[allow(dead_code)]
+mod loki3 {
+    use serde::Deserialize;
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Config {
+        auth_enabled: bool,
+        server: Server,
+        common: Common,
+        #[serde(default)]
+        memberlist: Option<Memberlist>,
+        schema_config: SchemaConfig,
+        #[serde(default)]
+        analytics: Option<Analytics>,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Server {
+        http_listen_address: Option<String>,
+        http_listen_port: u16,
+        grpc_listen_address: Option<String>,
+        grpc_listen_port: u16,
+        log_level: Option<String>,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Common {
+        path_prefix: String,
+        replication_factor: u32,
+        instance_addr: Option<String>,
+        instance_interface_names: Option<Vec<String>>,
+        ring: Ring,
+        storage: Storage,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Ring {
+        instance_addr: Option<String>,
+        kvstore: KvStore,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct KvStore {
+        store: String,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Storage {
+        filesystem: Filesystem,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Filesystem {
+        chunks_directory: String,
+        rules_directory: String,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Memberlist {
+        bind_addr: Vec<String>,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct SchemaConfig {
+        configs: Vec<PeriodConfig>,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct PeriodConfig {
+        from: String,
+        store: String,
+        object_store: String,
+        schema: String,
+        index: Index,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Index {
+        prefix: String,
+        period: String,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Analytics {
+        reporting_enabled: bool,
+    }
+
+    fn loopback(addr: &str) -> bool {
+        addr.parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+    }
+
+    /// Parses `yaml` as a single-binary Loki 3.x config and checks what
+    /// the project needs of it, beyond the keys being Loki's.
+    pub fn check(yaml: &str) -> Result<(), String> {
+        let config: Config = serde_yaml_ng::from_str(yaml).map_err(|e| e.to_string())?;
+        let Config { server, common, .. } = &config;
+        if !config.auth_enabled {
+            return Err("auth_enabled must be true: Loki ignores X-Scope-OrgID otherwise".into());
+        }
+        if server.http_listen_port == 0 || server.grpc_listen_port == 0 {
+            return Err("listen ports must be set".into());
+        }
+        let listens_on_loopback = [&server.http_listen_address, &server.grpc_listen_address]
+            .iter()
+            .any(|a| a.as_deref().is_some_and(loopback));
+        // Only common.instance_addr reaches the query frontend's advertised
+        // address (applyInstanceConfigs in pkg/loki/config_wrapper.go);
+        // without it the frontend advertises the interface address, the
+        // querier cannot answer it there, and every query hangs.
+        if listens_on_loopback && !common.instance_addr.as_deref().is_some_and(loopback) {
+            return Err(format!(
+                "listening on loopback needs common.instance_addr on loopback too \
+                 (common.ring.instance_addr = {:?} does not reach the query frontend)",
+                common.ring.instance_addr
+            ));
+        }
+        if let Some(memberlist) = &config.memberlist {
+            if listens_on_loopback && !memberlist.bind_addr.iter().all(|a| loopback(a)) {
+                return Err("memberlist.bind_addr must be loopback like the listeners".into());
+            }
+        }
+        if common.replication_factor != 1 || common.ring.kvstore.store != "inmemory" {
+            return Err("a single binary needs replication_factor 1 and an inmemory ring".into());
+        }
+        if common.path_prefix.is_empty()
+            || common.storage.filesystem.chunks_directory.is_empty()
+            || common.storage.filesystem.rules_directory.is_empty()
+        {
+            return Err("path_prefix and filesystem directories must be set".into());
+        }
+        // Structured metadata (OTLP logs) needs tsdb and schema v13.
+        for period in &config.schema_config.configs {
+            if (
+                period.store.as_str(),
+                period.schema.as_str(),
+                period.object_store.as_str(),
+            ) != ("tsdb", "v13", "filesystem")
+                || period.index.period != "24h"
+            {
+                return Err(format!(
+                    "schema period {}/{}/{}: Loki 3.x wants tsdb, v13, 24h",
+                    period.store, period.schema, period.index.period
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn the_config_that_hung_is_refused() {
+        let hung = include_str!("../../examples/quickstart/loki.yaml")
+            .replace("@LOKI_DIR@", "/tmp/l")
+            .replace("@LOKI_PORT@", "3100")
+            .replace("@LOKI_GRPC_PORT@", "9095")
+            .replace(
+                "  instance_addr: 127.0.0.1\n  ring:\n",
+                "  ring:\n    instance_addr: 127.0.0.1\n",
+            );
+        assert!(
+            hung.contains("    instance_addr: 127.0.0.1"),
+            "the #14 shape: {hung}"
+        );
+        let error = check(&hung).unwrap_err();
+        assert!(error.contains("common.instance_addr"), "{error}");
+        let typo = hung.replace("auth_enabled", "auth_enable");
+        assert!(check(&typo).unwrap_err().contains("unknown field"));
+    }
 }
 
 fn yaml<T: serde::de::DeserializeOwned>(path: &Path) -> T {
