@@ -4,7 +4,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use tenant_proxy::config::MetricsMode;
-use tenant_proxy::path::normalise;
+use tenant_proxy::http::path::normalise;
 use tenant_proxy::routes::RouteTable;
 
 fuzz_target!(|data: &[u8]| {

@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tenant_proxy::promql::{enforce_query, enforce_selector, TenantMatcher};
+use tenant_proxy::enforce::promql::{enforce_query, enforce_selector, TenantMatcher};
 
 fuzz_target!(|data: &[u8]| {
     // libfuzzer-sys aborts on any panic, even one the proxy catches:

@@ -6,6 +6,6 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(text) = std::str::from_utf8(data) {
-        let _ = tenant_proxy::tenants_file::parse(text, 1);
+        let _ = tenant_proxy::tenants::file::parse(text, 1);
     }
 });

@@ -2,7 +2,7 @@
 
 use bytes::Bytes;
 use prost::Message;
-use tenant_proxy::prompb::{Label, Sample, TimeSeries, WriteRequest};
+use tenant_proxy::enforce::prompb::{Label, Sample, TimeSeries, WriteRequest};
 
 use crate::scenario::BodyKind;
 

@@ -94,7 +94,7 @@ pub fn tenants_file(users: usize, extra: usize) -> String {
         let handles: Vec<_> = (0..users)
             .map(|i| {
                 scope.spawn(move || {
-                    tenant_proxy::password::hash_password(&format!("pw-{i}")).unwrap()
+                    tenant_proxy::auth::password::hash_password(&format!("pw-{i}")).unwrap()
                 })
             })
             .collect();

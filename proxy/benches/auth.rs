@@ -9,9 +9,10 @@ use std::net::{IpAddr, Ipv4Addr};
 use base64::Engine;
 use criterion::{criterion_group, criterion_main, Criterion};
 use http::{header, HeaderMap, HeaderValue};
+use tenant_proxy::auth::password;
 use tenant_proxy::auth::Authenticator;
 use tenant_proxy::config::AuthConfig;
-use tenant_proxy::{password, tenants_file};
+use tenant_proxy::tenants::file as tenants_file;
 
 fn bench(c: &mut Criterion) {
     let hash = password::hash_password("correct horse").unwrap();

@@ -6,8 +6,8 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use http::Method;
 use std::hint::black_box;
 use tenant_proxy::config::MetricsMode;
-use tenant_proxy::path;
-use tenant_proxy::promql::{enforce_query, enforce_selector, TenantMatcher};
+use tenant_proxy::enforce::promql::{enforce_query, enforce_selector, TenantMatcher};
+use tenant_proxy::http::path;
 use tenant_proxy::routes::RouteTable;
 
 /// Queries as Grafana dashboards (node exporter, kube-state-metrics, RED

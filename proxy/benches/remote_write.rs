@@ -9,8 +9,8 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use prost::Message;
 use std::hint::black_box;
 use tenant_proxy::config::ForeignLabelPolicy;
-use tenant_proxy::prompb::{Label, Sample, TimeSeries, WriteRequest};
-use tenant_proxy::remote_write::{rewrite, rewrite_body, TenantLabel, Version};
+use tenant_proxy::enforce::prompb::{Label, Sample, TimeSeries, WriteRequest};
+use tenant_proxy::enforce::remote_write::{rewrite, rewrite_body, TenantLabel, Version};
 
 /// `series` series of 20 labels (one of them `namespace`), one sample each.
 fn batch(series: usize, namespace: &str) -> WriteRequest {

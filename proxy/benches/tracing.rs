@@ -10,7 +10,7 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, Criterion};
 use http::{HeaderMap, Method, StatusCode};
 use tenant_proxy::config::TracingConfig;
-use tenant_proxy::otel::Tracing;
+use tenant_proxy::ops::otel::Tracing;
 
 fn bench(c: &mut Criterion) {
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -4,9 +4,9 @@
 use std::fmt::Write;
 
 use crate::config::{Config, MetricsMode};
-use crate::promql::{self, TenantMatcher};
+use crate::enforce::promql::{self, TenantMatcher};
+use crate::tenants::file as tenants_file;
 use crate::tenants::TenantStore;
-use crate::tenants_file;
 
 pub type CliResult = Result<String, Box<dyn std::error::Error + Send + Sync>>;
 

@@ -1,40 +1,23 @@
 //! tenant-proxy: a multi-tenant authenticating gateway for Loki and Prometheus.
 //!
-//! The modules follow the life of a request (see `proxy.rs` and
-//! docs/architecture.md): `path` and `routes` classify it, `auth` (with
-//! `password` and `throttle`) authenticates it against the tenants in force
-//! (`tenants`, `tenants_file`, `reload`), `upstream` forwards it, `error`
-//! turns failures into responses, `metrics` and `admin` report.
+//! The folders follow the life of a request (see `proxy.rs` and
+//! docs/architecture.md): `http` speaks to clients (path, body, errors,
+//! listener TLS), `routes` classifies a request, `auth` authenticates it
+//! against the tenants in force (`tenants`), `admission` applies limits,
+//! `enforce` scopes label-mode queries and pushes, `upstream` forwards it,
+//! `ops` reports (metrics, spans, admin endpoints).
 
-pub mod admin;
 pub mod admission;
 pub mod auth;
-pub mod body;
 pub mod cli;
 pub mod config;
-pub mod error;
-pub mod headers;
-pub mod metrics;
-pub mod otel;
-pub mod params;
-pub mod password;
-pub mod path;
-pub mod process;
-pub mod prometheus;
-pub mod prompb;
-pub mod promql;
-pub mod protowire;
+pub mod enforce;
+pub mod http;
+pub mod ops;
 pub mod proxy;
-pub mod reload;
-pub mod remote_write;
 pub mod routes;
-pub mod server;
 pub mod tenants;
-pub mod tenants_file;
-pub mod throttle;
-pub mod tls;
 pub mod upstream;
-pub mod verifier_threads;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -42,12 +25,14 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 
 use crate::config::Config;
-use crate::metrics::Metrics;
+use crate::http::server::{serve_connections, Shutdown};
+use crate::http::tls::TlsReloader;
+use crate::ops::admin;
+use crate::ops::metrics::Metrics;
 use crate::proxy::AppState;
-use crate::reload::{Reloader, Tenants};
-use crate::server::{serve_connections, Shutdown};
-use crate::tenants_file::TenantsFileError;
-use crate::tls::{TlsReloader, UpstreamTlsReloader};
+use crate::tenants::file::TenantsFileError;
+use crate::tenants::reload::{Reloader, Tenants};
+use crate::upstream::tls::UpstreamTlsReloader;
 
 /// A configured proxy, its tenants file loaded (or found missing), not yet serving.
 pub struct Proxy {

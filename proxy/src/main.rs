@@ -6,9 +6,10 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use tenant_proxy::auth::password;
 use tenant_proxy::cli::{self, Subject};
 use tenant_proxy::config::Config;
-use tenant_proxy::{password, Proxy};
+use tenant_proxy::Proxy;
 
 #[derive(Parser)]
 #[command(
@@ -56,7 +57,7 @@ enum Command {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    tenant_proxy::process::init_logging(&cli.log_format).map_err(anyhow::Error::msg)?;
+    tenant_proxy::ops::process::init_logging(&cli.log_format).map_err(anyhow::Error::msg)?;
     match cli.command.unwrap_or(Command::Run) {
         Command::HashPassword => hash_password(),
         Command::CheckConfig => print(cli::check_config(&load_config(cli.config)?)),
@@ -110,7 +111,11 @@ async fn run(config: Config) -> anyhow::Result<()> {
     let proxy = Proxy::new(config)?;
     tracing::info!(listen = %listener.local_addr()?, admin = %admin.local_addr()?, "tenant-proxy serving");
     proxy
-        .serve(listener, admin, tenant_proxy::process::shutdown_signal())
+        .serve(
+            listener,
+            admin,
+            tenant_proxy::ops::process::shutdown_signal(),
+        )
         .await;
     tracing::info!("tenant-proxy stopped");
     Ok(())

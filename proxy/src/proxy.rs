@@ -10,7 +10,7 @@
 //! 7. forward and stream the response back (502/504 on upstream failure);
 //! 8. record metrics and an access log line.
 //!
-//! Every failure is a `ProxyError`, turned into a response in `error.rs` only.
+//! Every failure is a `ProxyError`, turned into a response in `http/error.rs` only.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -27,20 +27,20 @@ use hyper_util::rt::TokioIo;
 
 use crate::admission::{Admission, Admitted, Kind};
 use crate::auth::Authenticator;
-use crate::body::{self, ProxyBody};
 use crate::config::{Config, ForeignLabelPolicy, Limits, MetricsMode, Upstream, UpstreamTls};
-use crate::error::ProxyError;
-use crate::headers::{self, RW_SAMPLES_WRITTEN, X_PROM_LABEL_POLICY, X_SCOPE_ORGID};
-use crate::metrics::{
+use crate::enforce::prometheus::{self, EMPTY_METADATA};
+use crate::enforce::promql::{Memo, TenantMatcher};
+use crate::enforce::remote_write::{self, RemoteWriteError, Rewritten, TenantLabel};
+use crate::http::body::{self, ProxyBody};
+use crate::http::error::ProxyError;
+use crate::http::headers::{self, RW_SAMPLES_WRITTEN, X_PROM_LABEL_POLICY, X_SCOPE_ORGID};
+use crate::http::path;
+use crate::ops::metrics::{
     self, Metrics, ReasonLabels, RequestLabels, SurfaceLabels, TenantActionLabels, TenantLabels,
 };
-use crate::otel::{RequestSpan, Tracing};
-use crate::path;
-use crate::prometheus::{self, EMPTY_METADATA};
-use crate::promql::{Memo, TenantMatcher};
-use crate::reload::Tenants;
-use crate::remote_write::{self, RemoteWriteError, Rewritten, TenantLabel};
+use crate::ops::otel::{RequestSpan, Tracing};
 use crate::routes::{Operation, Route, RouteTable, Signal};
+use crate::tenants::reload::Tenants;
 use crate::tenants::{Credential, Tenant};
 use crate::upstream::{self, HttpClient};
 

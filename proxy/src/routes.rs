@@ -9,8 +9,8 @@
 use http::Method;
 
 use crate::config::MetricsMode;
-use crate::error::ProxyError;
-use crate::prometheus::{ResponseFilter, Selectors};
+use crate::enforce::prometheus::{ResponseFilter, Selectors};
+use crate::http::error::ProxyError;
 use crate::tenants::Scope;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

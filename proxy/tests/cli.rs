@@ -34,7 +34,7 @@ fn hash_password_prints_a_verifiable_argon2id_hash() {
     assert!(out.status.success());
     let hash = String::from_utf8(out.stdout).unwrap();
     assert!(hash.starts_with("$argon2id$v=19$"), "{hash}");
-    let verifier = tenant_proxy::password::Verifier::argon2id(hash.trim()).unwrap();
+    let verifier = tenant_proxy::auth::password::Verifier::argon2id(hash.trim()).unwrap();
     assert!(
         verifier.verify("s3cret"),
         "the trailing newline is not part of the password"

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use http::Method;
 use tenant_proxy::config::Config;
 use tenant_proxy::routes::RouteTable;
-use tenant_proxy::tenants_file;
+use tenant_proxy::tenants::file as tenants_file;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples")

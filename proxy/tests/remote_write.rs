@@ -13,7 +13,7 @@ use serde_json::Value;
 use support::loki::LokiStandIn;
 use support::prometheus::{time_series, PrometheusProcess};
 use support::{basic, eventually, send, ProxyOptions, Reply, RunningProxy, TenantSpec};
-use tenant_proxy::prompb::{v2, WriteRequest};
+use tenant_proxy::enforce::prompb::{v2, WriteRequest};
 
 fn tenants() -> String {
     support::tenants_with_namespaces(&[

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use tenant_proxy::admin::AdminState;
+use tenant_proxy::ops::admin::AdminState;
 
 use crate::controller::Status;
 use crate::metrics::Metrics;

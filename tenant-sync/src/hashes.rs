@@ -97,7 +97,7 @@ fn hash_all<K: Send>(wanted: Vec<(K, String)>) -> Vec<(K, String)> {
                     chunk
                         .into_iter()
                         .map(|(key, plain)| {
-                            let phc = tenant_proxy::password::hash_password(&plain)
+                            let phc = tenant_proxy::auth::password::hash_password(&plain)
                                 .expect("argon2 hashes any password");
                             (key, phc)
                         })

@@ -12,7 +12,7 @@ use std::fmt;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::runtime::watcher::Event;
 use kube::ResourceExt;
-use tenant_proxy::password::Verifier;
+use tenant_proxy::auth::password::Verifier;
 use tenant_proxy::tenants::{Scope, Scopes, TenantId};
 
 /// How Secrets and Namespaces are read (from the command line).
@@ -154,7 +154,7 @@ fn read_credential(
             let granted = scopes
                 .as_ref()
                 .map_or_else(Scopes::all, |s| s.iter().copied().collect());
-            let selector = tenant_proxy::tenants_file::read_only_selector(text, granted)
+            let selector = tenant_proxy::tenants::file::read_only_selector(text, granted)
                 .map_err(|_| SkipReason::InvalidSelector)?;
             Some(selector.as_str().to_owned())
         }

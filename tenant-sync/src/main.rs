@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use tenant_proxy::server::Shutdown;
+use tenant_proxy::http::server::Shutdown;
 use tenant_sync::controller::{Options, Status, Syncer};
 use tenant_sync::index::Conventions;
 use tenant_sync::metrics::Metrics;
@@ -59,7 +59,7 @@ struct Cli {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    tenant_proxy::process::init_logging(&cli.log_format).map_err(anyhow::Error::msg)?;
+    tenant_proxy::ops::process::init_logging(&cli.log_format).map_err(anyhow::Error::msg)?;
     let options = Options {
         tenants_file: cli.tenants_file,
         conventions: Conventions {
@@ -79,7 +79,7 @@ async fn main() -> anyhow::Result<()> {
         .context("connecting to the Kubernetes API")?;
     let metrics = Arc::new(Metrics::default());
     let status = Arc::new(Status::default());
-    let shutdown = Shutdown::new(tenant_proxy::process::shutdown_signal());
+    let shutdown = Shutdown::new(tenant_proxy::ops::process::shutdown_signal());
     if !options.once {
         let listener = tokio::net::TcpListener::bind(cli.admin_listen)
             .await
@@ -91,7 +91,7 @@ async fn main() -> anyhow::Result<()> {
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
             let limits = tenant_proxy::config::Limits::default();
-            tenant_proxy::admin::serve(listener, admin_state, &limits, shutdown).await
+            tenant_proxy::ops::admin::serve(listener, admin_state, &limits, shutdown).await
         });
     }
     tracing::info!(tenants_file = %options.tenants_file.display(), "tenant-sync starting");

@@ -120,6 +120,6 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn encode(&self) -> String {
-        tenant_proxy::metrics::encode_registry(&self.registry)
+        tenant_proxy::ops::metrics::encode_registry(&self.registry)
     }
 }

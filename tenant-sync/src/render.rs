@@ -70,12 +70,12 @@ pub fn render(desired: &Desired, hashes: &HashMap<SecretKey, String>) -> Result<
         })
         .collect::<Result<_, String>>()?;
     let file = File {
-        version: tenant_proxy::tenants_file::CURRENT_VERSION,
+        version: tenant_proxy::tenants::file::CURRENT_VERSION,
         tenants,
     };
     let mut text = serde_json::to_string_pretty(&file).map_err(|e| e.to_string())?;
     text.push('\n');
-    tenant_proxy::tenants_file::parse(&text, 0)
+    tenant_proxy::tenants::file::parse(&text, 0)
         .map_err(|e| format!("rendered file is invalid: {e}"))?;
     Ok(text)
 }

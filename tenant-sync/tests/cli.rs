@@ -55,7 +55,8 @@ async fn once_writes_the_file_and_exits_zero() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let (store, _) = tenant_proxy::tenants_file::load(&dir.path().join("tenants.yaml"), 1).unwrap();
+    let (store, _) =
+        tenant_proxy::tenants::file::load(&dir.path().join("tenants.yaml"), 1).unwrap();
     assert!(store.credential("alice").unwrap().verifier.verify("pw"));
     assert!(
         !String::from_utf8_lossy(&out.stderr).contains("pw\""),

@@ -31,7 +31,7 @@ fn promtool(args: &[&str]) {
 /// (`# TYPE` lines: counters add `_total`, histograms their three series).
 /// A labelled family is encoded only once it has a child: each gets one.
 fn exported() -> BTreeSet<String> {
-    use tenant_proxy::metrics as proxy;
+    use tenant_proxy::ops::metrics as proxy;
     use tenant_sync::metrics as sync;
     let p = proxy::Metrics::default();
     let tenant = || proxy::TenantLabels { tenant: "t".into() };

@@ -73,7 +73,7 @@ async fn cold_start(label: &str, api: &ApiServer) {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "a measurement: run with --ignored --release"]
 async fn cold_start_with_5000_secrets() {
-    let hash = tenant_proxy::password::hash_password("a-password").unwrap();
+    let hash = tenant_proxy::auth::password::hash_password("a-password").unwrap();
     let prehashed = cluster(0, &hash).await;
     cold_start("password-hash Secrets", &prehashed).await;
     drop(prehashed);

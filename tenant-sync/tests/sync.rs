@@ -107,7 +107,7 @@ async fn a_selector_annotation_reaches_the_proxy() {
     let mut sync = RunningSync::start(&api, |_| {});
     sync.next_write().await;
     let text = std::fs::read_to_string(&sync.file).unwrap();
-    let (store, _) = tenant_proxy::tenants_file::parse(&text, 1).unwrap();
+    let (store, _) = tenant_proxy::tenants::file::parse(&text, 1).unwrap();
     let narrow = store.credential("narrow-a").unwrap();
     assert_eq!(narrow.selector.as_ref().unwrap().as_str(), r#"{app="pay"}"#);
     assert!(store.credential("grafana-a").unwrap().selector.is_none());

@@ -19,7 +19,7 @@ use serde_json::json;
 use support::apiserver::{ApiServer, Kind};
 use support::RunningSync;
 use tenant_proxy::config::Config;
-use tenant_proxy::reload::ReloadStatus;
+use tenant_proxy::tenants::reload::ReloadStatus;
 use tenant_proxy::Proxy;
 use tokio::net::TcpListener;
 

@@ -202,7 +202,7 @@ async fn handle(
 /// UTF-8, gogo does not. It stores nothing: tests read what it received.
 fn prometheus3_remote_write(headers: &HeaderMap, body: &[u8]) -> Response<Full<Bytes>> {
     use prost::Message;
-    use tenant_proxy::prompb::{v2, WriteRequest};
+    use tenant_proxy::enforce::prompb::{v2, WriteRequest};
 
     let content_type = header_str(headers, "content-type").unwrap_or("application/x-protobuf");
     let mut parts = content_type.trim().split(';');

@@ -19,7 +19,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tenant_proxy::config::Config;
-use tenant_proxy::reload::{ReloadStatus, Tenants};
+use tenant_proxy::tenants::reload::{ReloadStatus, Tenants};
 use tenant_proxy::Proxy;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant, SystemTime};
 use bytes::Bytes;
 use http::{Method, StatusCode};
 use prost::Message;
-use tenant_proxy::prompb::{Label, Sample, TimeSeries, WriteRequest};
+use tenant_proxy::enforce::prompb::{Label, Sample, TimeSeries, WriteRequest};
 
 pub struct PrometheusProcess {
     pub addr: SocketAddr,

@@ -207,7 +207,7 @@ fn duplicate_usernames_go_to_the_oldest_secret() {
 #[test]
 fn invalid_secrets_are_skipped_with_a_reason_and_break_nothing_else() {
     let mut index = Index::new(conventions(None), &[String::new()]);
-    let hash = tenant_proxy::password::hash_password("pw").unwrap();
+    let hash = tenant_proxy::auth::password::hash_password("pw").unwrap();
     let cases = vec![
         secret(
             "a",

@@ -81,7 +81,7 @@ impl RunningSync {
 
     /// username → tenant, as the proxy reads the file.
     pub fn users(&self) -> BTreeMap<String, String> {
-        let (store, _) = tenant_proxy::tenants_file::load(&self.file, 1).unwrap();
+        let (store, _) = tenant_proxy::tenants::file::load(&self.file, 1).unwrap();
         store
             .credentials_sorted()
             .into_iter()
@@ -90,7 +90,7 @@ impl RunningSync {
     }
 
     pub fn verifies(&self, user: &str, password: &str) -> bool {
-        let (store, _) = tenant_proxy::tenants_file::load(&self.file, 1).unwrap();
+        let (store, _) = tenant_proxy::tenants::file::load(&self.file, 1).unwrap();
         store
             .credential(user)
             .is_some_and(|c| c.verifier.verify(password))

@@ -28,9 +28,9 @@ use opentelemetry_sdk::Resource;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 
-use crate::body;
 use crate::config::TracingConfig;
-use crate::metrics::{Metrics, OutcomeLabels};
+use crate::http::body;
+use crate::ops::metrics::{Metrics, OutcomeLabels};
 use crate::upstream::{self, HttpClient as UpstreamClient};
 
 /// Makes and exports spans; present only when tracing is configured.

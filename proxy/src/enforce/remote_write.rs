@@ -28,7 +28,7 @@ use std::cell::RefCell;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 use crate::config::ForeignLabelPolicy;
-use crate::protowire::{self, fields, WireError, LEN, VARINT};
+use crate::enforce::protowire::{self, fields, WireError, LEN, VARINT};
 
 pub const V1_CONTENT_TYPE: &str = "application/x-protobuf";
 pub const V1_PROTO: &str = "prometheus.WriteRequest";

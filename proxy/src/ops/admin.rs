@@ -9,11 +9,11 @@ use http::{header, HeaderValue, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use tokio::net::TcpListener;
 
-use crate::body::{self, ProxyBody};
 use crate::config::Limits;
-use crate::metrics::Metrics;
-use crate::reload::Tenants;
-use crate::server::{serve_connections, Shutdown};
+use crate::http::body::{self, ProxyBody};
+use crate::http::server::{serve_connections, Shutdown};
+use crate::ops::metrics::Metrics;
+use crate::tenants::reload::Tenants;
 
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 

@@ -16,9 +16,9 @@ use arc_swap::ArcSwapOption;
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::{mpsc, watch};
 
-use crate::metrics::Metrics;
+use super::file::{self as tenants_file, LoadNotes, TenantsFileError};
+use crate::ops::metrics::Metrics;
 use crate::tenants::TenantStore;
-use crate::tenants_file::{self, LoadNotes, TenantsFileError};
 
 /// What the last load attempt did; published for readiness and for tests.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -1,5 +1,5 @@
 use super::*;
-use crate::prompb::{self, readings, v2, Label, Sample, TimeSeries, WriteRequest};
+use crate::enforce::prompb::{self, readings, v2, Label, Sample, TimeSeries, WriteRequest};
 use http::HeaderValue;
 use proptest::prelude::*;
 use prost::Message;
@@ -761,9 +761,9 @@ fn a_1_0_label_with_a_field_besides_name_and_value_is_refused() {
 fn every_fuzz_seed_that_once_escaped_keeps_the_invariant() {
     // The same inputs seed fuzz/fuzz_targets/remote_write.rs.
     let seeds: [&[u8]; 3] = [
-        include_bytes!("../../../fuzz/corpus/remote_write/v1-bytes-declared-v2"),
-        include_bytes!("../../../fuzz/corpus/remote_write/v2-bytes-declared-v1"),
-        include_bytes!("../../../fuzz/corpus/remote_write/v1-and-v2-in-one-body"),
+        include_bytes!("../../../../fuzz/corpus/remote_write/v1-bytes-declared-v2"),
+        include_bytes!("../../../../fuzz/corpus/remote_write/v2-bytes-declared-v1"),
+        include_bytes!("../../../../fuzz/corpus/remote_write/v1-and-v2-in-one-body"),
     ];
     let owned = owned();
     let t = tenant(&owned, ForeignLabelPolicy::Overwrite);

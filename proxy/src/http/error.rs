@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 
-use crate::body::{self, ProxyBody};
+use crate::http::body::{self, ProxyBody, ReadError};
 use crate::tenants::Scope;
 
 #[derive(Debug, thiserror::Error)]
@@ -64,6 +64,16 @@ pub enum ProxyError {
 
 /// How long a client should wait before retrying a 503 we produced ourselves.
 const NOT_READY_RETRY_AFTER: Duration = Duration::from_secs(5);
+
+impl From<ReadError> for ProxyError {
+    fn from(e: ReadError) -> Self {
+        match e {
+            ReadError::TooLarge { limit } => Self::BodyTooLarge { limit },
+            ReadError::Timeout => Self::BodyTimeout,
+            broken @ ReadError::Broken(_) => Self::BadData(broken.to_string()),
+        }
+    }
+}
 
 impl ProxyError {
     pub fn status(&self) -> StatusCode {

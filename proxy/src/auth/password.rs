@@ -92,7 +92,7 @@ impl Verifier {
     }
 
     /// Expensive for argon2id (tens of milliseconds): call it off the async
-    /// runtime, behind the verification semaphore (see `auth.rs`).
+    /// runtime, behind the verification semaphore (see `auth/mod.rs`).
     pub fn verify(&self, password: &str) -> bool {
         match self {
             Self::Argon2id { phc } => verify_argon2id(phc, password.as_bytes()).unwrap_or(false),

@@ -10,7 +10,6 @@ use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Empty, Full, Limited};
 use hyper::body::Frame;
 
 use crate::admission::ByteMeter;
-use crate::error::ProxyError;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
@@ -92,20 +91,31 @@ pub fn holding<T: Send + 'static>(body: ProxyBody, guard: T) -> ProxyBody {
     .boxed_unsync()
 }
 
-/// Reads a whole request body, at most `limit` bytes (413 above).
-pub async fn read_bounded<B>(body: B, limit: u64) -> Result<Bytes, ProxyError>
+/// Why a request body could not be read whole; `http::error` turns each
+/// into its status (this module owns the body, that one the answers).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ReadError {
+    /// 413.
+    #[error("request body over {limit} bytes")]
+    TooLarge { limit: u64 },
+    /// 408: the client stopped sending.
+    #[error("request body not received in time")]
+    Timeout,
+    /// 400.
+    #[error("cannot read the request body: {0}")]
+    Broken(String),
+}
+
+/// Reads a whole request body, at most `limit` bytes.
+pub async fn read_bounded<B>(body: B, limit: u64) -> Result<Bytes, ReadError>
 where
     B: hyper::body::Body,
     B::Error: Into<BoxError>,
 {
     match Limited::new(body, limit as usize).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            Err(ProxyError::BodyTooLarge { limit })
-        }
-        Err(e) if e.is::<BodyTimeout>() => Err(ProxyError::BodyTimeout),
-        Err(e) => Err(ProxyError::BadData(format!(
-            "cannot read the request body: {e}"
-        ))),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ReadError::TooLarge { limit }),
+        Err(e) if e.is::<BodyTimeout>() => Err(ReadError::Timeout),
+        Err(e) => Err(ReadError::Broken(e.to_string())),
     }
 }

@@ -2,12 +2,15 @@
 //! indexed by username. One `TenantStore` is one generation of the tenants
 //! file; reloads replace it whole (see `reload.rs`).
 
+pub mod file;
+pub mod reload;
+
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
-use crate::password::Verifier;
-use crate::promql::{CredentialSelector, TenantMatcher};
+use crate::auth::password::Verifier;
+use crate::enforce::promql::{CredentialSelector, TenantMatcher};
 
 // === impl TenantId ===
 

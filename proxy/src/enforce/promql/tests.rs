@@ -178,7 +178,7 @@ fn refuses_info_and_unparseable_queries() {
 /// too long for a `Duration`. A refusal (400), never a panic.
 #[test]
 fn inputs_that_make_the_parser_panic_are_refused() {
-    let crash = include_str!("../../../fuzz/corpus/promql/regression-range-overflows-duration");
+    let crash = include_str!("../../../../fuzz/corpus/promql/regression-range-overflows-duration");
     for query in [crash, "x[99999999999999999999999]", "rate(x[1e30])"] {
         let refused = enforce_query(query, &one()).unwrap_err();
         assert!(

@@ -1,5 +1,7 @@
 //! The upstream client and the header hygiene of a forwarded request.
 
+pub mod tls;
+
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -12,10 +14,10 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use rustls_pki_types::ServerName;
 
-use crate::body::ProxyBody;
 use crate::config::UpstreamTls;
-use crate::error::ProxyError;
-use crate::headers::{IDENTITY_HEADERS, KEEP_ALIVE, PROXY_CONNECTION, X_FORWARDED_FOR};
+use crate::http::body::ProxyBody;
+use crate::http::error::ProxyError;
+use crate::http::headers::{IDENTITY_HEADERS, KEEP_ALIVE, PROXY_CONNECTION, X_FORWARDED_FOR};
 
 pub type HttpClient = Client<HttpsConnector<HttpConnector>, ProxyBody>;
 
@@ -31,7 +33,7 @@ pub fn client(tls: Option<&UpstreamTls>) -> Result<HttpClient, String> {
     let default = UpstreamTls::default();
     let tls = tls.unwrap_or(&default);
     let builder = HttpsConnectorBuilder::new()
-        .with_tls_config(crate::tls::client_config(tls)?)
+        .with_tls_config(tls::client_config(tls)?)
         .https_or_http();
     let builder = match &tls.server_name {
         Some(name) => {
@@ -143,7 +145,7 @@ fn client_body_fault(error: &(dyn std::error::Error + 'static), limit: u64) -> O
         if e.is::<http_body_util::LengthLimitError>() {
             return Some(ProxyError::BodyTooLarge { limit });
         }
-        if e.is::<crate::body::BodyTimeout>() {
+        if e.is::<crate::http::body::BodyTimeout>() {
             return Some(ProxyError::BodyTimeout);
         }
         source = e.source();
@@ -154,7 +156,7 @@ fn client_body_fault(error: &(dyn std::error::Error + 'static), limit: u64) -> O
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::headers::X_SCOPE_ORGID;
+    use crate::http::headers::X_SCOPE_ORGID;
 
     #[test]
     fn strips_spoofed_identity_and_sets_the_tenant_once() {

@@ -1,12 +1,12 @@
 //! TLS on the tenant listener: certificate and key from PEM files, reloaded
 //! when they change (cert-manager and kubelet replace them in place), and
 //! optionally client certificates required from a CA bundle (mTLS), in
-//! addition to basic auth, never instead of it. And TLS to `https://`
-//! upstreams: a CA bundle (or the system's roots), an optional client
-//! certificate, an optional server name, reloaded the same way.
+//! addition to basic auth, never instead of it.
 //!
 //! A file that fails to load keeps the previous configuration in force;
-//! new connections use the newest one, established ones keep theirs.
+//! new connections use the newest one, established ones keep theirs. The
+//! PEM reading and the reload tick are shared with the upstream client's
+//! TLS (`upstream::tls`), which imports them from here.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -14,14 +14,13 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use rustls::server::WebPkiClientVerifier;
-use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use rustls::{RootCertStore, ServerConfig};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::sync::watch;
 
-use crate::config::{TlsConfig, UpstreamTls};
-use crate::metrics::Metrics;
-use crate::upstream::{self, HttpClient};
+use crate::config::TlsConfig;
+use crate::ops::metrics::Metrics;
 
 /// The server configuration in force, swapped on reload.
 pub type CurrentTls = Arc<ArcSwap<ServerConfig>>;
@@ -55,12 +54,12 @@ pub fn load(config: &TlsConfig) -> Result<ServerConfig, String> {
     Ok(server)
 }
 
-fn file_error(path: &Path, e: impl std::fmt::Display) -> String {
+pub(crate) fn file_error(path: &Path, e: impl std::fmt::Display) -> String {
     format!("{}: {e}", path.display())
 }
 
 /// Every certificate in a PEM file, in order.
-fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+pub(crate) fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
     CertificateDer::pem_file_iter(path)
         .map_err(|e| file_error(path, e))?
         .collect::<Result<_, _>>()
@@ -68,7 +67,7 @@ fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
 }
 
 /// A PEM CA bundle as a root store.
-fn roots_from(path: &Path) -> Result<RootCertStore, String> {
+pub(crate) fn roots_from(path: &Path) -> Result<RootCertStore, String> {
     let mut roots = RootCertStore::empty();
     for cert in certificates(path)? {
         roots.add(cert).map_err(|e| file_error(path, e))?;
@@ -77,7 +76,7 @@ fn roots_from(path: &Path) -> Result<RootCertStore, String> {
 }
 
 /// Calls `check` every `interval` until `shutdown` resolves.
-async fn every(
+pub(crate) async fn every(
     interval: Duration,
     shutdown: impl std::future::Future<Output = ()>,
     mut check: impl FnMut(),
@@ -165,7 +164,7 @@ fn digest(config: &TlsConfig) -> blake3::Hash {
 
 /// What the files hold now (unreadable files hash as empty: a rename in
 /// progress is retried on the next tick).
-fn digest_files(files: [Option<&PathBuf>; 3]) -> blake3::Hash {
+pub(crate) fn digest_files(files: [Option<&PathBuf>; 3]) -> blake3::Hash {
     let mut hasher = blake3::Hasher::new();
     for path in files.into_iter().flatten() {
         let bytes = std::fs::read(path).unwrap_or_default();
@@ -173,87 +172,4 @@ fn digest_files(files: [Option<&PathBuf>; 3]) -> blake3::Hash {
         hasher.update(&bytes);
     }
     hasher.finalize()
-}
-
-// === upstreams ===
-
-/// The rustls client configuration for an `https://` upstream.
-pub fn client_config(tls: &UpstreamTls) -> Result<ClientConfig, String> {
-    let roots = match &tls.ca_file {
-        Some(ca_file) => roots_from(ca_file)?,
-        None => {
-            // The system's roots; unreadable ones are skipped, as curl does.
-            let mut roots = RootCertStore::empty();
-            for cert in rustls_native_certs::load_native_certs().certs {
-                let _ = roots.add(cert);
-            }
-            roots
-        }
-    };
-    let builder =
-        ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .map_err(|e| e.to_string())?
-            .with_root_certificates(roots);
-    match (&tls.cert_file, &tls.key_file) {
-        (Some(cert_file), Some(key_file)) => {
-            let certs = certificates(cert_file)?;
-            let key =
-                PrivateKeyDer::from_pem_file(key_file).map_err(|e| file_error(key_file, e))?;
-            builder
-                .with_client_auth_cert(certs, key)
-                .map_err(|e| format!("{}: {e}", key_file.display()))
-        }
-        _ => Ok(builder.with_no_client_auth()),
-    }
-}
-
-/// Rebuilds an upstream's client when its TLS files change.
-pub struct UpstreamTlsReloader {
-    pub tls: UpstreamTls,
-    pub client: Arc<ArcSwap<HttpClient>>,
-    pub metrics: Arc<Metrics>,
-    seen: blake3::Hash,
-}
-
-impl UpstreamTlsReloader {
-    pub fn new(tls: UpstreamTls, client: Arc<ArcSwap<HttpClient>>, metrics: Arc<Metrics>) -> Self {
-        let seen = upstream_digest(&tls);
-        Self {
-            tls,
-            client,
-            metrics,
-            seen,
-        }
-    }
-
-    pub async fn run(mut self, shutdown: impl std::future::Future<Output = ()>) {
-        every(self.tls.reload_interval, shutdown, || self.check()).await;
-    }
-
-    fn check(&mut self) {
-        let now = upstream_digest(&self.tls);
-        if now == self.seen {
-            return;
-        }
-        self.seen = now;
-        match upstream::client(Some(&self.tls)) {
-            Ok(client) => {
-                self.client.store(Arc::new(client));
-                tracing::info!("upstream TLS files reloaded");
-            }
-            Err(e) => {
-                self.metrics.tls_reload_failures.inc();
-                tracing::error!(error = %e, "upstream TLS files rejected; the previous ones stay in force");
-            }
-        }
-    }
-}
-
-fn upstream_digest(tls: &UpstreamTls) -> blake3::Hash {
-    digest_files([
-        tls.ca_file.as_ref(),
-        tls.cert_file.as_ref(),
-        tls.key_file.as_ref(),
-    ])
 }

@@ -10,9 +10,9 @@ use http_body_util::{BodyExt, Limited};
 
 use serde_json::Value;
 
-use crate::error::ProxyError;
-use crate::params::{Params, MATCH};
-use crate::promql::{EnforceError, Memo, TenantMatcher};
+use crate::enforce::params::{Params, MATCH};
+use crate::enforce::promql::{EnforceError, Memo, TenantMatcher};
+use crate::http::error::ProxyError;
 
 /// `metadata` takes no selector, so upstream it would list every tenant's
 /// metric names and help texts. Grafana calls it and copes with empty data.
@@ -83,9 +83,9 @@ pub async fn rewrite_request<B>(
 ) -> Result<(Option<String>, Bytes), ProxyError>
 where
     B: hyper::body::Body,
-    B::Error: Into<crate::body::BoxError>,
+    B::Error: Into<crate::http::body::BoxError>,
 {
-    let bytes = crate::body::read_bounded(body, body_limit).await?;
+    let bytes = crate::http::body::read_bounded(body, body_limit).await?;
     let mut params = Params::from_request(&parts.method, parts.uri.query(), &parts.headers, &bytes)
         .map_err(|e| ProxyError::BadData(e.to_string()))?;
     enforce(&mut params, selectors, tenant, memo)?;
@@ -243,7 +243,8 @@ mod tests {
             {"labels":{"namespace":"a","app":"payments"}},
             {"labels":{"namespace":"a","app":"shop"}},
             {"labels":{"namespace":"b","app":"payments"}}]}}"#;
-        let selector = crate::promql::CredentialSelector::parse(r#"{app="payments"}"#).unwrap();
+        let selector =
+            crate::enforce::promql::CredentialSelector::parse(r#"{app="payments"}"#).unwrap();
         let out = filter_document(
             doc.as_bytes(),
             ResponseFilter::Alerts,

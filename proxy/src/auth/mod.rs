@@ -20,6 +20,10 @@
 //!    own: a fleet of log shippers sharing one Secret reconnecting after a
 //!    restart costs one argon2 run, not one per connection.
 
+pub mod password;
+pub mod throttle;
+pub mod verifier_threads;
+
 use std::collections::HashMap;
 use std::fmt;
 use std::net::IpAddr;
@@ -31,12 +35,12 @@ use http::{header, HeaderMap};
 use prometheus_client::metrics::counter::Counter;
 use tokio::sync::{OnceCell, Semaphore};
 
+use self::password::Verifier;
+use crate::auth::throttle::FailureThrottle;
+use crate::auth::verifier_threads::{VerifierThreads, RELEASE_AFTER_IDLE};
 use crate::config::AuthConfig;
-use crate::error::ProxyError;
-use crate::password::{self, Verifier};
+use crate::http::error::ProxyError;
 use crate::tenants::{Credential, TenantStore};
-use crate::throttle::FailureThrottle;
-use crate::verifier_threads::{VerifierThreads, RELEASE_AFTER_IDLE};
 
 /// What a client presented. `Debug` never prints the password.
 pub struct BasicCredentials {
@@ -313,7 +317,7 @@ impl Drop for ForgetWhenLast<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tenants_file;
+    use crate::tenants::file as tenants_file;
     use http::HeaderValue;
 
     fn basic(user: &str, pass: &str) -> HeaderMap {

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use crate::password;
+use crate::auth::password;
 
 /// Long enough that a burst of logins reuses the buffer, short enough that
 /// an idle proxy gives the memory back soon after.

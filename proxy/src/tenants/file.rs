@@ -14,8 +14,8 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
-use crate::password::Verifier;
-use crate::promql::CredentialSelector;
+use crate::auth::password::Verifier;
+use crate::enforce::promql::CredentialSelector;
 use crate::tenants::{Credential, Scope, Scopes, Tenant, TenantId, TenantStore};
 
 /// The only version of the native format so far.
@@ -284,7 +284,7 @@ impl UniquenessChecks {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::password::hash_password;
+    use crate::auth::password::hash_password;
 
     fn native(extra_user_fields: &str) -> String {
         let hash = hash_password("pw").unwrap();

@@ -17,9 +17,9 @@ use tokio::sync::watch;
 
 use tokio_rustls::TlsAcceptor;
 
-use crate::body::ProxyBody;
 use crate::config::Limits;
-use crate::tls::CurrentTls;
+use crate::http::body::ProxyBody;
+use crate::http::tls::CurrentTls;
 
 /// A shutdown signal many tasks can wait on.
 #[derive(Clone, Debug)]

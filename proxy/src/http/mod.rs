@@ -1,0 +1,10 @@
+//! What speaks HTTP to tenants' clients: the listener and its TLS, request
+//! paths, identity headers, bodies and their limits, and the one place that
+//! turns every failure into a status and a body.
+
+pub mod body;
+pub mod error;
+pub mod headers;
+pub mod path;
+pub mod server;
+pub mod tls;
