@@ -28,6 +28,7 @@ use hyper_util::rt::TokioIo;
 use crate::admission::{Admission, Admitted, Kind};
 use crate::auth::Authenticator;
 use crate::config::{Config, ForeignLabelPolicy, Limits, MetricsMode, Upstream, UpstreamTls};
+use crate::enforce::otlp;
 use crate::enforce::prometheus::{self, EMPTY_METADATA};
 use crate::enforce::promql::{Memo, TenantMatcher};
 use crate::enforce::remote_write::{self, RemoteWriteError, Rewritten, TenantLabel};
@@ -200,6 +201,9 @@ struct Outcome {
     username: Option<String>,
     /// Counts the request as in flight until its response body is done.
     admitted: Option<Admitted>,
+    /// An OTLP route: errors are OTLP `Status` messages, JSON when the
+    /// request was JSON (`Some(true)`), protobuf otherwise.
+    otlp_json: Option<bool>,
 }
 
 pub async fn handle(
@@ -253,7 +257,10 @@ pub async fn handle(
                     .metrics
                     .count_limited(None, outcome.surface, "global_concurrency");
             }
-            error.into_response()
+            match outcome.otlp_json {
+                Some(json) => error.into_otlp_response(json),
+                None => error.into_response(),
+            }
         }
     };
     let status = response.status();
@@ -301,6 +308,15 @@ async fn proxy(
     outcome.path = Some(path.clone());
     let route = state.routes.classify(request.method(), &path)?;
     outcome.surface = Some(route.surface());
+    if route.operation.is_otlp() {
+        let content_type = request.headers().get(header::CONTENT_TYPE);
+        let json = content_type.is_some_and(|ct| {
+            ct.as_bytes()
+                .to_ascii_lowercase()
+                .starts_with(b"application/json")
+        });
+        outcome.otlp_json = Some(json);
+    }
 
     let store = state
         .tenants
@@ -381,6 +397,18 @@ async fn proxy(
             remote_write_v2 = version == remote_write::Version::V2;
             // The receiver decodes by these: they say what was checked.
             remote_write::set_upstream_headers(version, &mut parts.headers);
+            parts
+                .headers
+                .insert(header::CONTENT_LENGTH, HeaderValue::from(rewritten.len()));
+            (parts.uri.query().map(str::to_owned), body::full(rewritten))
+        }
+        Operation::OtlpMetrics => {
+            let tenant = target.remote_write_label(&credential.tenant)?;
+            let encoding =
+                otlp::read_headers(&parts.headers).map_err(|e| refused_otlp(state, &tenant, e))?;
+            let received = body::read_bounded(body, state.limits.max_body_bytes).await?;
+            let rewritten = rewrite_otlp(state, encoding, &received, &tenant)?;
+            otlp::set_upstream_headers(encoding, &mut parts.headers);
             parts
                 .headers
                 .insert(header::CONTENT_LENGTH, HeaderValue::from(rewritten.len()));
@@ -568,6 +596,63 @@ fn rewrite_remote_write(
                 other => ProxyError::BadData(other.to_string()),
             })
         }
+    }
+}
+
+/// Rewrites an OTLP metrics body for the tenant and counts what happened.
+fn rewrite_otlp(
+    state: &AppState,
+    encoding: otlp::Encoding,
+    received: &[u8],
+    tenant: &TenantLabel<'_>,
+) -> Result<Vec<u8>, ProxyError> {
+    let metrics = &state.metrics;
+    let tenant_id = TenantLabels {
+        tenant: tenant.owned_by.to_owned(),
+    };
+    metrics
+        .otlp_received_bytes
+        .get_or_create(&tenant_id)
+        .inc_by(received.len() as u64);
+    let max = state.limits.max_decompressed_bytes;
+    let (body, stats) = otlp::rewrite_body(encoding, received, tenant, max)
+        .map_err(|e| refused_otlp(state, tenant, e))?;
+    metrics
+        .otlp_data_points
+        .get_or_create(&tenant_id)
+        .inc_by(stats.data_points);
+    for (action, n) in [("added", stats.added), ("overwritten", stats.overwritten)] {
+        let labels = TenantActionLabels {
+            tenant: tenant.owned_by.to_owned(),
+            action,
+        };
+        metrics.otlp_tenant_label.get_or_create(&labels).inc_by(n);
+    }
+    Ok(body)
+}
+
+/// Counts a refused OTLP metrics request and says why.
+fn refused_otlp(state: &AppState, tenant: &TenantLabel<'_>, error: otlp::OtlpError) -> ProxyError {
+    let tenant = tenant.owned_by.to_owned();
+    match &error {
+        otlp::OtlpError::ForeignLabel(_) => state
+            .metrics
+            .otlp_tenant_label
+            .get_or_create(&TenantActionLabels {
+                tenant,
+                action: "rejected",
+            })
+            .inc(),
+        _ => state
+            .metrics
+            .otlp_decode_errors
+            .get_or_create(&TenantLabels { tenant })
+            .inc(),
+    };
+    match error {
+        otlp::OtlpError::Unsupported(m) => ProxyError::UnsupportedMediaType(m),
+        otlp::OtlpError::TooLarge { limit } => ProxyError::BodyTooLarge { limit },
+        other => ProxyError::BadData(other.to_string()),
     }
 }
 

@@ -46,12 +46,26 @@ pub enum Operation {
     /// Label mode: remote-write body rewritten so every series carries the
     /// tenant label.
     RemoteWrite,
+    /// OTLP/HTTP push streamed through untouched, tenant header set; its
+    /// errors are OTLP `Status` messages.
+    OtlpPush,
+    /// Label mode: OTLP metrics decoded and every data point and resource
+    /// given the tenant label.
+    OtlpMetrics,
 }
 
 impl Operation {
     /// Carries data in: an unreachable upstream must make the client retry.
     pub const fn is_push(self) -> bool {
-        matches!(self, Operation::Push | Operation::RemoteWrite)
+        matches!(
+            self,
+            Operation::Push | Operation::RemoteWrite | Operation::OtlpPush | Operation::OtlpMetrics
+        )
+    }
+
+    /// Speaks OTLP/HTTP: errors are answered as OTLP `Status` messages.
+    pub const fn is_otlp(self) -> bool {
+        matches!(self, Operation::OtlpPush | Operation::OtlpMetrics)
     }
 }
 
@@ -67,8 +81,12 @@ pub struct Route {
 
 impl Route {
     /// The surface name used in metrics and logs: bounded, never a raw path.
+    /// OTLP has surfaces of its own: other clients (Collector, SDKs, Alloy),
+    /// another error format, and a rewrite with costs of its own.
     pub fn surface(&self) -> &'static str {
         match (self.signal, self.operation) {
+            (Signal::Logs, Operation::OtlpPush) => "logs_otlp",
+            (Signal::Metrics, Operation::OtlpPush | Operation::OtlpMetrics) => "metrics_otlp",
             (Signal::Logs, Operation::Push) => "logs_push",
             (Signal::Logs, Operation::Tail) => "logs_tail",
             (Signal::Logs, _) => "logs_query",
@@ -97,7 +115,7 @@ const GET_POST: &[Method] = &[Method::GET, Method::POST];
 
 const fn logs(methods: &'static [Method], pattern: &'static str, operation: Operation) -> Route {
     let scope = match operation {
-        Operation::Push => Scope::LogsWrite,
+        Operation::Push | Operation::OtlpPush => Scope::LogsWrite,
         _ => Scope::LogsRead,
     };
     Route {
@@ -173,15 +191,23 @@ pub const PROMETHEUS_ROUTES: &[Route] = &[
     ),
     metrics(GET, "/api/v1/status/buildinfo", Operation::Read),
     metrics(POST, "/api/v1/write", Operation::RemoteWrite),
+    // Prometheus' OTLP receiver (3.x, or 2.47+ with the feature flag).
+    metrics(POST, "/api/v1/otlp/v1/metrics", Operation::OtlpMetrics),
 ];
 
-/// Header mode also accepts Mimir's and Cortex's push path.
-const HEADER_MODE_EXTRA_ROUTES: &[Route] = &[metrics(POST, "/api/v1/push", Operation::Push)];
+/// Header mode also accepts Mimir's and Cortex's push path, and Mimir's
+/// OTLP path (Prometheus' `/api/v1/otlp/...` is label mode's only).
+const HEADER_MODE_EXTRA_ROUTES: &[Route] = &[
+    metrics(POST, "/api/v1/push", Operation::Push),
+    metrics(POST, "/otlp/v1/metrics", Operation::OtlpPush),
+];
 
 /// Loki, header mode. Every route here is tenant-scoped by `X-Scope-OrgID`.
 pub const LOKI_ROUTES: &[Route] = &[
     logs(POST, "/loki/api/v1/push", Operation::Push),
     logs(POST, "/api/prom/push", Operation::Push),
+    // Loki's native OTLP endpoint (3.x).
+    logs(POST, "/otlp/v1/logs", Operation::OtlpPush),
     logs(GET_POST, "/loki/api/v1/query", Operation::Read),
     logs(GET_POST, "/loki/api/v1/query_range", Operation::Read),
     logs(GET_POST, "/loki/api/v1/labels", Operation::Read),
@@ -220,14 +246,20 @@ impl RouteTable {
             Some(MetricsMode::Label) => routes.extend_from_slice(PROMETHEUS_ROUTES),
             // Mimir and Cortex scope every one of these by the tenant header.
             Some(MetricsMode::Header) => {
-                routes.extend(PROMETHEUS_ROUTES.iter().map(|r| Route {
-                    operation: if r.operation.is_push() {
-                        Operation::Push
-                    } else {
-                        Operation::Read
-                    },
-                    ..r.clone()
-                }));
+                let label_mode_only = |r: &&Route| r.operation != Operation::OtlpMetrics;
+                routes.extend(
+                    PROMETHEUS_ROUTES
+                        .iter()
+                        .filter(label_mode_only)
+                        .map(|r| Route {
+                            operation: if r.operation.is_push() {
+                                Operation::Push
+                            } else {
+                                Operation::Read
+                            },
+                            ..r.clone()
+                        }),
+                );
                 routes.extend_from_slice(HEADER_MODE_EXTRA_ROUTES);
             }
             None => {}
@@ -278,6 +310,40 @@ mod tests {
         assert_eq!(values.scope, Scope::LogsRead);
         let tail = table().classify(&Method::GET, "/loki/api/v1/tail").unwrap();
         assert_eq!(tail.operation, Operation::Tail);
+    }
+
+    #[test]
+    fn otlp_paths_exist_only_in_the_mode_they_belong_to() {
+        let logs = table().classify(&Method::POST, "/otlp/v1/logs").unwrap();
+        assert_eq!(
+            (logs.operation, logs.scope),
+            (Operation::OtlpPush, Scope::LogsWrite)
+        );
+        assert_eq!(logs.surface(), "logs_otlp");
+        let label = table()
+            .classify(&Method::POST, "/api/v1/otlp/v1/metrics")
+            .unwrap();
+        assert_eq!(
+            (label.operation, label.scope),
+            (Operation::OtlpMetrics, Scope::MetricsWrite)
+        );
+        assert!(table().classify(&Method::POST, "/otlp/v1/metrics").is_err());
+        assert!(table().classify(&Method::GET, "/otlp/v1/logs").is_err());
+
+        let header = RouteTable::new(false, Some(MetricsMode::Header));
+        let mimir = header.classify(&Method::POST, "/otlp/v1/metrics").unwrap();
+        assert_eq!(
+            (mimir.operation, mimir.scope),
+            (Operation::OtlpPush, Scope::MetricsWrite)
+        );
+        assert_eq!(mimir.surface(), "metrics_otlp");
+        assert!(header
+            .classify(&Method::POST, "/api/v1/otlp/v1/metrics")
+            .is_err());
+        assert!(
+            header.classify(&Method::POST, "/otlp/v1/logs").is_err(),
+            "no logs upstream"
+        );
     }
 
     #[test]

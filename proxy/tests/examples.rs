@@ -123,6 +123,74 @@ fn check(path: &Path) -> bool {
                 value("http_passwd"),
             );
         }
+        "otel-collector/config.yaml" => {
+            let file: serde_yaml_ng::Value = yaml(path);
+            let auth = &file["extensions"]["basicauth/tenant-proxy"]["client_auth"];
+            let (user, password) = (
+                auth["username"].as_str().unwrap(),
+                auth["password"].as_str().unwrap(),
+            );
+            let exporter = &file["exporters"]["otlphttp/tenant-proxy"];
+            assert_eq!(
+                exporter["auth"]["authenticator"].as_str(),
+                Some("basicauth/tenant-proxy")
+            );
+            assert_eq!(
+                exporter["encoding"].as_str(),
+                Some("proto"),
+                "label mode refuses JSON metrics"
+            );
+            for key in ["logs_endpoint", "metrics_endpoint"] {
+                assert_client_reaches(
+                    exporter[key].as_str().unwrap(),
+                    &Method::POST,
+                    user,
+                    password,
+                );
+            }
+            let pipelines = file["service"]["pipelines"].as_mapping().unwrap();
+            assert_eq!(pipelines.len(), 2, "logs and metrics");
+        }
+        "alloy/otlp.alloy" => {
+            let text = std::fs::read_to_string(path).unwrap();
+            let value = |key: &str| -> String {
+                let line = text
+                    .lines()
+                    .map(str::trim)
+                    .find(|l| l.starts_with(key) && l[key.len()..].trim_start().starts_with('='))
+                    .unwrap_or_else(|| panic!("no {key}"));
+                line.split('"').nth(1).unwrap().to_owned()
+            };
+            assert_eq!(value("encoding"), "proto");
+            for key in ["logs_endpoint", "metrics_endpoint"] {
+                assert_client_reaches(
+                    &value(key),
+                    &Method::POST,
+                    &value("username"),
+                    &value("password"),
+                );
+            }
+        }
+        "fluent-bit/opentelemetry.conf" => {
+            let text = std::fs::read_to_string(path).unwrap();
+            let value = |key: &str| {
+                text.lines()
+                    .map(str::trim)
+                    .find_map(|line| line.strip_prefix(key)?.strip_prefix(char::is_whitespace))
+                    .map(str::trim)
+                    .unwrap_or_else(|| panic!("opentelemetry.conf has no {key}"))
+            };
+            assert!(text.contains("Name         opentelemetry"));
+            for uri in ["Logs_uri", "Metrics_uri"] {
+                let url = format!("http://{}:{}{}", value("Host"), value("Port"), value(uri));
+                assert_client_reaches(
+                    &url,
+                    &Method::POST,
+                    value("http_user"),
+                    value("http_passwd"),
+                );
+            }
+        }
         "promtail/promtail.yaml" => {
             let file: serde_yaml_ng::Value = yaml(path);
             let client = &file["clients"][0];

@@ -311,9 +311,9 @@ fn rewrite_into(
     Ok(stats)
 }
 
-/// The values of the tenant label a series came with.
+/// The values of the tenant label a series came with (shared with OTLP).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Found<'v> {
+pub(crate) enum Found<'v> {
     Nothing,
     /// One or more copies, all with this value.
     Same(&'v [u8]),
@@ -322,7 +322,7 @@ enum Found<'v> {
 }
 
 impl<'v> Found<'v> {
-    fn add(self, value: &'v [u8]) -> Self {
+    pub(crate) fn add(self, value: &'v [u8]) -> Self {
         match self {
             Found::Nothing => Found::Same(value),
             Found::Same(first) if first == value => self,
@@ -332,13 +332,13 @@ impl<'v> Found<'v> {
 }
 
 /// What happens to the tenant label of one series.
-enum Decision<'v> {
+pub(crate) enum Decision<'v> {
     Keep(&'v [u8]),
     Add,
     Overwrite,
 }
 
-fn decide<'v>(
+pub(crate) fn decide<'v>(
     found: Found<'v>,
     tenant: &TenantLabel<'_>,
     describe: impl FnOnce() -> String,

@@ -164,6 +164,49 @@ impl ProxyError {
         }
     }
 
+    /// The gRPC code OTLP's `Status` carries for this error.
+    fn grpc_code(&self) -> i32 {
+        match self.status() {
+            StatusCode::BAD_REQUEST
+            | StatusCode::PAYLOAD_TOO_LARGE
+            | StatusCode::UNSUPPORTED_MEDIA_TYPE => 3, // INVALID_ARGUMENT
+            StatusCode::REQUEST_TIMEOUT | StatusCode::GATEWAY_TIMEOUT => 4, // DEADLINE_EXCEEDED
+            StatusCode::NOT_FOUND => 5,                                     // NOT_FOUND
+            StatusCode::FORBIDDEN => 7,                                     // PERMISSION_DENIED
+            StatusCode::TOO_MANY_REQUESTS => 8,                             // RESOURCE_EXHAUSTED
+            StatusCode::METHOD_NOT_ALLOWED => 12,                           // UNIMPLEMENTED
+            StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE => 14, // UNAVAILABLE
+            StatusCode::UNAUTHORIZED => 16,                                 // UNAUTHENTICATED
+            _ => 13,                                                        // INTERNAL
+        }
+    }
+
+    /// The same error in OTLP/HTTP's shape: status and `Retry-After` as
+    /// [`Self::into_response`], the body a `google.rpc.Status`, protobuf or
+    /// JSON as the request was (OTLP senders retry 429/502/503/504 and drop
+    /// the rest).
+    pub fn into_otlp_response(self, json: bool) -> Response<ProxyBody> {
+        let status = RpcStatus {
+            code: self.grpc_code(),
+            message: self.to_string(),
+        };
+        let (content_type, payload) = if json {
+            let value = serde_json::json!({"code": status.code, "message": status.message});
+            ("application/json", Bytes::from(value.to_string()))
+        } else {
+            (
+                "application/x-protobuf",
+                Bytes::from(prost::Message::encode_to_vec(&status)),
+            )
+        };
+        let mut response = self.into_response();
+        *response.body_mut() = body::full(payload);
+        response
+            .headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+        response
+    }
+
     /// The only place an error becomes a response. The body never contains
     /// anything from the request's credentials.
     pub fn into_response(self) -> Response<ProxyBody> {
@@ -192,4 +235,13 @@ impl ProxyError {
         }
         response
     }
+}
+
+/// `google.rpc.Status`, the body of an OTLP/HTTP error (details left out).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RpcStatus {
+    #[prost(int32, tag = "1")]
+    pub code: i32,
+    #[prost(string, tag = "2")]
+    pub message: String,
 }

@@ -90,6 +90,10 @@ pub struct Metrics {
     pub remote_write_tenant_label: Family<TenantActionLabels, Counter>,
     pub remote_write_decode_errors: Family<TenantLabels, Counter>,
     pub remote_write_dropped_fields: Family<TenantLabels, Counter>,
+    pub otlp_data_points: Family<TenantLabels, Counter>,
+    pub otlp_received_bytes: Family<TenantLabels, Counter>,
+    pub otlp_tenant_label: Family<TenantActionLabels, Counter>,
+    pub otlp_decode_errors: Family<TenantLabels, Counter>,
     pub trace_exports: Family<OutcomeLabels, Counter>,
 }
 
@@ -212,6 +216,30 @@ impl Default for Metrics {
             "Fields inside remote-write series that no schema defines, removed before forwarding",
             remote_write_dropped_fields.clone(),
         );
+        let otlp_data_points = Family::default();
+        registry.register(
+            "otlp_data_points",
+            "OTLP metric data points relabelled for a tenant (label mode)",
+            otlp_data_points.clone(),
+        );
+        let otlp_received_bytes = Family::default();
+        registry.register(
+            "otlp_received_bytes",
+            "OTLP metrics request bytes as received, compressed or not (label mode)",
+            otlp_received_bytes.clone(),
+        );
+        let otlp_tenant_label = Family::default();
+        registry.register(
+            "otlp_tenant_label",
+            "OTLP data points and resources whose tenant label the proxy added, overwrote or rejected",
+            otlp_tenant_label.clone(),
+        );
+        let otlp_decode_errors = Family::default();
+        registry.register(
+            "otlp_decode_errors",
+            "OTLP metrics requests refused as undecodable, oversized or unsupported",
+            otlp_decode_errors.clone(),
+        );
         let trace_exports = Family::default();
         registry.register(
             "trace_exports",
@@ -239,6 +267,10 @@ impl Default for Metrics {
             remote_write_tenant_label,
             remote_write_decode_errors,
             remote_write_dropped_fields,
+            otlp_data_points,
+            otlp_received_bytes,
+            otlp_tenant_label,
+            otlp_decode_errors,
             trace_exports,
         }
     }

@@ -49,6 +49,8 @@ struct State {
     /// How many requests arrived, so tests can wait for one without sleeping.
     arrivals: tokio::sync::watch::Sender<usize>,
     pushed: Mutex<HashMap<String, Vec<String>>>,
+    /// Series a Prometheus 3 OTLP receiver would have stored.
+    otlp_series: Mutex<Vec<super::otlp_metrics::Series>>,
 }
 
 pub struct LokiStandIn {
@@ -71,6 +73,7 @@ impl LokiStandIn {
             received: Mutex::default(),
             arrivals: tokio::sync::watch::Sender::new(0),
             pushed: Mutex::default(),
+            otlp_series: Mutex::default(),
         });
         let shared = state.clone();
         let task = tokio::spawn(async move {
@@ -105,6 +108,11 @@ impl LokiStandIn {
             .await
             .expect("requests arrived at the stand-in within 10 s")
             .unwrap();
+    }
+
+    /// Every series the OTLP metrics endpoint would have stored.
+    pub fn otlp_series(&self) -> Vec<super::otlp_metrics::Series> {
+        self.state.otlp_series.lock().unwrap().clone()
     }
 
     pub fn last(&self) -> Received {
@@ -155,6 +163,15 @@ async fn handle(
     if received.path.ends_with("/api/v1/write") {
         return Ok(prometheus3_remote_write(&parts.headers, &body));
     }
+    if received.path.ends_with("/api/v1/otlp/v1/metrics") {
+        return Ok(match prometheus3_otlp(&parts.headers, &body) {
+            Ok(series) => {
+                state.otlp_series.lock().unwrap().extend(series);
+                reply(StatusCode::OK, "")
+            }
+            Err((status, text)) => reply(status, text),
+        });
+    }
     // Loki: exactly one org id, or the request is refused.
     let org_ids = received.org_ids();
     let tenant = match org_ids.as_slice() {
@@ -164,7 +181,16 @@ async fn handle(
     };
 
     let path = received.path.as_str();
-    if path.ends_with("/push") {
+    if path.ends_with("/otlp/v1/logs") {
+        if let Err((status, text)) = loki_otlp_logs(&parts.headers, &body) {
+            return Ok(reply(status, text));
+        }
+    }
+    // Mimir's OTLP endpoint is a push like its remote write.
+    if path.ends_with("/push")
+        || path.ends_with("/otlp/v1/logs")
+        || path.ends_with("/otlp/v1/metrics")
+    {
         let line = String::from_utf8_lossy(&body).into_owned();
         state
             .pushed
@@ -256,6 +282,81 @@ fn prometheus3_remote_write(headers: &HeaderMap, body: &[u8]) -> Response<Full<B
         samples.to_string().parse().unwrap(),
     );
     response
+}
+
+/// A refusal by a stand-in endpoint: status and error text.
+type Refusal = (StatusCode, String);
+
+/// An OTLP body as the receiver reads it: gzip undone, size unbounded
+/// (the proxy bounds it), protobuf or JSON by `Content-Type`.
+fn otlp_body(headers: &HeaderMap, body: &[u8]) -> Result<(Vec<u8>, bool), Refusal> {
+    let json = match header_str(headers, "content-type") {
+        Some("application/x-protobuf") => false,
+        Some("application/json") => true,
+        _ => {
+            return Err((
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported content type".into(),
+            ))
+        }
+    };
+    let raw = match header_str(headers, "content-encoding") {
+        None => body.to_vec(),
+        Some("gzip") => {
+            use std::io::Read;
+            let mut raw = Vec::new();
+            flate2::read::GzDecoder::new(body)
+                .read_to_end(&mut raw)
+                .map_err(|e| (StatusCode::BAD_REQUEST, format!("gzip: {e}")))?;
+            raw
+        }
+        Some(_) => {
+            return Err((
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported encoding".into(),
+            ))
+        }
+    };
+    Ok((raw, json))
+}
+
+/// Loki 3.x's `/otlp/v1/logs` (`pkg/loghttp/push/otlp.go`): protobuf or
+/// JSON, gzip or not; a body that does not decode is 400. Stored like a push.
+fn loki_otlp_logs(headers: &HeaderMap, body: &[u8]) -> Result<(), Refusal> {
+    use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
+    use prost::Message;
+    let (raw, json) = otlp_body(headers, body)?;
+    let decoded = if json {
+        serde_json::from_slice::<serde_json::Value>(&raw)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    } else {
+        ExportLogsServiceRequest::decode(raw.as_slice())
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    decoded.map_err(|e| (StatusCode::BAD_REQUEST, e))
+}
+
+/// Prometheus 3.x's OTLP receiver: protobuf (its JSON decoding is not
+/// needed: the proxy refuses JSON in label mode), gzip or not, translated
+/// into series by [`super::otlp_metrics::series`].
+fn prometheus3_otlp(
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Vec<super::otlp_metrics::Series>, Refusal> {
+    use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+    use prost::Message;
+    let (raw, json) = otlp_body(headers, body)?;
+    if json {
+        return Err((
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "this stand-in reads protobuf".into(),
+        ));
+    }
+    let request = ExportMetricsServiceRequest::decode(raw.as_slice())
+        .map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))?;
+    Ok(super::otlp_metrics::series(&request))
 }
 
 fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {

@@ -5,6 +5,7 @@
 pub mod certs;
 pub mod loki;
 pub mod otlp;
+pub mod otlp_metrics;
 pub mod prometheus;
 
 use std::net::SocketAddr;

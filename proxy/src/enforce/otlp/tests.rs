@@ -1,0 +1,388 @@
+use super::*;
+use crate::config::ForeignLabelPolicy;
+use opentelemetry_proto::tonic::common::v1::InstrumentationScope;
+use opentelemetry_proto::tonic::metrics::v1::{
+    exponential_histogram_data_point, summary_data_point, ExponentialHistogram,
+    ExponentialHistogramDataPoint, Gauge, Histogram, HistogramDataPoint, Metric, NumberDataPoint,
+    ResourceMetrics, ScopeMetrics, Sum, Summary, SummaryDataPoint,
+};
+use proptest::prelude::*;
+
+const LABEL: &str = "k8s_namespace_name";
+
+fn owned() -> Vec<String> {
+    vec!["team-a".into(), "team-a-2".into()]
+}
+
+fn tenant(owned: &[String], policy: ForeignLabelPolicy) -> TenantLabel<'_> {
+    TenantLabel {
+        name: LABEL,
+        owned,
+        owned_by: "team-a",
+        policy,
+    }
+}
+
+fn kv(key: &str, value: &str) -> KeyValue {
+    KeyValue {
+        key: key.into(),
+        value: Some(AnyValue {
+            value: Some(any_value::Value::StringValue(value.into())),
+        }),
+        ..Default::default()
+    }
+}
+
+/// One metric of every type, each data point with `attributes`.
+fn every_type(attributes: &[KeyValue]) -> Vec<Metric> {
+    let a = attributes.to_vec();
+    let metric = |name: &str, data| Metric {
+        name: name.into(),
+        data: Some(data),
+        ..Default::default()
+    };
+    let number = NumberDataPoint {
+        attributes: a.clone(),
+        ..Default::default()
+    };
+    vec![
+        metric(
+            "g",
+            Data::Gauge(Gauge {
+                data_points: vec![number.clone()],
+            }),
+        ),
+        metric(
+            "s",
+            Data::Sum(Sum {
+                data_points: vec![number],
+                is_monotonic: true,
+                ..Default::default()
+            }),
+        ),
+        metric(
+            "h",
+            Data::Histogram(Histogram {
+                data_points: vec![HistogramDataPoint {
+                    attributes: a.clone(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+        ),
+        metric(
+            "e",
+            Data::ExponentialHistogram(ExponentialHistogram {
+                data_points: vec![ExponentialHistogramDataPoint {
+                    attributes: a.clone(),
+                    positive: Some(exponential_histogram_data_point::Buckets::default()),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+        ),
+        metric(
+            "q",
+            Data::Summary(Summary {
+                data_points: vec![SummaryDataPoint {
+                    attributes: a,
+                    quantile_values: vec![summary_data_point::ValueAtQuantile::default()],
+                    ..Default::default()
+                }],
+            }),
+        ),
+    ]
+}
+
+fn request(
+    resource: &[KeyValue],
+    scope: &[KeyValue],
+    points: &[KeyValue],
+) -> ExportMetricsServiceRequest {
+    ExportMetricsServiceRequest {
+        resource_metrics: vec![ResourceMetrics {
+            resource: Some(Resource {
+                attributes: resource.to_vec(),
+                ..Default::default()
+            }),
+            scope_metrics: vec![ScopeMetrics {
+                scope: Some(InstrumentationScope {
+                    name: "lib".into(),
+                    attributes: scope.to_vec(),
+                    ..Default::default()
+                }),
+                metrics: every_type(points),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+    }
+}
+
+fn scoped(request: &ExportMetricsServiceRequest, owned: &[String]) -> Result<(), String> {
+    check_scoped(request, LABEL, owned)
+}
+
+/// Data-point attribute lists, in order.
+fn points(request: &ExportMetricsServiceRequest) -> Vec<Vec<KeyValue>> {
+    let mut request = request.clone();
+    let mut out = Vec::new();
+    visit(&mut request, |level, _, attributes| {
+        if level == Level::DataPoint {
+            out.push(attributes.clone());
+        }
+        Ok(())
+    })
+    .unwrap();
+    out
+}
+
+#[test]
+fn names_that_translate_to_the_label_are_found_in_every_reading() {
+    for key in [
+        "k8s_namespace_name",
+        "k8s.namespace.name",
+        "k8s-namespace-name",
+        "k8s/namespace name",
+        "k8s..namespace.name",
+        "k8s.namespace.nåme".replace('å', "a").as_str(),
+    ] {
+        assert!(translates_to(key, Level::DataPoint, LABEL), "{key}");
+    }
+    for key in [
+        "k8s.namespace",
+        "K8s.namespace.name",
+        "k8s.namespace.name.x",
+        "namespace",
+    ] {
+        assert!(!translates_to(key, Level::DataPoint, LABEL), "{key}");
+    }
+    assert!(translates_to("1x", Level::DataPoint, "key_1x"));
+    assert!(translates_to("_x", Level::DataPoint, "key_x"));
+    assert!(translates_to("service.name", Level::Resource, "job"));
+    assert!(!translates_to("service.name", Level::DataPoint, "job"));
+    assert!(translates_to(
+        "k8s.namespace.name",
+        Level::Scope,
+        "otel_scope_k8s_namespace_name"
+    ));
+}
+
+#[test]
+fn every_data_point_of_every_type_and_every_resource_gets_the_label() {
+    let owned = owned();
+    let t = tenant(&owned, ForeignLabelPolicy::Overwrite);
+    for points in [
+        vec![kv("job", "x")],                                          // added
+        vec![kv("k8s.namespace.name", "team-b"), kv("job", "x")],      // overwritten
+        vec![kv("k8s.namespace.name", "team-a-2")],                    // kept, renamed
+        vec![kv(LABEL, "team-a"), kv("k8s-namespace-name", "team-b")], // joined by ';' there
+    ] {
+        let mut r = request(
+            &[
+                kv("service.name", "svc"),
+                kv("k8s.namespace.name", "team-b"),
+            ],
+            &[kv("k8s.namespace.name", "team-b")],
+            &points,
+        );
+        let stats = rewrite(&mut r, &t).unwrap();
+        assert_eq!(stats.data_points, 5);
+        scoped(&r, &owned).unwrap_or_else(|e| panic!("{points:?}: {e}"));
+    }
+    let mut kept = request(&[], &[], &[kv("k8s.namespace.name", "team-a-2")]);
+    rewrite(&mut kept, &t).unwrap();
+    assert_eq!(
+        points(&kept).last().unwrap(),
+        &vec![kv(LABEL, "team-a-2")],
+        "an owned value is kept, under the exact name"
+    );
+    let resource = &kept.resource_metrics[0]
+        .resource
+        .as_ref()
+        .unwrap()
+        .attributes;
+    assert_eq!(
+        resource,
+        &vec![kv(LABEL, "team-a")],
+        "the resource gets the first value"
+    );
+}
+
+#[test]
+fn a_foreign_value_is_refused_under_reject_naming_the_metric() {
+    let owned = owned();
+    let t = tenant(&owned, ForeignLabelPolicy::Reject);
+    let mut r = request(&[], &[], &[kv("k8s.namespace.name", "team-b")]);
+    let error = rewrite(&mut r, &t).unwrap_err();
+    assert!(
+        matches!(&error, OtlpError::ForeignLabel(m) if m.contains("\"g\"")),
+        "{error}"
+    );
+    let mut foreign_resource = request(&[kv(LABEL, "team-b")], &[], &[]);
+    assert!(rewrite(&mut foreign_resource, &t).is_err());
+    let mut fine = request(&[kv(LABEL, "team-a")], &[], &[kv(LABEL, "team-a-2")]);
+    assert!(rewrite(&mut fine, &t).is_ok());
+}
+
+#[test]
+fn a_non_string_value_is_never_taken_for_an_owned_one() {
+    let owned = owned();
+    let t = tenant(&owned, ForeignLabelPolicy::Overwrite);
+    let number = KeyValue {
+        key: LABEL.into(),
+        value: Some(AnyValue {
+            value: Some(any_value::Value::IntValue(7)),
+        }),
+        ..Default::default()
+    };
+    let mut r = request(&[], &[], &[number]);
+    let stats = rewrite(&mut r, &t).unwrap();
+    assert_eq!(stats.overwritten, 5);
+    scoped(&r, &owned).unwrap();
+}
+
+fn headers(ct: &str, ce: Option<&str>) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_str(ct).unwrap());
+    if let Some(ce) = ce {
+        h.insert(header::CONTENT_ENCODING, HeaderValue::from_str(ce).unwrap());
+    }
+    h
+}
+
+#[test]
+fn headers_protobuf_gzip_or_identity_json_refused() {
+    assert_eq!(
+        read_headers(&headers("application/x-protobuf", None)),
+        Ok(Encoding::Identity)
+    );
+    assert_eq!(
+        read_headers(&headers("Application/X-Protobuf", Some("GZIP"))),
+        Ok(Encoding::Gzip)
+    );
+    assert_eq!(
+        read_headers(&headers("application/x-protobuf", Some("identity"))),
+        Ok(Encoding::Identity)
+    );
+    for (ct, ce) in [
+        ("application/json", None),
+        ("text/plain", None),
+        ("application/x-protobuf", Some("snappy")),
+        ("application/x-protobuf", Some("zstd")),
+    ] {
+        assert!(
+            matches!(
+                read_headers(&headers(ct, ce)),
+                Err(OtlpError::Unsupported(_))
+            ),
+            "{ct} {ce:?}"
+        );
+    }
+    let json = read_headers(&headers("application/json", None))
+        .unwrap_err()
+        .to_string();
+    assert!(json.contains("OTLP/JSON"), "{json}");
+}
+
+fn gzip(raw: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut gz = GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(raw).unwrap();
+    gz.finish().unwrap()
+}
+
+#[test]
+fn bodies_round_trip_in_their_encoding_and_are_bounded() {
+    let owned = owned();
+    let t = tenant(&owned, ForeignLabelPolicy::Overwrite);
+    let raw = request(&[], &[], &[kv("job", "x")]).encode_to_vec();
+    let (out, _) = rewrite_body(Encoding::Gzip, &gzip(&raw), &t, 1 << 20).unwrap();
+    let mut plain = Vec::new();
+    GzDecoder::new(out.as_slice())
+        .read_to_end(&mut plain)
+        .unwrap();
+    scoped(
+        &ExportMetricsServiceRequest::decode(plain.as_slice()).unwrap(),
+        &owned,
+    )
+    .unwrap();
+    let (out, _) = rewrite_body(Encoding::Identity, &raw, &t, 1 << 20).unwrap();
+    scoped(
+        &ExportMetricsServiceRequest::decode(out.as_slice()).unwrap(),
+        &owned,
+    )
+    .unwrap();
+
+    // A gzip bomb stops at the limit, before the whole of it is inflated.
+    let bomb = gzip(&vec![0u8; 8 << 20]);
+    assert_eq!(
+        rewrite_body(Encoding::Gzip, &bomb, &t, 1 << 20),
+        Err(OtlpError::TooLarge { limit: 1 << 20 })
+    );
+    assert!(matches!(
+        rewrite_body(Encoding::Gzip, &raw, &t, 1 << 20),
+        Err(OtlpError::Malformed(_))
+    ));
+    assert!(matches!(
+        rewrite_body(Encoding::Identity, b"\xff\xff\xff", &t, 1 << 20),
+        Err(OtlpError::Malformed(_))
+    ));
+}
+
+#[test]
+fn fields_the_schema_does_not_know_are_not_forwarded() {
+    let owned = owned();
+    let t = tenant(&owned, ForeignLabelPolicy::Overwrite);
+    let mut raw = request(&[], &[], &[]).encode_to_vec();
+    raw.extend_from_slice(&[0xfa, 0x01, 0x03, b'a', b'b', b'c']); // field 31, "abc"
+    let (out, _) = rewrite_body(Encoding::Identity, &raw, &t, 1 << 20).unwrap();
+    assert!(!out.windows(3).any(|w| w == b"abc"));
+}
+
+fn key() -> impl Strategy<Value = String> {
+    prop::sample::select(vec![
+        "k8s_namespace_name",
+        "k8s.namespace.name",
+        "k8s-namespace-name",
+        "k8s..namespace.name",
+        "job",
+        "service.name",
+        "namespace",
+        "x",
+    ])
+    .prop_map(String::from)
+}
+
+fn attributes() -> impl Strategy<Value = Vec<KeyValue>> {
+    let value = prop::sample::select(vec!["team-a", "team-a-2", "team-b", ""]);
+    prop::collection::vec((key(), value), 0..5)
+        .prop_map(|pairs| pairs.iter().map(|(k, v)| kv(k, v)).collect())
+}
+
+proptest! {
+    /// Whatever attributes come in, at every level, what is forwarded
+    /// decodes to a request in which the receiver can only find the
+    /// tenant's label with an owned value (or the request is refused).
+    #[test]
+    fn every_forwarded_request_is_scoped(
+        resource in attributes(), scope in attributes(), points in attributes(),
+        reject in any::<bool>(), gz in any::<bool>(),
+    ) {
+        let owned = owned();
+        let policy = if reject { ForeignLabelPolicy::Reject } else { ForeignLabelPolicy::Overwrite };
+        let raw = request(&resource, &scope, &points).encode_to_vec();
+        let (encoding, body) = if gz { (Encoding::Gzip, gzip(&raw)) } else { (Encoding::Identity, raw) };
+        if let Ok((out, _)) = rewrite_body(encoding, &body, &tenant(&owned, policy), 1 << 20) {
+            let mut plain = out.clone();
+            if gz {
+                plain.clear();
+                GzDecoder::new(out.as_slice()).read_to_end(&mut plain).unwrap();
+            }
+            let forwarded = ExportMetricsServiceRequest::decode(plain.as_slice()).unwrap();
+            prop_assert!(scoped(&forwarded, &owned).is_ok(), "{:?}", scoped(&forwarded, &owned));
+        } else {
+            prop_assert!(reject, "only the reject policy refuses well-formed input");
+        }
+    }
+}

@@ -1,0 +1,471 @@
+//! OTLP/HTTP through the proxy: logs to Loki's OTLP endpoint and metrics in
+//! header mode streamed untouched with the tenant header; metrics in label
+//! mode relabelled so that every series a Prometheus 3 receiver would store
+//! carries only the tenant's value (support/otlp_metrics.rs translates).
+
+mod support;
+
+use std::io::{Read, Write};
+
+use http::{Method, StatusCode};
+use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
+use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
+use opentelemetry_proto::tonic::logs::v1::{LogRecord, ResourceLogs, ScopeLogs};
+use opentelemetry_proto::tonic::metrics::v1::{
+    metric::Data, Gauge, Histogram, HistogramDataPoint, Metric, NumberDataPoint, ResourceMetrics,
+    ScopeMetrics, Sum,
+};
+use opentelemetry_proto::tonic::resource::v1::Resource;
+use prost::Message;
+use support::loki::LokiStandIn;
+use support::{basic, send, ProxyOptions, Reply, RunningProxy, TenantSpec};
+use tenant_proxy::http::error::RpcStatus;
+
+fn kv(key: &str, value: &str) -> KeyValue {
+    KeyValue {
+        key: key.into(),
+        value: Some(AnyValue {
+            value: Some(any_value::Value::StringValue(value.into())),
+        }),
+        ..Default::default()
+    }
+}
+
+fn gzip(raw: &[u8]) -> Vec<u8> {
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(raw).unwrap();
+    gz.finish().unwrap()
+}
+
+fn gunzip(body: &[u8]) -> Vec<u8> {
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(body)
+        .read_to_end(&mut raw)
+        .unwrap();
+    raw
+}
+
+async fn post(
+    proxy: &RunningProxy,
+    path: &str,
+    auth: &str,
+    headers: &[(&str, &str)],
+    body: Vec<u8>,
+) -> Reply {
+    send(Method::POST, &proxy.url(path), Some(auth), headers, body).await
+}
+
+fn logs_request() -> Vec<u8> {
+    ExportLogsServiceRequest {
+        resource_logs: vec![ResourceLogs {
+            resource: Some(Resource {
+                attributes: vec![kv("service.name", "checkout")],
+                ..Default::default()
+            }),
+            scope_logs: vec![ScopeLogs {
+                log_records: vec![LogRecord {
+                    body: Some(AnyValue {
+                        value: Some(any_value::Value::StringValue("hello from team-a".into())),
+                    }),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+    }
+    .encode_to_vec()
+}
+
+#[tokio::test]
+async fn otlp_logs_reach_loki_byte_for_byte_under_the_tenant_header_only() {
+    let loki = LokiStandIn::start().await;
+    let proxy = RunningProxy::start(ProxyOptions::new(loki.url())).await;
+    let pusher = basic("pusher-a", "pusher-pw");
+    let protobuf = logs_request();
+    let json =
+        br#"{"resourceLogs":[{"scopeLogs":[{"logRecords":[{"body":{"stringValue":"hi"}}]}]}]}"#
+            .to_vec();
+    let cases: [(&str, Option<&str>, Vec<u8>); 4] = [
+        ("application/x-protobuf", None, protobuf.clone()),
+        ("application/x-protobuf", Some("gzip"), gzip(&protobuf)),
+        ("application/json", None, json.clone()),
+        ("application/json", Some("gzip"), gzip(&json)),
+    ];
+    for (i, (content_type, encoding, body)) in cases.into_iter().enumerate() {
+        let mut headers = vec![("content-type", content_type), ("x-scope-orgid", "team-b")];
+        if let Some(e) = encoding {
+            headers.push(("content-encoding", e));
+        }
+        let reply = post(&proxy, "/otlp/v1/logs", &pusher, &headers, body.clone()).await;
+        assert_eq!(
+            reply.status,
+            StatusCode::NO_CONTENT,
+            "{content_type} {encoding:?}: {}",
+            reply.text()
+        );
+        let seen = loki.received();
+        let seen = &seen[i];
+        assert_eq!(seen.path, "/otlp/v1/logs");
+        assert_eq!(
+            seen.org_ids(),
+            ["team-a"],
+            "the spoofed header was replaced"
+        );
+        assert_eq!(seen.body, body, "streamed untouched");
+        assert_eq!(seen.headers["content-type"], content_type);
+        assert_eq!(
+            seen.headers
+                .get("content-encoding")
+                .map(|v| v.to_str().unwrap()),
+            encoding
+        );
+        assert!(!seen.headers.contains_key("authorization"));
+    }
+    // Loki refuses what it cannot decode; the sender is told to drop it.
+    let bad = post(
+        &proxy,
+        "/otlp/v1/logs",
+        &pusher,
+        &[("content-type", "application/x-protobuf")],
+        b"\xff\xff".to_vec(),
+    )
+    .await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    // A reader cannot push, and is told so in OTLP's shape.
+    let reader = basic("reader-a", "reader-pw");
+    let refused = post(
+        &proxy,
+        "/otlp/v1/logs",
+        &reader,
+        &[("content-type", "application/x-protobuf")],
+        protobuf,
+    )
+    .await;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN);
+    let status = RpcStatus::decode(refused.body.as_ref()).unwrap();
+    assert_eq!(status.code, 7, "PERMISSION_DENIED");
+    assert!(status.message.contains("logs:write"), "{}", status.message);
+}
+
+fn header_mode_tenants() -> String {
+    support::tenants_yaml(&[TenantSpec {
+        id: "team-a",
+        users: &[("alice", "alice-pw", None)],
+    }])
+}
+
+#[tokio::test]
+async fn otlp_metrics_in_header_mode_go_to_the_push_upstream_untouched() {
+    let queries = LokiStandIn::start().await;
+    let pushes = LokiStandIn::start().await;
+    let section = format!(
+        "  upstream: {}/prometheus\n  push_upstream: {}\n  mode: header\n",
+        queries.url(),
+        pushes.url()
+    );
+    let proxy = RunningProxy::start(ProxyOptions::metrics(header_mode_tenants(), section)).await;
+    let body = gzip(&metrics_request(&[kv("k8s.namespace.name", "team-b")]).encode_to_vec());
+    let headers = [
+        ("content-type", "application/x-protobuf"),
+        ("content-encoding", "gzip"),
+        ("x-scope-orgid", "team-b"),
+    ];
+    let alice = basic("alice", "alice-pw");
+    let reply = post(&proxy, "/otlp/v1/metrics", &alice, &headers, body.clone()).await;
+    assert_eq!(reply.status, StatusCode::NO_CONTENT, "{}", reply.text());
+    let seen = pushes.last();
+    assert_eq!(seen.path, "/otlp/v1/metrics");
+    assert_eq!(seen.org_ids(), ["team-a"]);
+    assert_eq!(
+        seen.body, body,
+        "header mode never rewrites: Mimir scopes by the header"
+    );
+    assert!(queries.received().is_empty());
+    // Prometheus' path is label mode's only.
+    let other = post(&proxy, "/api/v1/otlp/v1/metrics", &alice, &headers, body).await;
+    assert_eq!(other.status, StatusCode::NOT_FOUND);
+}
+
+/// One resource claiming team-b, data points of three types claiming it
+/// under names that translate to the label, and a scope attribute too.
+fn metrics_request(point_attributes: &[KeyValue]) -> ExportMetricsServiceRequest {
+    let number = NumberDataPoint {
+        attributes: point_attributes.to_vec(),
+        ..Default::default()
+    };
+    ExportMetricsServiceRequest {
+        resource_metrics: vec![ResourceMetrics {
+            resource: Some(Resource {
+                attributes: vec![
+                    kv("service.name", "checkout"),
+                    kv("service.instance.id", "pod-1"),
+                    kv("k8s.namespace.name", "team-b"),
+                ],
+                ..Default::default()
+            }),
+            scope_metrics: vec![ScopeMetrics {
+                scope: Some(
+                    opentelemetry_proto::tonic::common::v1::InstrumentationScope {
+                        name: "lib".into(),
+                        attributes: vec![kv("k8s.namespace.name", "team-b")],
+                        ..Default::default()
+                    },
+                ),
+                metrics: vec![
+                    Metric {
+                        name: "queue.depth".into(),
+                        data: Some(Data::Gauge(Gauge {
+                            data_points: vec![number.clone()],
+                        })),
+                        ..Default::default()
+                    },
+                    Metric {
+                        name: "requests".into(),
+                        data: Some(Data::Sum(Sum {
+                            data_points: vec![number],
+                            is_monotonic: true,
+                            aggregation_temporality: 2,
+                        })),
+                        ..Default::default()
+                    },
+                    Metric {
+                        name: "latency".into(),
+                        data: Some(Data::Histogram(Histogram {
+                            data_points: vec![HistogramDataPoint {
+                                attributes: point_attributes.to_vec(),
+                                count: 1,
+                                bucket_counts: vec![1, 0],
+                                explicit_bounds: vec![0.5],
+                                ..Default::default()
+                            }],
+                            aggregation_temporality: 2,
+                        })),
+                        ..Default::default()
+                    },
+                ],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+    }
+}
+
+fn label_mode_tenants() -> String {
+    support::tenants_with_namespaces(&[(
+        TenantSpec {
+            id: "team-a",
+            users: &[
+                ("alice", "alice-pw", None),
+                ("reader", "reader-pw", Some("metrics:read")),
+            ],
+        },
+        &["team-a", "team-a-staging"],
+    )])
+}
+
+async fn label_mode(extra: &str) -> (LokiStandIn, RunningProxy) {
+    let prometheus = LokiStandIn::start().await;
+    let section = format!(
+        "  upstream: {}\n  mode: label\n  label: k8s_namespace_name\n{extra}",
+        prometheus.url()
+    );
+    let proxy = RunningProxy::start(ProxyOptions::metrics(label_mode_tenants(), section)).await;
+    (prometheus, proxy)
+}
+
+#[tokio::test]
+async fn otlp_metrics_in_label_mode_store_only_series_of_the_tenant() {
+    let (prometheus, proxy) = label_mode("").await;
+    let alice = basic("alice", "alice-pw");
+    let claims = [
+        kv("k8s.namespace.name", "team-b"),
+        kv("k8s-namespace-name", "team-b"),
+        kv("route", "/pay"),
+    ];
+    for gz in [false, true] {
+        let raw = metrics_request(&claims).encode_to_vec();
+        let mut headers = vec![("content-type", "application/x-protobuf")];
+        let body = if gz {
+            headers.push(("content-encoding", "gzip"));
+            gzip(&raw)
+        } else {
+            raw
+        };
+        let reply = post(&proxy, "/api/v1/otlp/v1/metrics", &alice, &headers, body).await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+        let seen = prometheus.last();
+        assert_eq!(seen.path, "/api/v1/otlp/v1/metrics");
+        assert_eq!(
+            seen.headers.get("content-encoding").is_some(),
+            gz,
+            "gzip out iff gzip in"
+        );
+        let forwarded = if gz {
+            gunzip(&seen.body)
+        } else {
+            seen.body.to_vec()
+        };
+        ExportMetricsServiceRequest::decode(forwarded.as_slice()).expect("forwarded protobuf");
+    }
+    let series = prometheus.otlp_series();
+    // Per request: target_info, a gauge, a counter, a histogram's three.
+    assert_eq!(series.len(), 2 * 6, "{series:#?}");
+    for s in &series {
+        assert_eq!(
+            s.get("k8s_namespace_name").map(String::as_str),
+            Some("team-a"),
+            "{s:?}"
+        );
+    }
+    // The scope attribute is kept under its own name: another label.
+    assert!(series
+        .iter()
+        .any(|s| s.contains_key("otel_scope_k8s_namespace_name")));
+    assert!(series
+        .iter()
+        .any(|s| s["__name__"] == "target_info" && s["job"] == "checkout"));
+    assert!(series
+        .iter()
+        .any(|s| s["__name__"] == "requests_total" && s["route"] == "/pay"));
+    let metrics = proxy.metrics().await;
+    assert!(
+        metrics.contains(r#"tenant_proxy_otlp_data_points_total{tenant="team-a"} 6"#),
+        "{metrics}"
+    );
+    assert!(metrics.contains(r#"tenant_proxy_requests_total{tenant="team-a",surface="metrics_otlp",status_class="2xx"} 2"#), "{metrics}");
+}
+
+#[tokio::test]
+async fn otlp_metrics_that_cannot_be_checked_are_refused_in_otlp_shape_and_never_forwarded() {
+    let (prometheus, proxy) = label_mode("  foreign_label: reject\n").await;
+    let alice = basic("alice", "alice-pw");
+    let protobuf = [("content-type", "application/x-protobuf")];
+    let foreign = metrics_request(&[kv("k8s.namespace.name", "team-b")]).encode_to_vec();
+
+    let rejected = post(
+        &proxy,
+        "/api/v1/otlp/v1/metrics",
+        &alice,
+        &protobuf,
+        foreign,
+    )
+    .await;
+    assert_eq!(rejected.status, StatusCode::BAD_REQUEST);
+    assert_eq!(rejected.headers["content-type"], "application/x-protobuf");
+    let status = RpcStatus::decode(rejected.body.as_ref()).unwrap();
+    assert_eq!(status.code, 3, "INVALID_ARGUMENT: {}", status.message);
+    assert!(
+        status.message.contains("does not own"),
+        "{}",
+        status.message
+    );
+
+    let json = post(
+        &proxy,
+        "/api/v1/otlp/v1/metrics",
+        &alice,
+        &[("content-type", "application/json")],
+        b"{}".to_vec(),
+    )
+    .await;
+    assert_eq!(json.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    assert_eq!(
+        json.json()["code"],
+        3,
+        "an OTLP/JSON Status for a JSON request"
+    );
+    assert!(json.json()["message"]
+        .as_str()
+        .unwrap()
+        .contains("OTLP/JSON"));
+
+    let garbage = post(
+        &proxy,
+        "/api/v1/otlp/v1/metrics",
+        &alice,
+        &protobuf,
+        b"\xff\xff\xff".to_vec(),
+    )
+    .await;
+    assert_eq!(garbage.status, StatusCode::BAD_REQUEST);
+    let not_gzip = post(
+        &proxy,
+        "/api/v1/otlp/v1/metrics",
+        &alice,
+        &[protobuf[0], ("content-encoding", "gzip")],
+        b"plain".to_vec(),
+    )
+    .await;
+    assert_eq!(not_gzip.status, StatusCode::BAD_REQUEST);
+
+    let reader = basic("reader", "reader-pw");
+    let owned = metrics_request(&[kv("k8s_namespace_name", "team-a")]).encode_to_vec();
+    let read_only = post(
+        &proxy,
+        "/api/v1/otlp/v1/metrics",
+        &reader,
+        &protobuf,
+        owned.clone(),
+    )
+    .await;
+    assert_eq!(read_only.status, StatusCode::FORBIDDEN);
+    let wrong = post(
+        &proxy,
+        "/api/v1/otlp/v1/metrics",
+        &basic("alice", "nope"),
+        &protobuf,
+        owned,
+    )
+    .await;
+    assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        RpcStatus::decode(wrong.body.as_ref()).unwrap().code,
+        16,
+        "UNAUTHENTICATED"
+    );
+    assert!(
+        prometheus.received().is_empty(),
+        "nothing reached the receiver"
+    );
+    let metrics = proxy.metrics().await;
+    assert!(
+        metrics.contains(
+            r#"tenant_proxy_otlp_tenant_label_total{tenant="team-a",action="rejected"} 1"#
+        ),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"tenant_proxy_otlp_decode_errors_total{tenant="team-a"} 3"#),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn an_unreachable_receiver_makes_otlp_senders_retry() {
+    let (refused, _reserved) = support::refused_port();
+    let section =
+        format!("  upstream: http://{refused}\n  mode: label\n  label: k8s_namespace_name\n");
+    let proxy = RunningProxy::start(ProxyOptions::metrics(label_mode_tenants(), section)).await;
+    let body = metrics_request(&[]).encode_to_vec();
+    let reply = post(
+        &proxy,
+        "/api/v1/otlp/v1/metrics",
+        &basic("alice", "alice-pw"),
+        &[("content-type", "application/x-protobuf")],
+        body,
+    )
+    .await;
+    assert_eq!(
+        reply.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "OTLP senders retry 503"
+    );
+    assert!(reply.headers.contains_key("retry-after"));
+    assert_eq!(
+        RpcStatus::decode(reply.body.as_ref()).unwrap().code,
+        14,
+        "UNAVAILABLE"
+    );
+}
