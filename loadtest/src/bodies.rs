@@ -39,6 +39,21 @@ pub fn prepare(method: &str, path: &str, kind: &BodyKind) -> anyhow::Result<Prep
                 namespace.as_deref().unwrap_or("someone-else"),
             ),
         ),
+        BodyKind::OtlpMetrics {
+            series,
+            labels,
+            namespace,
+        } => (
+            vec![
+                ("content-type", "application/x-protobuf"),
+                ("content-encoding", "gzip"),
+            ],
+            otlp_metrics(
+                *series,
+                *labels,
+                namespace.as_deref().unwrap_or("someone-else"),
+            ),
+        ),
         BodyKind::Form(text) => (
             vec![("content-type", "application/x-www-form-urlencoded")],
             Bytes::from(text.clone()),
@@ -163,4 +178,67 @@ pub fn remote_write(series: usize, labels: usize, namespace: &str) -> Bytes {
             .compress_vec(&raw)
             .expect("snappy"),
     )
+}
+
+/// The series of [`remote_write`] as OTLP: 40 gauges (the metric names),
+/// their data points carrying the other labels as attributes, one resource;
+/// gzip-compressed as OTLP exporters send by default.
+pub fn otlp_metrics(series: usize, labels: usize, namespace: &str) -> Bytes {
+    use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+    use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
+    use opentelemetry_proto::tonic::metrics::v1::{
+        metric::Data, number_data_point, Gauge, Metric, NumberDataPoint, ResourceMetrics,
+        ScopeMetrics,
+    };
+    use opentelemetry_proto::tonic::resource::v1::Resource;
+    use std::io::Write;
+
+    let kv = |key: String, value: String| KeyValue {
+        key,
+        value: Some(AnyValue {
+            value: Some(any_value::Value::StringValue(value)),
+        }),
+        ..Default::default()
+    };
+    let mut metrics: Vec<Metric> = (0..40.min(series))
+        .map(|m| Metric {
+            name: format!("http_server_requests_seconds_bucket_{m}"),
+            data: Some(Data::Gauge(Gauge {
+                data_points: Vec::new(),
+            })),
+            ..Default::default()
+        })
+        .collect();
+    for i in 0..series {
+        let mut attributes = vec![kv("namespace".into(), namespace.into())];
+        for l in 0..labels.saturating_sub(2) {
+            attributes.push(kv(format!("label_{l:02}"), format!("value-{l}-{}", i % 97)));
+        }
+        let point = NumberDataPoint {
+            attributes,
+            time_unix_nano: 1_700_000_000_000_000_000,
+            value: Some(number_data_point::Value::AsDouble(i as f64)),
+            ..Default::default()
+        };
+        if let Some(Data::Gauge(gauge)) = &mut metrics[i % 40].data {
+            gauge.data_points.push(point);
+        }
+    }
+    let raw = ExportMetricsServiceRequest {
+        resource_metrics: vec![ResourceMetrics {
+            resource: Some(Resource {
+                attributes: vec![kv("service.name".into(), "checkout".into())],
+                ..Default::default()
+            }),
+            scope_metrics: vec![ScopeMetrics {
+                metrics,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+    }
+    .encode_to_vec();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(&raw).expect("gzip");
+    Bytes::from(gz.finish().expect("gzip"))
 }

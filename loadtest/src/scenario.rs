@@ -114,7 +114,7 @@ pub struct RequestTemplate {
 }
 
 /// In YAML: `body: loki_json`, `body: !remote_write {series: 500, labels: 20}`,
-/// `body: !form "query=up"`.
+/// `body: !otlp_metrics {series: 500, labels: 20}`, `body: !form "query=up"`.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BodyKind {
@@ -128,6 +128,15 @@ pub enum BodyKind {
     /// each, every series with `namespace` (default `someone-else`, a value
     /// no tenant owns, so the proxy rewrites every series).
     RemoteWrite {
+        series: usize,
+        labels: usize,
+        #[serde(default)]
+        namespace: Option<String>,
+    },
+    /// OTLP metrics, gzip protobuf: the same `series` as `RemoteWrite`
+    /// (one gauge data point each, `labels` - 1 attributes besides the
+    /// metric name, `namespace` among them), as an OTel SDK batches them.
+    OtlpMetrics {
         series: usize,
         labels: usize,
         #[serde(default)]

@@ -62,8 +62,9 @@ async fn answer(
     let path = request.uri().path().to_owned();
     // Read the whole body, as a real backend would.
     let _ = request.into_body().collect().await;
-    if path == "/v1/traces" {
-        // An OTLP/HTTP receiver's success: an empty ExportTraceServiceResponse.
+    if path == "/v1/traces" || path.ends_with("/otlp/v1/metrics") || path.ends_with("/otlp/v1/logs")
+    {
+        // An OTLP/HTTP receiver's success: an empty Export…ServiceResponse.
         let mut response = Response::new(Full::new(Bytes::new()));
         response.headers_mut().insert(
             http::header::CONTENT_TYPE,

@@ -341,6 +341,11 @@ async fn proxy(
     outcome.admitted = admitted.holds_anything().then_some(admitted);
 
     let target = state.target(route)?;
+    // Rules, alerts and deletes are the tenant's whole: a selector cannot
+    // narrow them, so a restricted credential never reaches them.
+    if credential.selector.is_some() && route.scope.is_tenant_wide() {
+        return Err(ProxyError::SelectorNotEnforceable);
+    }
     // A selector is enforced by label matchers (label mode) or by a Loki
     // that enforces the label policy header; anything else is refused.
     let label_policy = match &credential.selector {

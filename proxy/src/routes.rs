@@ -3,7 +3,7 @@
 //! table is a 404, whatever the upstream would have done with it.
 //!
 //! Admin and global endpoints (Loki `/flush`, `/config`, `/ring`,
-//! `/ingester/*`, `/distributor/*`, the delete API, `/memberlist`, the
+//! `/ingester/*`, `/distributor/*`, `/ruler/ring`, `/memberlist`, the
 //! upstream's `/metrics`) are refused simply by not being listed.
 
 use http::Method;
@@ -84,6 +84,13 @@ impl Route {
     /// OTLP has surfaces of its own: other clients (Collector, SDKs, Alloy),
     /// another error format, and a rewrite with costs of its own.
     pub fn surface(&self) -> &'static str {
+        match (self.signal, self.scope) {
+            (Signal::Logs, Scope::RulesRead | Scope::RulesWrite) => return "logs_rules",
+            (Signal::Metrics, Scope::RulesRead | Scope::RulesWrite) => return "metrics_rules",
+            (_, Scope::AlertsRead | Scope::AlertsWrite) => return "alerts",
+            (_, Scope::LogsDelete) => return "logs_delete",
+            _ => {}
+        }
         match (self.signal, self.operation) {
             (Signal::Logs, Operation::OtlpPush) => "logs_otlp",
             (Signal::Metrics, Operation::OtlpPush | Operation::OtlpMetrics) => "metrics_otlp",
@@ -111,7 +118,25 @@ impl Route {
 
 const GET: &[Method] = &[Method::GET];
 const POST: &[Method] = &[Method::POST];
+const DELETE: &[Method] = &[Method::DELETE];
 const GET_POST: &[Method] = &[Method::GET, Method::POST];
+
+/// A tenant-scoped management API (ruler, delete requests): forwarded with
+/// the tenant header, body bounded, under its own scope.
+const fn managed(
+    signal: Signal,
+    methods: &'static [Method],
+    pattern: &'static str,
+    scope: Scope,
+) -> Route {
+    Route {
+        methods,
+        pattern,
+        signal,
+        operation: Operation::Read,
+        scope,
+    }
+}
 
 const fn logs(methods: &'static [Method], pattern: &'static str, operation: Operation) -> Route {
     let scope = match operation {
@@ -228,6 +253,53 @@ pub const LOKI_ROUTES: &[Route] = &[
     logs(GET, "/loki/api/v1/drilldown-limits", Operation::Read),
     logs(GET, "/loki/api/v1/status/buildinfo", Operation::Read),
     logs(GET, "/loki/api/v1/tail", Operation::Tail),
+    // The ruler API, per tenant in Loki (rule groups are YAML bodies).
+    managed(Signal::Logs, GET, "/loki/api/v1/rules", Scope::RulesRead),
+    managed(Signal::Logs, GET, "/loki/api/v1/rules/{}", Scope::RulesRead),
+    managed(
+        Signal::Logs,
+        GET,
+        "/loki/api/v1/rules/{}/{}",
+        Scope::RulesRead,
+    ),
+    managed(
+        Signal::Logs,
+        POST,
+        "/loki/api/v1/rules/{}",
+        Scope::RulesWrite,
+    ),
+    managed(
+        Signal::Logs,
+        DELETE,
+        "/loki/api/v1/rules/{}",
+        Scope::RulesWrite,
+    ),
+    managed(
+        Signal::Logs,
+        DELETE,
+        "/loki/api/v1/rules/{}/{}",
+        Scope::RulesWrite,
+    ),
+    // What Grafana reads for a Loki data source's alerting view.
+    managed(
+        Signal::Logs,
+        GET,
+        "/prometheus/api/v1/rules",
+        Scope::RulesRead,
+    ),
+    managed(
+        Signal::Logs,
+        GET,
+        "/prometheus/api/v1/alerts",
+        Scope::AlertsRead,
+    ),
+    // Log deletion requests: create, list, cancel.
+    managed(
+        Signal::Logs,
+        &[Method::GET, Method::POST, Method::DELETE],
+        "/loki/api/v1/delete",
+        Scope::LogsDelete,
+    ),
 ];
 
 /// The routes in force for one configuration.
@@ -313,6 +385,42 @@ mod tests {
     }
 
     #[test]
+    fn ruler_and_delete_apis_need_their_own_scopes() {
+        let scope = |method: Method, path: &str| table().classify(&method, path).map(|r| r.scope);
+        assert_eq!(
+            scope(Method::GET, "/loki/api/v1/rules/ns/group").unwrap(),
+            Scope::RulesRead
+        );
+        assert_eq!(
+            scope(Method::POST, "/loki/api/v1/rules/ns").unwrap(),
+            Scope::RulesWrite
+        );
+        assert_eq!(
+            scope(Method::DELETE, "/loki/api/v1/rules/ns/group").unwrap(),
+            Scope::RulesWrite
+        );
+        assert_eq!(
+            scope(Method::GET, "/prometheus/api/v1/alerts").unwrap(),
+            Scope::AlertsRead
+        );
+        for method in [Method::GET, Method::POST, Method::DELETE] {
+            assert_eq!(
+                scope(method, "/loki/api/v1/delete").unwrap(),
+                Scope::LogsDelete
+            );
+        }
+        assert!(
+            scope(Method::POST, "/loki/api/v1/rules").is_err(),
+            "405: a group goes to a namespace"
+        );
+        assert!(scope(Method::PUT, "/loki/api/v1/delete").is_err());
+        let rules = table()
+            .classify(&Method::GET, "/loki/api/v1/rules")
+            .unwrap();
+        assert_eq!(rules.surface(), "logs_rules");
+    }
+
+    #[test]
     fn otlp_paths_exist_only_in_the_mode_they_belong_to() {
         let logs = table().classify(&Method::POST, "/otlp/v1/logs").unwrap();
         assert_eq!(
@@ -354,7 +462,8 @@ mod tests {
             "/ring",
             "/ingester/shutdown",
             "/distributor/ring",
-            "/loki/api/v1/delete",
+            "/ruler/ring",
+            "/loki/api/v1/rules/a/b/c",
             "/memberlist",
             "/metrics",
             "/loki/api/v1/index/shards",

@@ -153,7 +153,7 @@ fn read_credential(
         Some(text) => {
             let granted = scopes
                 .as_ref()
-                .map_or_else(Scopes::all, |s| s.iter().copied().collect());
+                .map_or_else(Scopes::default_set, |s| s.iter().copied().collect());
             let selector = tenant_proxy::tenants::file::read_only_selector(text, granted)
                 .map_err(|_| SkipReason::InvalidSelector)?;
             Some(selector.as_str().to_owned())

@@ -60,7 +60,7 @@ struct NativeTenant {
 struct NativeUser {
     username: String,
     password_hash: String,
-    /// Absent means all four scopes.
+    /// Absent means `Scope::DEFAULT` (no write power added since).
     scopes: Option<Vec<Scope>>,
     /// What this credential may read within its tenant (`{app="payments"}`);
     /// read scopes only.
@@ -71,12 +71,12 @@ struct NativeUser {
 /// to it, so a credential with one must not push at all. (tenant-sync
 /// applies the same rule to Secrets.)
 pub fn read_only_selector(text: &str, scopes: Scopes) -> Result<CredentialSelector, String> {
-    if scopes.contains(Scope::LogsWrite) || scopes.contains(Scope::MetricsWrite) {
-        return Err(
+    // A push, a rule, a silence or a delete would reach beyond the selector.
+    if let Some(write) = scopes.iter().find(|s| !s.is_read()) {
+        return Err(format!(
             "a `selector` restricts reading: give this credential read scopes only \
-             (`scopes: [logs:read, metrics:read]`)"
-                .into(),
-        );
+             (`scopes: [logs:read, metrics:read]`), not {write}"
+        ));
     }
     CredentialSelector::parse(text)
 }
@@ -194,7 +194,7 @@ fn from_native(file: NativeFile) -> Result<(Vec<Arc<Tenant>>, Vec<Credential>), 
             let verifier =
                 Verifier::argon2id(&u.password_hash).map_err(|e| format!("{context}: {e}"))?;
             let scopes = match u.scopes {
-                None => Scopes::all(),
+                None => Scopes::default_set(),
                 Some(list) if list.is_empty() => {
                     return Err(format!("{context}: `scopes` must not be empty"))
                 }
@@ -234,7 +234,12 @@ fn from_k8spin(file: K8spinFile) -> Result<(Vec<Arc<Tenant>>, Vec<Credential>), 
             })
             .clone();
         let verifier = Verifier::plaintext(&u.password);
-        credentials.push(Credential::new(u.username, verifier, tenant, Scopes::all()));
+        credentials.push(Credential::new(
+            u.username,
+            verifier,
+            tenant,
+            Scopes::default_set(),
+        ));
     }
     let mut tenants: Vec<_> = tenants.into_values().collect();
     tenants.sort_by(|a, b| a.id.cmp(&b.id));
@@ -301,7 +306,7 @@ mod tests {
         let cred = store.credential("u1").unwrap();
         assert_eq!(cred.tenant.id.as_str(), "team-a");
         assert_eq!(cred.tenant.namespaces, vec!["team-a".to_string()]);
-        assert_eq!(cred.scopes, Scopes::all());
+        assert_eq!(cred.scopes, Scopes::default_set());
     }
 
     #[test]

@@ -83,14 +83,47 @@ pub enum Scope {
     MetricsRead,
     #[serde(rename = "metrics:write")]
     MetricsWrite,
+    /// Reading recording and alerting rules (ruler APIs).
+    #[serde(rename = "rules:read")]
+    RulesRead,
+    /// Creating, changing and deleting rule groups.
+    #[serde(rename = "rules:write")]
+    RulesWrite,
+    /// Reading alerts, alert groups, silences (Alertmanager).
+    #[serde(rename = "alerts:read")]
+    AlertsRead,
+    /// Creating, updating and expiring silences.
+    #[serde(rename = "alerts:write")]
+    AlertsWrite,
+    /// Requesting the deletion of the tenant's log lines (Loki).
+    #[serde(rename = "logs:delete")]
+    LogsDelete,
 }
 
 impl Scope {
-    pub const ALL: [Scope; 4] = [
+    pub const ALL: [Scope; 9] = [
         Scope::LogsRead,
         Scope::LogsWrite,
         Scope::MetricsRead,
         Scope::MetricsWrite,
+        Scope::RulesRead,
+        Scope::RulesWrite,
+        Scope::AlertsRead,
+        Scope::AlertsWrite,
+        Scope::LogsDelete,
+    ];
+
+    /// What a credential without a `scopes` list holds: the four it always
+    /// held, and reading rules and alerts. New write powers are never
+    /// granted by default: `rules:write`, `alerts:write` and `logs:delete`
+    /// must be listed.
+    pub const DEFAULT: [Scope; 6] = [
+        Scope::LogsRead,
+        Scope::LogsWrite,
+        Scope::MetricsRead,
+        Scope::MetricsWrite,
+        Scope::RulesRead,
+        Scope::AlertsRead,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -99,11 +132,36 @@ impl Scope {
             Scope::LogsWrite => "logs:write",
             Scope::MetricsRead => "metrics:read",
             Scope::MetricsWrite => "metrics:write",
+            Scope::RulesRead => "rules:read",
+            Scope::RulesWrite => "rules:write",
+            Scope::AlertsRead => "alerts:read",
+            Scope::AlertsWrite => "alerts:write",
+            Scope::LogsDelete => "logs:delete",
         }
     }
 
-    fn bit(self) -> u8 {
-        1 << (self as u8)
+    /// Only reads: what a selector-restricted credential may hold.
+    pub fn is_read(self) -> bool {
+        matches!(
+            self,
+            Scope::LogsRead | Scope::MetricsRead | Scope::RulesRead | Scope::AlertsRead
+        )
+    }
+
+    /// Rules and alerting: per tenant, never narrowed by a selector.
+    pub fn is_tenant_wide(self) -> bool {
+        matches!(
+            self,
+            Scope::RulesRead
+                | Scope::RulesWrite
+                | Scope::AlertsRead
+                | Scope::AlertsWrite
+                | Scope::LogsDelete
+        )
+    }
+
+    fn bit(self) -> u16 {
+        1 << (self as u16)
     }
 }
 
@@ -115,11 +173,12 @@ impl fmt::Display for Scope {
 
 /// A set of scopes as a bit set: the hot path checks one bit.
 #[derive(Clone, Copy, PartialEq, Eq, Default)]
-pub struct Scopes(u8);
+pub struct Scopes(u16);
 
 impl Scopes {
-    pub fn all() -> Self {
-        Scope::ALL.into_iter().collect()
+    /// [`Scope::DEFAULT`]: what a credential without a `scopes` list holds.
+    pub fn default_set() -> Self {
+        Scope::DEFAULT.into_iter().collect()
     }
 
     pub fn contains(self, scope: Scope) -> bool {
@@ -289,6 +348,12 @@ mod tests {
         let s: Scopes = [Scope::LogsRead, Scope::MetricsRead].into_iter().collect();
         assert!(s.contains(Scope::LogsRead));
         assert!(!s.contains(Scope::LogsWrite));
-        assert_eq!(Scopes::all().iter().count(), 4);
+        assert_eq!(Scopes::default_set().iter().count(), 6);
+        for write in [Scope::RulesWrite, Scope::AlertsWrite, Scope::LogsDelete] {
+            assert!(
+                !Scopes::default_set().contains(write),
+                "{write} is never a default"
+            );
+        }
     }
 }

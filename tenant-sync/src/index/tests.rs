@@ -360,3 +360,29 @@ fn per_namespace_secret_watches_must_all_finish_listing() {
     assert_eq!(users(&desired, "b"), ["ub"]);
     assert!(!desired.tenants.contains_key(&TenantId::parse("a").unwrap()));
 }
+
+#[test]
+fn write_scopes_for_rules_alerts_and_deletes_come_only_from_the_annotation() {
+    use tenant_proxy::tenants::Scopes;
+    let granted = parse_scopes("rules:read, rules:write,alerts:write,logs:delete").unwrap();
+    assert_eq!(
+        granted,
+        [
+            Scope::RulesRead,
+            Scope::RulesWrite,
+            Scope::AlertsWrite,
+            Scope::LogsDelete
+        ]
+    );
+    for write in [Scope::RulesWrite, Scope::AlertsWrite, Scope::LogsDelete] {
+        assert!(
+            !Scopes::default_set().contains(write),
+            "{write} without an annotation"
+        );
+    }
+    assert_eq!(
+        parse_scopes("rules:admin"),
+        None,
+        "an unknown scope skips the Secret"
+    );
+}
