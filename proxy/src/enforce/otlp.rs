@@ -345,31 +345,34 @@ fn translates(key: &str, label: &str) -> bool {
     if key == label {
         return true;
     }
-    let mut sanitised: String = key
-        .chars()
-        .map(|c| {
+    // Compared character by character: this runs for every attribute of
+    // every data point, twice, and must not allocate.
+    let sanitised = || {
+        key.chars().map(|c| {
             if c.is_ascii_alphanumeric() || c == '_' {
                 c
             } else {
                 '_'
             }
         })
-        .collect();
-    if sanitised.starts_with(|c: char| c.is_ascii_digit()) {
-        sanitised.insert_str(0, "key_");
-    } else if sanitised.starts_with('_') && !sanitised.starts_with("__") {
-        sanitised.insert_str(0, "key");
-    }
-    if sanitised == label {
+    };
+    let mut head = sanitised();
+    let prefix = match (head.next(), head.next()) {
+        (Some(c), _) if c.is_ascii_digit() => "key_",
+        (Some('_'), second) if second != Some('_') => "key",
+        _ => "",
+    };
+    let full = || prefix.chars().chain(sanitised());
+    if full().eq(label.chars()) {
         return true;
     }
-    let mut collapsed = String::with_capacity(sanitised.len());
-    for c in sanitised.chars() {
-        if !(c == '_' && collapsed.ends_with('_')) {
-            collapsed.push(c);
-        }
-    }
-    collapsed == label
+    let mut previous = None;
+    let collapsed = full().filter(move |&c| {
+        let repeat = c == '_' && previous == Some('_');
+        previous = Some(c);
+        !repeat
+    });
+    collapsed.eq(label.chars())
 }
 
 #[cfg(test)]
