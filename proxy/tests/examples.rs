@@ -102,13 +102,7 @@ fn check(path: &Path) -> bool {
         }
         "fluent-bit/fluent-bit.conf" => {
             let text = std::fs::read_to_string(path).unwrap();
-            let value = |key: &str| {
-                text.lines()
-                    .map(str::trim)
-                    .find_map(|line| line.strip_prefix(key)?.strip_prefix(char::is_whitespace))
-                    .map(str::trim)
-                    .unwrap_or_else(|| panic!("fluent-bit.conf has no {key}"))
-            };
+            let value = |key: &str| fluent_bit_value(&text, key);
             assert_eq!(
                 value("Name").to_lowercase(),
                 "tail",
@@ -153,14 +147,7 @@ fn check(path: &Path) -> bool {
         }
         "alloy/otlp.alloy" => {
             let text = std::fs::read_to_string(path).unwrap();
-            let value = |key: &str| -> String {
-                let line = text
-                    .lines()
-                    .map(str::trim)
-                    .find(|l| l.starts_with(key) && l[key.len()..].trim_start().starts_with('='))
-                    .unwrap_or_else(|| panic!("no {key}"));
-                line.split('"').nth(1).unwrap().to_owned()
-            };
+            let value = |key: &str| alloy_value(&text, key);
             assert_eq!(value("encoding"), "proto");
             for key in ["logs_endpoint", "metrics_endpoint"] {
                 assert_client_reaches(
@@ -173,13 +160,7 @@ fn check(path: &Path) -> bool {
         }
         "fluent-bit/opentelemetry.conf" => {
             let text = std::fs::read_to_string(path).unwrap();
-            let value = |key: &str| {
-                text.lines()
-                    .map(str::trim)
-                    .find_map(|line| line.strip_prefix(key)?.strip_prefix(char::is_whitespace))
-                    .map(str::trim)
-                    .unwrap_or_else(|| panic!("opentelemetry.conf has no {key}"))
-            };
+            let value = |key: &str| fluent_bit_value(&text, key);
             assert!(text.contains("Name         opentelemetry"));
             for uri in ["Logs_uri", "Metrics_uri"] {
                 let url = format!("http://{}:{}{}", value("Host"), value("Port"), value(uri));
@@ -204,14 +185,7 @@ fn check(path: &Path) -> bool {
         "alloy/config.alloy" => {
             // Alloy's syntax has no parser here: read each endpoint block.
             let text = std::fs::read_to_string(path).unwrap();
-            let quoted = |block: &str, key: &str| -> String {
-                let line = block
-                    .lines()
-                    .map(str::trim)
-                    .find(|l| l.starts_with(key) && l[key.len()..].trim_start().starts_with('='))
-                    .unwrap_or_else(|| panic!("no {key} in {block}"));
-                line.split('"').nth(1).unwrap().to_owned()
-            };
+            let quoted = alloy_value;
             let endpoints: Vec<&str> = text.split("endpoint {").skip(1).collect();
             assert_eq!(endpoints.len(), 2, "loki.write and prometheus.remote_write");
             for block in endpoints {
@@ -438,6 +412,25 @@ mod loki3 {
         let typo = hung.replace("auth_enabled", "auth_enable");
         assert!(check(&typo).unwrap_err().contains("unknown field"));
     }
+}
+
+/// `Key  value` in a Fluent Bit classic config: the first line with `key`.
+fn fluent_bit_value<'t>(text: &'t str, key: &str) -> &'t str {
+    text.lines()
+        .map(str::trim)
+        .find_map(|line| line.strip_prefix(key)?.strip_prefix(char::is_whitespace))
+        .map(str::trim)
+        .unwrap_or_else(|| panic!("no {key} in the Fluent Bit config"))
+}
+
+/// `key = "value"` in Alloy's syntax (no parser here): the first one in `block`.
+fn alloy_value(block: &str, key: &str) -> String {
+    let line = block
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with(key) && l[key.len()..].trim_start().starts_with('='))
+        .unwrap_or_else(|| panic!("no {key} in {block}"));
+    line.split('"').nth(1).unwrap().to_owned()
 }
 
 fn yaml<T: serde::de::DeserializeOwned>(path: &Path) -> T {

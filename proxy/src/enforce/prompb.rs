@@ -174,23 +174,25 @@ pub mod readings {
                     .map(|(_, v)| v.as_slice())
                     .collect();
                 if !matches!(values[..], [v] if owned.iter().any(|o| o.as_bytes() == v)) {
-                    let shown: Vec<_> = labels
-                        .iter()
-                        .map(|(n, v)| {
-                            format!(
-                                "{}={:?}",
-                                String::from_utf8_lossy(n),
-                                String::from_utf8_lossy(v)
-                            )
-                        })
-                        .collect();
-                    return Err(format!(
-                        "read as {reading}: series {{{}}}",
-                        shown.join(", ")
-                    ));
+                    let pairs = labels.iter().map(|(n, v)| (n.as_slice(), v.as_slice()));
+                    return Err(format!("read as {reading}: series {}", describe(pairs)));
                 }
             }
         }
         Ok(())
+    }
+
+    /// A label set as text, `{name="value", ...}`, for error messages.
+    pub fn describe<'a>(pairs: impl Iterator<Item = (&'a [u8], &'a [u8])>) -> String {
+        let inner: Vec<String> = pairs
+            .map(|(n, v)| {
+                format!(
+                    "{}={:?}",
+                    String::from_utf8_lossy(n),
+                    String::from_utf8_lossy(v)
+                )
+            })
+            .collect();
+        format!("{{{}}}", inner.join(", "))
     }
 }

@@ -27,6 +27,7 @@ use std::cell::RefCell;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
+use super::prompb::readings::describe as describe_series;
 use crate::config::ForeignLabelPolicy;
 use crate::enforce::protowire::{self, fields, WireError, LEN, VARINT};
 
@@ -368,19 +369,6 @@ fn describe_v1(series: &[u8]) -> String {
         .filter(|f| (f.tag, f.wire_type) == (1, LEN))
         .filter_map(|f| protowire::label_pair(f.payload).ok());
     describe_series(labels)
-}
-
-fn describe_series<'a>(pairs: impl Iterator<Item = (&'a [u8], &'a [u8])>) -> String {
-    let inner: Vec<String> = pairs
-        .map(|(n, v)| {
-            format!(
-                "{}={:?}",
-                String::from_utf8_lossy(n),
-                String::from_utf8_lossy(v)
-            )
-        })
-        .collect();
-    format!("{{{}}}", inner.join(", "))
 }
 
 // === 1.0: WriteRequest { repeated TimeSeries timeseries = 1; ... } ===
