@@ -227,6 +227,34 @@ const HEADER_MODE_EXTRA_ROUTES: &[Route] = &[
     metrics(POST, "/otlp/v1/metrics", Operation::OtlpPush),
 ];
 
+/// A ruler API at `$base`: the tenant's rule groups listed, by namespace,
+/// one group (`rules:read`); a YAML group posted to a namespace, a namespace
+/// or a group deleted (`rules:write`).
+macro_rules! ruler_api {
+    ($signal:expr, $base:literal) => {
+        [
+            managed($signal, GET, $base, Scope::RulesRead),
+            managed($signal, GET, concat!($base, "/{}"), Scope::RulesRead),
+            managed($signal, GET, concat!($base, "/{}/{}"), Scope::RulesRead),
+            managed($signal, POST, concat!($base, "/{}"), Scope::RulesWrite),
+            managed($signal, DELETE, concat!($base, "/{}"), Scope::RulesWrite),
+            managed($signal, DELETE, concat!($base, "/{}/{}"), Scope::RulesWrite),
+        ]
+    };
+}
+
+/// Loki's ruler, at both its paths: Grafana's alerting (LotexRuler) uses the
+/// legacy `/api/prom/rules`.
+const LOKI_RULER: [[Route; 6]; 2] = [
+    ruler_api!(Signal::Logs, "/loki/api/v1/rules"),
+    ruler_api!(Signal::Logs, "/api/prom/rules"),
+];
+
+/// Mimir's ruler configuration API, under `metrics.upstream`'s prefix
+/// (`<prometheus prefix>/config/v1/rules`), where Grafana's alerting sends a
+/// Mimir data source's rule changes (header mode only).
+const MIMIR_RULER: [Route; 6] = ruler_api!(Signal::Metrics, "/config/v1/rules");
+
 /// Loki, header mode. Every route here is tenant-scoped by `X-Scope-OrgID`.
 pub const LOKI_ROUTES: &[Route] = &[
     logs(POST, "/loki/api/v1/push", Operation::Push),
@@ -253,33 +281,6 @@ pub const LOKI_ROUTES: &[Route] = &[
     logs(GET, "/loki/api/v1/drilldown-limits", Operation::Read),
     logs(GET, "/loki/api/v1/status/buildinfo", Operation::Read),
     logs(GET, "/loki/api/v1/tail", Operation::Tail),
-    // The ruler API, per tenant in Loki (rule groups are YAML bodies).
-    managed(Signal::Logs, GET, "/loki/api/v1/rules", Scope::RulesRead),
-    managed(Signal::Logs, GET, "/loki/api/v1/rules/{}", Scope::RulesRead),
-    managed(
-        Signal::Logs,
-        GET,
-        "/loki/api/v1/rules/{}/{}",
-        Scope::RulesRead,
-    ),
-    managed(
-        Signal::Logs,
-        POST,
-        "/loki/api/v1/rules/{}",
-        Scope::RulesWrite,
-    ),
-    managed(
-        Signal::Logs,
-        DELETE,
-        "/loki/api/v1/rules/{}",
-        Scope::RulesWrite,
-    ),
-    managed(
-        Signal::Logs,
-        DELETE,
-        "/loki/api/v1/rules/{}/{}",
-        Scope::RulesWrite,
-    ),
     // What Grafana reads for a Loki data source's alerting view.
     managed(
         Signal::Logs,
@@ -313,6 +314,7 @@ impl RouteTable {
         let mut routes = Vec::new();
         if logs_enabled {
             routes.extend_from_slice(LOKI_ROUTES);
+            routes.extend(LOKI_RULER.iter().flatten().cloned());
         }
         match metrics {
             Some(MetricsMode::Label) => routes.extend_from_slice(PROMETHEUS_ROUTES),
@@ -333,6 +335,7 @@ impl RouteTable {
                         }),
                 );
                 routes.extend_from_slice(HEADER_MODE_EXTRA_ROUTES);
+                routes.extend_from_slice(&MIMIR_RULER);
             }
             None => {}
         }

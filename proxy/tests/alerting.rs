@@ -41,6 +41,14 @@ const ROUTES: &[(Method, &str, &[&str])] = &[
     (Method::POST, "/loki/api/v1/rules/ns", &["ruler"]),
     (Method::DELETE, "/loki/api/v1/rules/ns", &["ruler"]),
     (Method::DELETE, "/loki/api/v1/rules/ns/group", &["ruler"]),
+    (Method::GET, "/api/prom/rules", &["default", "ruler"]),
+    (
+        Method::GET,
+        "/api/prom/rules/ns/group",
+        &["default", "ruler"],
+    ),
+    (Method::POST, "/api/prom/rules/ns", &["ruler"]),
+    (Method::DELETE, "/api/prom/rules/ns/group", &["ruler"]),
     (
         Method::GET,
         "/prometheus/api/v1/rules",
@@ -114,7 +122,11 @@ async fn every_rules_and_delete_route_against_every_scope_set() {
         }
     }
     // Loki's own ruler pages stay closed.
-    for path in ["/ruler/ring", "/loki/api/v1/rules/a/b/c", "/api/prom/rules"] {
+    for path in [
+        "/ruler/ring",
+        "/loki/api/v1/rules/a/b/c",
+        "/api/prom/rules/a/b/c",
+    ] {
         let reply = send(
             Method::GET,
             &proxy.url(path),
@@ -138,5 +150,56 @@ fn a_selector_with_a_write_scope_is_refused_when_the_file_loads() {
             .unwrap_err()
             .to_string();
         assert!(error.contains(write), "{write}: {error}");
+    }
+}
+
+/// Grafana's alerting manages a Mimir data source's rules at
+/// `<url>/config/v1/rules...` (LotexRuler, subtype mimir); in header mode
+/// that lands under `metrics.upstream`'s `/prometheus` prefix, Mimir's
+/// ruler configuration API, with the tenant header.
+#[tokio::test]
+async fn mimirs_ruler_configuration_api_is_served_in_header_mode() {
+    let mimir = LokiStandIn::start().await;
+    let section = format!("  upstream: {}/prometheus\n  mode: header\n", mimir.url());
+    let proxy = RunningProxy::start(ProxyOptions::metrics(tenants(), section)).await;
+    let group = "name: g\nrules:\n  - record: x:sum\n    expr: sum(x)\n";
+    let cases = [
+        (Method::GET, "/config/v1/rules", "default", true),
+        (Method::GET, "/config/v1/rules/ns/g", "ruler", true),
+        (Method::POST, "/config/v1/rules/ns", "ruler", true),
+        (Method::POST, "/config/v1/rules/ns", "default", false),
+        (Method::DELETE, "/config/v1/rules/ns/g", "ruler", true),
+        (Method::GET, "/config/v1/rules", "narrow", false),
+    ];
+    for (method, path, user, allowed) in cases {
+        let before = mimir.received().len();
+        let body = if method == Method::POST { group } else { "" };
+        let reply = send(
+            method.clone(),
+            &proxy.url(path),
+            Some(&basic(user, "pw")),
+            &[],
+            body,
+        )
+        .await;
+        let seen = mimir.received();
+        if allowed {
+            assert!(
+                reply.status.is_success(),
+                "{user} {method} {path}: {}",
+                reply.text()
+            );
+            let last = seen.last().unwrap();
+            assert_eq!(last.path, format!("/prometheus{path}"));
+            assert_eq!(last.org_ids(), ["team-a"]);
+            assert_eq!(last.body, body.as_bytes());
+        } else {
+            assert_eq!(
+                reply.status,
+                StatusCode::FORBIDDEN,
+                "{user} {method} {path}"
+            );
+            assert_eq!(seen.len(), before);
+        }
     }
 }
