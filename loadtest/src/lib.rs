@@ -5,6 +5,7 @@
 pub mod bodies;
 pub mod faults;
 pub mod load;
+pub mod nginx;
 pub mod proxy_process;
 pub mod report;
 pub mod scenario;

@@ -11,9 +11,10 @@ use std::time::Duration;
 use clap::Parser;
 use loadtest::faults::{Fault, FaultyUpstream};
 use loadtest::load::{self, Workload};
+use loadtest::nginx::NginxProcess;
 use loadtest::proxy_process::{self, ProcessStats, ProxyProcess};
 use loadtest::report::{self, Reloads, Row};
-use loadtest::scenario::{Faults, Scenario};
+use loadtest::scenario::{Faults, Reference, Scenario};
 use loadtest::{bodies, sink};
 
 #[derive(Parser)]
@@ -41,8 +42,9 @@ struct Cli {
     #[arg(long, value_parser = loopback)]
     upstream: Option<SocketAddr>,
     /// Run only this row of each scenario: `direct`, `proxy`,
-    /// `proxy+guessing`, `proxy+reloads`, `proxy+tracing` or `faults` (all
-    /// of the drill's phases), e.g. for the 10-minute soak.
+    /// `proxy+guessing`, `proxy+reloads`, `proxy+tracing`, `nginx` (the
+    /// reference gateway) or `faults` (all of the drill's phases), e.g. for
+    /// the 10-minute soak.
     #[arg(long)]
     only: Option<String>,
 }
@@ -194,6 +196,35 @@ async fn proxied(
     Ok(row)
 }
 
+/// The workload through the nginx reference gateway, its CPU measured like
+/// the proxy's.
+async fn through_nginx(
+    scenario: &Scenario,
+    workload: &Arc<Workload>,
+    upstream: SocketAddr,
+    access_log: bool,
+) -> anyhow::Result<Row> {
+    let nginx = NginxProcess::start(upstream, scenario.users, access_log).await?;
+    let pid = nginx.pid();
+    let idle = proxy_process::stats(pid)?;
+    let mut process = (ProcessStats::default(), ProcessStats::default());
+    let outcome = load::run(nginx.addr, scenario, workload.clone(), |starting| {
+        let now = proxy_process::stats(pid).unwrap_or_default();
+        if starting {
+            process.0 = now;
+        } else {
+            process.1 = now;
+        }
+    })
+    .await;
+    let peak = proxy_process::stats(pid)?;
+    let mut row = Row::new(&scenario.name, "nginx", &outcome, None);
+    row.measure_process(&process.0, &process.1);
+    row.proxy_idle_rss_mib = Some(idle.rss_kib as f64 / 1024.0);
+    row.proxy_peak_rss_mib = Some(peak.peak_rss_kib as f64 / 1024.0);
+    Ok(row)
+}
+
 /// The workload through one proxy whose upstream misbehaves phase by phase,
 /// a healthy phase before and after each fault: what clients get during a
 /// fault, and that the proxy recovers without a restart.
@@ -337,6 +368,9 @@ async fn main() -> anyhow::Result<()> {
                 alongside,
             );
             rows.push(row.await?);
+        }
+        if let (Some(Reference::Nginx), true) = (scenario.reference, wanted("nginx")) {
+            rows.push(through_nginx(&scenario, &workload, upstream, cli.access_log).await?);
         }
         if let (Some(faults), true) = (&scenario.faults, wanted("faults")) {
             rows.extend(fault_drill(&scenario, &workload, options, faults).await?);

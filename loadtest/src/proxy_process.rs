@@ -78,7 +78,7 @@ pub fn default_binary() -> PathBuf {
     me.parent().expect("a directory").join("tenant-proxy")
 }
 
-fn free_port() -> SocketAddr {
+pub fn free_port() -> SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()

@@ -48,6 +48,16 @@ pub struct Scenario {
     /// healthy phases between faults, all through one proxy process.
     #[serde(default)]
     pub faults: Option<Faults>,
+    /// A reference gateway measured in the same run, as a row of its own
+    /// (issue #19): `nginx`, the Loki chart's gateway shape.
+    #[serde(default)]
+    pub reference: Option<Reference>,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Reference {
+    Nginx,
 }
 
 #[derive(Clone, Debug, Deserialize)]

@@ -150,3 +150,42 @@ async fn the_fault_relay_misbehaves_on_command_and_recovers_on_its_port() {
         assert_eq!(recovered, Some(200), "after {fault:?}");
     }
 }
+
+/// The nginx reference gateway lets a right `{SHA}` password through to
+/// the sink and refuses a wrong one, so its row measures real basic auth.
+#[tokio::test]
+async fn the_nginx_reference_authenticates_like_the_proxy() {
+    if std::process::Command::new("nginx")
+        .arg("-v")
+        .output()
+        .is_err()
+    {
+        eprintln!("nginx is not installed (Debian package `nginx`): skipped");
+        return;
+    }
+    let (sink, stats) = sink::start().await.unwrap();
+    let nginx = loadtest::nginx::NginxProcess::start(sink, 2, false)
+        .await
+        .unwrap();
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Empty<bytes::Bytes>>();
+    let status = |password: &'static str| {
+        let client = client.clone();
+        let token = base64::Engine::encode(
+            &base64::engine::general_purpose::STANDARD,
+            format!("user-1:{password}"),
+        );
+        let request = http::Request::get(format!("http://{}/loki/api/v1/labels", nginx.addr))
+            .header("authorization", format!("Basic {token}"))
+            .body(http_body_util::Empty::new())
+            .unwrap();
+        async move { client.request(request).await.unwrap().status() }
+    };
+    assert_eq!(status("pw-1").await, http::StatusCode::OK);
+    assert_eq!(status("pw-0").await, http::StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        stats.requests.load(std::sync::atomic::Ordering::Relaxed),
+        1,
+        "only the right one passed"
+    );
+}

@@ -1,0 +1,125 @@
+//! The reference gateway of issue #19: Debian's nginx configured as the Loki
+//! chart's gateway is, in front of the same sink: basic auth against a
+//! `{SHA}` htpasswd (unsalted SHA-1, no real password hashing), the tenant
+//! from `map $remote_user`, upstream keepalive, and a per-request access log
+//! when asked. One process (`master_process off`, one worker), so its CPU is
+//! measured like the proxy's.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use sha1::{Digest, Sha1};
+
+use crate::proxy_process::free_port;
+
+pub struct NginxProcess {
+    pub addr: SocketAddr,
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Drop for NginxProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// `user-<i>:{SHA}base64(sha1("pw-<i>"))`: the credentials of
+/// [`crate::proxy_process::tenants_file`], as nginx's htpasswd reads them.
+pub fn htpasswd(users: usize) -> String {
+    (0..users)
+        .map(|i| {
+            let digest = Sha1::digest(format!("pw-{i}").as_bytes());
+            let encoded = base64::engine::general_purpose::STANDARD.encode(digest);
+            format!("user-{i}:{{SHA}}{encoded}\n")
+        })
+        .collect()
+}
+
+/// The gateway's configuration: every user mapped to its tenant.
+pub fn config(
+    dir: &std::path::Path,
+    listen: SocketAddr,
+    upstream: SocketAddr,
+    users: usize,
+    access_log: bool,
+) -> String {
+    let tenants: String = (0..users)
+        .map(|i| format!("    user-{i} tenant-{i};\n"))
+        .collect();
+    let log = if access_log {
+        format!("access_log {}/access.log main;", dir.display())
+    } else {
+        "access_log off;".into()
+    };
+    let d = dir.display();
+    format!(
+        "daemon off;\nmaster_process off;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
+         events {{ worker_connections 4096; }}\n\
+         http {{\n\
+           client_body_temp_path {d}/body; proxy_temp_path {d}/proxy; fastcgi_temp_path {d}/fastcgi;\n\
+           uwsgi_temp_path {d}/uwsgi; scgi_temp_path {d}/scgi;\n\
+           log_format main '$remote_addr - $remote_user [$time_local] \"$request\" $status $body_bytes_sent $request_time';\n\
+           {log}\n\
+           map $remote_user $tenant {{\n    default \"\";\n{tenants}  }}\n\
+           upstream backend {{ server {upstream}; keepalive 64; }}\n\
+           server {{\n\
+             listen {listen};\n\
+             auth_basic \"tenant\";\n\
+             auth_basic_user_file {d}/htpasswd;\n\
+             location / {{\n\
+               proxy_pass http://backend;\n\
+               proxy_http_version 1.1;\n\
+               proxy_set_header Connection \"\";\n\
+               proxy_set_header Authorization \"\";\n\
+               proxy_set_header X-Scope-OrgID $tenant;\n\
+             }}\n\
+           }}\n\
+         }}\n"
+    )
+}
+
+impl NginxProcess {
+    pub async fn start(
+        upstream: SocketAddr,
+        users: usize,
+        access_log: bool,
+    ) -> anyhow::Result<Self> {
+        let dir = std::env::temp_dir().join(format!("loadtest-nginx-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let addr = free_port();
+        std::fs::write(dir.join("htpasswd"), htpasswd(users))?;
+        std::fs::write(
+            dir.join("nginx.conf"),
+            config(&dir, addr, upstream, users, access_log),
+        )?;
+        let child = Command::new("nginx")
+            .arg("-p")
+            .arg(&dir)
+            .arg("-c")
+            .arg(dir.join("nginx.conf"))
+            .arg("-e")
+            .arg(dir.join("error.log"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| anyhow::anyhow!("starting nginx: {e} (Debian package `nginx`)"))?;
+        let process = Self { addr, child, dir };
+        // nginx gives no readiness signal but its socket.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while tokio::net::TcpStream::connect(addr).await.is_err() {
+            anyhow::ensure!(Instant::now() < deadline, "nginx did not listen on {addr}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(process)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
