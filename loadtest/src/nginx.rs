@@ -2,7 +2,9 @@
 //! chart's gateway is, in front of the same sink: basic auth against a
 //! `{SHA}` htpasswd (unsalted SHA-1, no real password hashing), the tenant
 //! from `map $remote_user`, upstream keepalive, and a per-request access log
-//! when asked. One process (`master_process off`, one worker), so its CPU is
+//! when asked. Client keep-alive is unbounded, as the proxy's is: nginx's
+//! default of 1,000 requests per connection made the load generator count
+//! closed connections as errors. One process (`master_process off`, one worker), so its CPU is
 //! measured like the proxy's.
 
 use std::net::SocketAddr;
@@ -66,6 +68,7 @@ pub fn config(
            uwsgi_temp_path {d}/uwsgi; scgi_temp_path {d}/scgi;\n\
            log_format main '$remote_addr - $remote_user [$time_local] \"$request\" $status $body_bytes_sent $request_time';\n\
            {log}\n\
+           keepalive_requests 100000000; keepalive_timeout 300s;\n\
            map $remote_user $tenant {{\n    default \"\";\n{tenants}  }}\n\
            upstream backend {{ server {upstream}; keepalive 64; }}\n\
            server {{\n\
