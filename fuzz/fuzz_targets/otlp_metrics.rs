@@ -13,7 +13,7 @@ use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequ
 use prost::Message;
 use tenant_proxy::config::ForeignLabelPolicy;
 use tenant_proxy::enforce::otlp::{check_scoped, rewrite_body, Encoding};
-use tenant_proxy::enforce::remote_write::TenantLabel;
+use tenant_proxy::enforce::tenant_label::TenantLabel;
 
 fuzz_target!(|data: &[u8]| {
     let owned = vec!["team-a".to_string(), "team-a-2".to_string()];

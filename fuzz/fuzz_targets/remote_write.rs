@@ -11,7 +11,8 @@ use libfuzzer_sys::fuzz_target;
 use prost::Message;
 use tenant_proxy::config::ForeignLabelPolicy;
 use tenant_proxy::enforce::prompb::{readings, WriteRequest};
-use tenant_proxy::enforce::remote_write::{rewrite, TenantLabel, Version};
+use tenant_proxy::enforce::remote_write::{rewrite, Version};
+use tenant_proxy::enforce::tenant_label::TenantLabel;
 
 fuzz_target!(|data: &[u8]| {
     let owned = vec!["team-a".to_string(), "team-a-2".to_string()];

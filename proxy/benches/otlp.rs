@@ -16,7 +16,7 @@ use std::hint::black_box;
 use std::io::{Read, Write};
 use tenant_proxy::config::ForeignLabelPolicy;
 use tenant_proxy::enforce::otlp::{rewrite, rewrite_body, Encoding};
-use tenant_proxy::enforce::remote_write::TenantLabel;
+use tenant_proxy::enforce::tenant_label::TenantLabel;
 
 fn batch() -> ExportMetricsServiceRequest {
     let kv = |key: String, value: String| KeyValue {

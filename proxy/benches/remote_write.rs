@@ -10,7 +10,8 @@ use prost::Message;
 use std::hint::black_box;
 use tenant_proxy::config::ForeignLabelPolicy;
 use tenant_proxy::enforce::prompb::{Label, Sample, TimeSeries, WriteRequest};
-use tenant_proxy::enforce::remote_write::{rewrite, rewrite_body, TenantLabel, Version};
+use tenant_proxy::enforce::remote_write::{rewrite, rewrite_body, Version};
+use tenant_proxy::enforce::tenant_label::TenantLabel;
 
 /// `series` series of 20 labels (one of them `namespace`), one sample each.
 fn batch(series: usize, namespace: &str) -> WriteRequest {

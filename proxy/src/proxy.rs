@@ -31,7 +31,8 @@ use crate::config::{Config, ForeignLabelPolicy, Limits, MetricsMode, Upstream, U
 use crate::enforce::otlp;
 use crate::enforce::prometheus::{self, EMPTY_METADATA};
 use crate::enforce::promql::{Memo, TenantMatcher};
-use crate::enforce::remote_write::{self, RemoteWriteError, Rewritten, TenantLabel};
+use crate::enforce::remote_write::{self, RemoteWriteError, Rewritten};
+use crate::enforce::tenant_label::TenantLabel;
 use crate::http::body::{self, ProxyBody};
 use crate::http::error::ProxyError;
 use crate::http::headers::{self, RW_SAMPLES_WRITTEN, X_PROM_LABEL_POLICY, X_SCOPE_ORGID};

@@ -28,7 +28,7 @@ use opentelemetry_proto::tonic::metrics::v1::metric::Data;
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use prost::Message;
 
-use super::remote_write::{decide, Decision, Found, RemoteWriteError, TenantLabel};
+use super::tenant_label::{decide, Decision, ForeignLabel, Found, TenantLabel};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum OtlpError {
@@ -42,8 +42,8 @@ pub enum OtlpError {
     #[error("cannot decode the OTLP request: {0}")]
     Malformed(String),
     /// 400, under `foreign_label: reject`.
-    #[error("{0} carries a tenant label value this tenant does not own")]
-    ForeignLabel(String),
+    #[error(transparent)]
+    ForeignLabel(#[from] ForeignLabel),
 }
 
 /// How the request body is compressed; the forwarded body is the same.
@@ -280,22 +280,20 @@ fn enforce(
         .filter(|kv| translates_to(&kv.key, level, tenant.name))
     {
         found = match string_value(kv) {
-            Some(value) => found.add(value.as_bytes()),
+            Some(value) => found.and(value.as_bytes()),
             // A number or a list also becomes a label value: never ours.
             None => Found::Mixed,
         };
     }
-    let value = match decide(found, tenant, describe) {
-        Ok(Decision::Keep(value)) => String::from_utf8_lossy(value).into_owned(),
-        Ok(decision) => {
+    let value = match decide(found, tenant, describe)? {
+        Decision::Keep(value) => String::from_utf8_lossy(value).into_owned(),
+        decision => {
             match decision {
                 Decision::Add => stats.added += 1,
                 _ => stats.overwritten += 1,
             }
             tenant.owned[0].clone()
         }
-        Err(RemoteWriteError::ForeignLabel(what)) => return Err(OtlpError::ForeignLabel(what)),
-        Err(other) => return Err(OtlpError::Malformed(other.to_string())),
     };
     attributes.retain(|kv| !translates_to(&kv.key, level, tenant.name));
     attributes.push(KeyValue {

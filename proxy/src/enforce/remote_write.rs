@@ -28,7 +28,7 @@ use std::cell::RefCell;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 use super::prompb::readings::describe as describe_series;
-use crate::config::ForeignLabelPolicy;
+use super::tenant_label::{decide, Decision, ForeignLabel, Found, TenantLabel};
 use crate::enforce::protowire::{self, fields, WireError, LEN, VARINT};
 
 pub const V1_CONTENT_TYPE: &str = "application/x-protobuf";
@@ -50,8 +50,8 @@ pub enum RemoteWriteError {
     TooLarge { size: u64, limit: u64 },
     #[error("cannot decode remote-write body: {0}")]
     Malformed(String),
-    #[error("series {0} carries a tenant label value this tenant does not own")]
-    ForeignLabel(String),
+    #[error("series {0}")]
+    ForeignLabel(#[from] ForeignLabel),
     /// 400: a field the declared schema does not define where a receiver
     /// reading the body as the other version would find series.
     #[error(
@@ -100,7 +100,7 @@ pub fn read_headers(headers: &HeaderMap) -> Result<Version, RemoteWriteError> {
 /// The version a `Content-Type` declares. A receiver that reads it
 /// differently from us would decode 2.0 as 1.0 (and drop the data while
 /// answering 2xx), hence the strict reading of parameters.
-pub fn version_of(headers: &HeaderMap) -> Result<Version, RemoteWriteError> {
+fn version_of(headers: &HeaderMap) -> Result<Version, RemoteWriteError> {
     let Some(value) = single_header(headers, &header::CONTENT_TYPE)? else {
         return Ok(Version::V1); // Prometheus 2.x senders before 2.0 support
     };
@@ -152,27 +152,6 @@ pub fn set_upstream_headers(version: Version, headers: &mut HeaderMap) {
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("snappy"));
     headers.insert(VERSION_HEADER, HeaderValue::from_static(protocol));
-}
-
-/// The tenant as remote write sees it.
-#[derive(Debug, Clone, Copy)]
-pub struct TenantLabel<'a> {
-    pub name: &'a str,
-    /// Never empty; the first is used when adding or overwriting.
-    pub owned: &'a [String],
-    /// The tenant id, for metrics.
-    pub owned_by: &'a str,
-    pub policy: ForeignLabelPolicy,
-}
-
-impl<'a> TenantLabel<'a> {
-    fn default_value(&self) -> &'a [u8] {
-        self.owned[0].as_bytes()
-    }
-
-    fn owns(&self, value: &[u8]) -> bool {
-        self.owned.iter().any(|own| own.as_bytes() == value)
-    }
 }
 
 /// What a rewrite did, for metrics.
@@ -312,48 +291,6 @@ fn rewrite_into(
     Ok(stats)
 }
 
-/// The values of the tenant label a series came with (shared with OTLP).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Found<'v> {
-    Nothing,
-    /// One or more copies, all with this value.
-    Same(&'v [u8]),
-    /// Copies with different values.
-    Mixed,
-}
-
-impl<'v> Found<'v> {
-    pub(crate) fn add(self, value: &'v [u8]) -> Self {
-        match self {
-            Found::Nothing => Found::Same(value),
-            Found::Same(first) if first == value => self,
-            _ => Found::Mixed,
-        }
-    }
-}
-
-/// What happens to the tenant label of one series.
-pub(crate) enum Decision<'v> {
-    Keep(&'v [u8]),
-    Add,
-    Overwrite,
-}
-
-pub(crate) fn decide<'v>(
-    found: Found<'v>,
-    tenant: &TenantLabel<'_>,
-    describe: impl FnOnce() -> String,
-) -> Result<Decision<'v>, RemoteWriteError> {
-    match found {
-        Found::Nothing => Ok(Decision::Add),
-        Found::Same(value) if tenant.owns(value) => Ok(Decision::Keep(value)),
-        _ => match tenant.policy {
-            ForeignLabelPolicy::Overwrite => Ok(Decision::Overwrite),
-            ForeignLabelPolicy::Reject => Err(RemoteWriteError::ForeignLabel(describe())),
-        },
-    }
-}
-
 fn count(decision: &Decision<'_>, stats: &mut Stats) {
     match decision {
         Decision::Add => stats.added += 1,
@@ -483,7 +420,7 @@ fn rewrite_series_v1<'m>(
                 // Only the tenant label's value is ever needed.
                 let label = protowire::label_name(field.payload)?;
                 if label == name {
-                    found = found.add(protowire::label_pair(field.payload)?.1);
+                    found = found.and(protowire::label_pair(field.payload)?.1);
                 } else {
                     let start = offset(field.raw);
                     scratch.labels.push((label, start..start + field.raw.len()));
@@ -665,7 +602,7 @@ fn rewrite_series_v2<'a>(
         .iter()
         .filter(|(n, _)| symbols.resolve(*n) == name)
         .fold(Found::Nothing, |found, (_, v)| {
-            found.add(symbols.resolve(*v))
+            found.and(symbols.resolve(*v))
         });
     let decision = decide(found, tenant, || {
         describe_series(

@@ -216,7 +216,7 @@ fn a_foreign_value_is_refused_under_reject_naming_the_metric() {
     let mut r = request(&[], &[], &[kv("k8s.namespace.name", "team-b")]);
     let error = rewrite(&mut r, &t).unwrap_err();
     assert!(
-        matches!(&error, OtlpError::ForeignLabel(m) if m.contains("\"g\"")),
+        matches!(&error, OtlpError::ForeignLabel(ForeignLabel(m)) if m.contains("\"g\"")),
         "{error}"
     );
     let mut foreign_resource = request(&[kv(LABEL, "team-b")], &[], &[]);

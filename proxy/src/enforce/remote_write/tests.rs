@@ -1,4 +1,5 @@
 use super::*;
+use crate::config::ForeignLabelPolicy;
 use crate::enforce::prompb::{self, readings, v2, Label, Sample, TimeSeries, WriteRequest};
 use http::HeaderValue;
 use proptest::prelude::*;
@@ -199,7 +200,7 @@ fn reject_policy_names_the_offending_series() {
         &tenant(&owned, ForeignLabelPolicy::Reject),
     )
     .unwrap_err();
-    let RemoteWriteError::ForeignLabel(series) = err else {
+    let RemoteWriteError::ForeignLabel(ForeignLabel(series)) = err else {
         panic!("{err:?}")
     };
     assert!(
