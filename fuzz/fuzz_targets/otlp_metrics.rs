@@ -1,22 +1,28 @@
-//! OTLP metrics requests in label mode: rewritten or refused, never a panic.
+//! OTLP metrics requests in label mode, rewritten on the wire or refused.
 //!
-//! Invariant (issue #16): for every body the rewrite accepts, what it
-//! forwards decodes as an `ExportMetricsServiceRequest` in which every
-//! resource and every data point carries exactly one attribute a Prometheus
-//! receiver can turn into the tenant label, named exactly like it, with an
-//! owned value, and no scope attribute can become it; under `reject`, a
-//! body is refused rather than relabelled.
+//! Invariants (issue #16), for every decompressed body and both policies:
+//! - the rewrite accepts it, or refuses it with an error;
+//! - what it forwards decodes as an `ExportMetricsServiceRequest` whenever
+//!   the body did, and then every resource and every data point carries
+//!   exactly one attribute a Prometheus receiver can turn into the tenant
+//!   label, named exactly like it, with an owned value, and no scope
+//!   attribute can become it;
+//! - what it forwards is a fixed point: rewritten again, it comes out byte
+//!   for byte the same (so the proxy's own reading finds it scoped too, also
+//!   where strings are not UTF-8 and the decoder above cannot look);
+//! - under `reject`, no value is relabelled.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use prost::Message;
 use tenant_proxy::config::ForeignLabelPolicy;
-use tenant_proxy::enforce::otlp::{check_scoped, rewrite_body, Encoding};
+use tenant_proxy::enforce::otlp::{check_scoped, rewrite};
 use tenant_proxy::enforce::tenant_label::TenantLabel;
 
 fuzz_target!(|data: &[u8]| {
     let owned = vec!["team-a".to_string(), "team-a-2".to_string()];
+    let decodes = ExportMetricsServiceRequest::decode(data).is_ok();
     for label in ["namespace", "k8s_namespace_name"] {
         for policy in [ForeignLabelPolicy::Overwrite, ForeignLabelPolicy::Reject] {
             let tenant = TenantLabel {
@@ -25,14 +31,19 @@ fuzz_target!(|data: &[u8]| {
                 owned_by: "team-a",
                 policy,
             };
-            let Ok((out, stats)) = rewrite_body(Encoding::Identity, data, &tenant, 1 << 20) else {
+            let Ok((out, stats)) = rewrite(data, &tenant) else {
                 continue;
             };
-            let forwarded = ExportMetricsServiceRequest::decode(out.as_slice())
-                .expect("what the proxy encodes decodes");
-            if let Err(escape) = check_scoped(&forwarded, label, &owned) {
-                panic!("{label}: forwarded an unscoped attribute: {escape}");
+            match ExportMetricsServiceRequest::decode(out.as_slice()) {
+                Ok(forwarded) => {
+                    if let Err(escape) = check_scoped(&forwarded, label, &owned) {
+                        panic!("{label}: forwarded an unscoped attribute: {escape}");
+                    }
+                }
+                Err(e) => assert!(!decodes, "the rewrite broke a decodable body: {e}"),
             }
+            let (again, _) = rewrite(&out, &tenant).expect("a forwarded body is accepted again");
+            assert_eq!(again, out, "{label}: a forwarded body is not a fixed point");
             if policy == ForeignLabelPolicy::Reject {
                 assert_eq!(stats.overwritten, 0, "reject never relabels a foreign value");
             }

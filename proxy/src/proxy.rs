@@ -31,8 +31,9 @@ use crate::config::{Config, ForeignLabelPolicy, Limits, MetricsMode, Upstream, U
 use crate::enforce::otlp;
 use crate::enforce::prometheus::{self, EMPTY_METADATA};
 use crate::enforce::promql::{Memo, TenantMatcher};
-use crate::enforce::remote_write::{self, RemoteWriteError, Rewritten};
+use crate::enforce::remote_write::{self, RemoteWriteError};
 use crate::enforce::tenant_label::TenantLabel;
+use crate::enforce::Rewritten;
 use crate::http::body::{self, ProxyBody};
 use crate::http::error::ProxyError;
 use crate::http::headers::{self, RW_SAMPLES_WRITTEN, X_PROM_LABEL_POLICY, X_SCOPE_ORGID};
@@ -413,7 +414,10 @@ async fn proxy(
             let encoding =
                 otlp::read_headers(&parts.headers).map_err(|e| refused_otlp(state, &tenant, e))?;
             let received = body::read_bounded(body, state.limits.max_body_bytes).await?;
-            let rewritten = rewrite_otlp(state, encoding, &received, &tenant)?;
+            let rewritten = match rewrite_otlp(state, encoding, &received, &tenant)? {
+                Rewritten::Unchanged => received,
+                Rewritten::Body(body) => Bytes::from(body),
+            };
             otlp::set_upstream_headers(encoding, &mut parts.headers);
             parts
                 .headers
@@ -611,7 +615,7 @@ fn rewrite_otlp(
     encoding: otlp::Encoding,
     received: &[u8],
     tenant: &TenantLabel<'_>,
-) -> Result<Vec<u8>, ProxyError> {
+) -> Result<Rewritten, ProxyError> {
     let metrics = &state.metrics;
     let tenant_id = TenantLabels {
         tenant: tenant.owned_by.to_owned(),

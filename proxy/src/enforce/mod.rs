@@ -13,3 +13,16 @@ pub mod promql;
 pub mod protowire;
 pub mod remote_write;
 pub mod tenant_label;
+
+/// What a push body became after its series were scoped to the tenant.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Rewritten {
+    /// Every series already carried exactly one owned tenant label, in
+    /// place: the rewrite reproduced the decompressed body byte for byte,
+    /// so the body goes upstream as it came. This is the usual case for
+    /// senders that set the label already, and it saves the recompression,
+    /// the costliest step.
+    Unchanged,
+    /// A new body, compressed as the request was.
+    Body(Vec<u8>),
+}

@@ -7,28 +7,35 @@
 //! `target_info` labels (and, when promoted, labels of every series), and
 //! scope attributes into `otel_scope_*` labels. So, per data point and per
 //! resource: every attribute whose name translates to the tenant label
-//! under any of those readings is removed, and one attribute named exactly
-//! like the label is written, with the value the `metrics.foreign_label`
-//! policy gives (the remote-write rules: owned → kept, none → added,
+//! under any of those readings (`translate`) is removed, and one attribute
+//! named exactly like the label is written, with the value the
+//! `metrics.foreign_label` policy gives (owned → kept, none → added,
 //! foreign → overwritten or the request refused). Scope attributes that
 //! translate to the label are removed.
 //!
-//! The body is decoded and re-encoded whole with the OTLP schema's own
-//! types: fields the schema does not know are not forwarded, so what leaves
-//! is exactly what was checked. gzip in, gzip out.
+//! The body is rewritten on the wire format (`splice`), like remote write:
+//! only attribute lists are rebuilt, and fields the schema does not know
+//! are dropped on the way to them. gzip in (every member, as Go's reader
+//! takes them), gzip out; a body every point of which was already scoped
+//! leaves as it came.
 
+mod splice;
+mod translate;
+
+use std::cell::RefCell;
 use std::io::Read;
 
-use flate2::read::GzDecoder;
-use flate2::write::GzEncoder;
+use flate2::read::MultiGzDecoder;
+use flate2::{Compress, Compression, FlushCompress, Status};
 use http::header::{self, HeaderMap, HeaderValue};
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
-use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
-use opentelemetry_proto::tonic::metrics::v1::metric::Data;
-use opentelemetry_proto::tonic::resource::v1::Resource;
-use prost::Message;
+use opentelemetry_proto::tonic::common::v1::{any_value, KeyValue};
+use opentelemetry_proto::tonic::metrics::v1::{metric::Data, Metric};
 
-use super::tenant_label::{decide, Decision, ForeignLabel, Found, TenantLabel};
+use super::protowire::WireError;
+use super::tenant_label::{ForeignLabel, TenantLabel};
+use super::Rewritten;
+pub use translate::{translates_to, Level};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum OtlpError {
@@ -46,6 +53,12 @@ pub enum OtlpError {
     ForeignLabel(#[from] ForeignLabel),
 }
 
+impl From<WireError> for OtlpError {
+    fn from(e: WireError) -> Self {
+        OtlpError::Malformed(e.to_string())
+    }
+}
+
 /// How the request body is compressed; the forwarded body is the same.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Encoding {
@@ -61,6 +74,9 @@ pub struct Stats {
     pub added: u64,
     /// Data points and resources whose label was replaced.
     pub overwritten: u64,
+    /// Fields the schema does not define on the way to attributes, not
+    /// forwarded.
+    pub dropped_fields: u64,
 }
 
 /// Reads `Content-Type` (protobuf only: OTLP/JSON is refused with 415 in
@@ -112,83 +128,121 @@ pub fn set_upstream_headers(encoding: Encoding, headers: &mut HeaderMap) {
     }
 }
 
-/// Decompresses (bounded), decodes, rewrites and re-encodes a body.
+/// Scratch buffers kept per thread, as remote write keeps them: a
+/// decompressed batch is hundreds of KiB, and allocating it per request
+/// costs a page fault per 4 KiB.
+struct Scratch {
+    decompressed: Vec<u8>,
+    rewritten: Vec<u8>,
+    /// Reset per body: a new one allocates and zeroes its window and hash
+    /// tables every time.
+    gzip: Compress,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch {
+        decompressed: Vec::new(),
+        rewritten: Vec::new(),
+        gzip: Compress::new_gzip(Compression::fast(), 15),
+    });
+}
+
+/// Buffers above this are released after use rather than kept.
+const KEEP_SCRATCH_BYTES: usize = 4 * 1024 * 1024;
+
+/// Decompresses (bounded), rewrites and recompresses a body.
 pub fn rewrite_body(
     encoding: Encoding,
     body: &[u8],
     tenant: &TenantLabel<'_>,
     max_decompressed: u64,
-) -> Result<(Vec<u8>, Stats), OtlpError> {
-    let mut request = match encoding {
-        Encoding::Identity => decode(body, max_decompressed)?,
+) -> Result<(Rewritten, Stats), OtlpError> {
+    SCRATCH.with(|scratch| {
+        let scratch = &mut *scratch.borrow_mut();
+        let result = rewrite_in(encoding, body, tenant, max_decompressed, scratch);
+        for buffer in [&mut scratch.decompressed, &mut scratch.rewritten] {
+            if buffer.capacity() > KEEP_SCRATCH_BYTES {
+                *buffer = Vec::new();
+            }
+        }
+        result
+    })
+}
+
+fn rewrite_in(
+    encoding: Encoding,
+    body: &[u8],
+    tenant: &TenantLabel<'_>,
+    limit: u64,
+    Scratch {
+        decompressed,
+        rewritten,
+        gzip,
+    }: &mut Scratch,
+) -> Result<(Rewritten, Stats), OtlpError> {
+    let message = match encoding {
+        Encoding::Identity => body,
         Encoding::Gzip => {
-            let mut raw = Vec::new();
-            GzDecoder::new(body)
-                .take(max_decompressed + 1)
-                .read_to_end(&mut raw)
+            decompressed.clear();
+            // Every member, as Go's gzip reader (the receiver's) reads a
+            // body of several; stopped one byte past the limit.
+            MultiGzDecoder::new(body)
+                .take(limit + 1)
+                .read_to_end(decompressed)
                 .map_err(|e| OtlpError::Malformed(format!("gzip: {e}")))?;
-            decode(&raw, max_decompressed)?
+            decompressed.as_slice()
         }
     };
-    let stats = rewrite(&mut request, tenant)?;
-    let encoded = request.encode_to_vec();
+    if message.len() as u64 > limit {
+        return Err(OtlpError::TooLarge { limit });
+    }
+    rewritten.clear();
+    rewritten.reserve(message.len() + message.len() / 8 + 64);
+    let stats = splice::rewrite_into(message, tenant, rewritten)?;
+    if rewritten == message {
+        return Ok((Rewritten::Unchanged, stats));
+    }
     let out = match encoding {
-        Encoding::Identity => encoded,
-        Encoding::Gzip => {
-            use std::io::Write;
-            let mut gz = GzEncoder::new(Vec::new(), flate2::Compression::fast());
-            gz.write_all(&encoded)
-                .and_then(|()| gz.finish())
-                .map_err(|e| OtlpError::Malformed(format!("gzip: {e}")))?
-        }
+        Encoding::Identity => rewritten.clone(),
+        Encoding::Gzip => compress(gzip, rewritten)?,
     };
+    Ok((Rewritten::Body(out), stats))
+}
+
+/// One gzip member of `input`, with a reused compressor.
+fn compress(gzip: &mut Compress, input: &[u8]) -> Result<Vec<u8>, OtlpError> {
+    gzip.reset();
+    let mut out = Vec::with_capacity(input.len() / 4 + 64);
+    loop {
+        let consumed = gzip.total_in() as usize;
+        let status = gzip
+            .compress_vec(&input[consumed..], &mut out, FlushCompress::Finish)
+            .map_err(|e| OtlpError::Malformed(format!("gzip: {e}")))?;
+        match status {
+            Status::StreamEnd => return Ok(out),
+            _ => out.reserve(out.capacity().max(4096)),
+        }
+    }
+}
+
+/// Rewrites a decompressed `ExportMetricsServiceRequest`.
+pub fn rewrite(message: &[u8], tenant: &TenantLabel<'_>) -> Result<(Vec<u8>, Stats), OtlpError> {
+    let mut out = Vec::new();
+    let stats = splice::rewrite_into(message, tenant, &mut out)?;
     Ok((out, stats))
 }
 
-fn decode(raw: &[u8], limit: u64) -> Result<ExportMetricsServiceRequest, OtlpError> {
-    if raw.len() as u64 > limit {
-        return Err(OtlpError::TooLarge { limit });
-    }
-    ExportMetricsServiceRequest::decode(raw).map_err(|e| OtlpError::Malformed(e.to_string()))
-}
-
-/// Scopes a decoded request to the tenant.
-pub fn rewrite(
-    request: &mut ExportMetricsServiceRequest,
-    tenant: &TenantLabel<'_>,
-) -> Result<Stats, OtlpError> {
-    let mut stats = Stats::default();
-    visit(request, |level, metric, attributes| {
-        if level == Level::DataPoint {
-            stats.data_points += 1;
-        }
-        match level {
-            Level::Scope => {
-                attributes.retain(|kv| !translates_to(&kv.key, Level::Scope, tenant.name));
-                Ok(())
-            }
-            Level::Resource => enforce(attributes, level, tenant, &mut stats, || {
-                "a resource".into()
-            }),
-            Level::DataPoint => enforce(attributes, level, tenant, &mut stats, || {
-                format!("a data point of {metric:?}")
-            }),
-        }
-    })?;
-    Ok(stats)
-}
-
-/// The property the rewrite keeps, for tests and fuzz targets: wherever a
-/// receiver can make the tenant label, at resource or data-point level,
-/// exactly one attribute does, named exactly `label`, with a value in
-/// `owned`; no scope attribute can.
+/// The property the rewrite keeps, for tests and fuzz targets, checked on
+/// the decoded request the receiver would see: wherever a receiver can
+/// make the tenant label, at resource or data-point level, exactly one
+/// attribute does, named exactly `label`, with a string value in `owned`;
+/// no scope attribute can. A missing resource is the receiver's empty one.
 pub fn check_scoped(
     request: &ExportMetricsServiceRequest,
     label: &str,
     owned: &[String],
 ) -> Result<(), String> {
-    let mut request = request.clone();
-    let result = visit(&mut request, |level, metric, attributes| {
+    let check = |level: Level, place: &dyn Fn() -> String, attributes: &[KeyValue]| {
         let hits: Vec<&KeyValue> = attributes
             .iter()
             .filter(|kv| translates_to(&kv.key, level, label))
@@ -196,61 +250,24 @@ pub fn check_scoped(
         let scoped = match level {
             Level::Scope => hits.is_empty(),
             _ => matches!(hits[..], [kv] if kv.key == label
-                && string_value(kv).is_some_and(|v| owned.iter().any(|o| o == v))),
+                && owned_string(kv).is_some_and(|v| owned.iter().any(|o| o == v))),
         };
         match scoped {
             true => Ok(()),
-            false => Err(OtlpError::Malformed(format!(
-                "{level:?} of {metric:?}: {hits:?}"
-            ))),
+            false => Err(format!("{level:?} of {}: {hits:?}", place())),
         }
-    });
-    result.map_err(|e| e.to_string())
-}
-
-/// Calls `f` with every attribute list a receiver turns into labels: each
-/// resource's (a missing resource is created: it gets the label too), each
-/// scope's, and each data point's of every metric type, with the metric's
-/// name.
-fn visit(
-    request: &mut ExportMetricsServiceRequest,
-    mut f: impl FnMut(Level, &str, &mut Vec<KeyValue>) -> Result<(), OtlpError>,
-) -> Result<(), OtlpError> {
-    for resource_metrics in &mut request.resource_metrics {
-        let resource = resource_metrics
-            .resource
-            .get_or_insert_with(Resource::default);
-        f(Level::Resource, "", &mut resource.attributes)?;
-        for scope_metrics in &mut resource_metrics.scope_metrics {
-            if let Some(scope) = &mut scope_metrics.scope {
-                f(Level::Scope, "", &mut scope.attributes)?;
+    };
+    for resource_metrics in &request.resource_metrics {
+        let resource = resource_metrics.resource.as_ref();
+        let attributes = resource.map_or(&[][..], |r| &r.attributes);
+        check(Level::Resource, &|| "a resource".into(), attributes)?;
+        for scope_metrics in &resource_metrics.scope_metrics {
+            if let Some(scope) = &scope_metrics.scope {
+                check(Level::Scope, &|| "a scope".into(), &scope.attributes)?;
             }
-            for metric in &mut scope_metrics.metrics {
-                let name = metric.name.as_str();
-                let mut point =
-                    |attributes: &mut Vec<KeyValue>| f(Level::DataPoint, name, attributes);
-                match &mut metric.data {
-                    Some(Data::Gauge(g)) => g
-                        .data_points
-                        .iter_mut()
-                        .try_for_each(|p| point(&mut p.attributes))?,
-                    Some(Data::Sum(s)) => s
-                        .data_points
-                        .iter_mut()
-                        .try_for_each(|p| point(&mut p.attributes))?,
-                    Some(Data::Histogram(h)) => h
-                        .data_points
-                        .iter_mut()
-                        .try_for_each(|p| point(&mut p.attributes))?,
-                    Some(Data::ExponentialHistogram(h)) => h
-                        .data_points
-                        .iter_mut()
-                        .try_for_each(|p| point(&mut p.attributes))?,
-                    Some(Data::Summary(s)) => s
-                        .data_points
-                        .iter_mut()
-                        .try_for_each(|p| point(&mut p.attributes))?,
-                    None => {}
+            for metric in &scope_metrics.metrics {
+                for attributes in data_point_attributes(metric) {
+                    check(Level::DataPoint, &|| metric.name.clone(), attributes)?;
                 }
             }
         }
@@ -258,119 +275,26 @@ fn visit(
     Ok(())
 }
 
-/// Where an attribute sits, which decides the labels it can become.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Level {
-    Resource,
-    Scope,
-    DataPoint,
-}
-
-/// Sets the tenant label in one attribute list, per the policy.
-fn enforce(
-    attributes: &mut Vec<KeyValue>,
-    level: Level,
-    tenant: &TenantLabel<'_>,
-    stats: &mut Stats,
-    describe: impl FnOnce() -> String,
-) -> Result<(), OtlpError> {
-    let mut found = Found::Nothing;
-    for kv in attributes
-        .iter()
-        .filter(|kv| translates_to(&kv.key, level, tenant.name))
-    {
-        found = match string_value(kv) {
-            Some(value) => found.and(value.as_bytes()),
-            // A number or a list also becomes a label value: never ours.
-            None => Found::Mixed,
-        };
+/// The attribute list of every data point of a metric, whatever its type.
+fn data_point_attributes(metric: &Metric) -> Vec<&[KeyValue]> {
+    fn lists<P>(points: &[P], attributes: fn(&P) -> &[KeyValue]) -> Vec<&[KeyValue]> {
+        points.iter().map(attributes).collect()
     }
-    let value = match decide(found, tenant, describe)? {
-        Decision::Keep(value) => String::from_utf8_lossy(value).into_owned(),
-        decision => {
-            match decision {
-                Decision::Add => stats.added += 1,
-                _ => stats.overwritten += 1,
-            }
-            tenant.owned[0].clone()
-        }
-    };
-    attributes.retain(|kv| !translates_to(&kv.key, level, tenant.name));
-    attributes.push(KeyValue {
-        key: tenant.name.to_owned(),
-        value: Some(AnyValue {
-            value: Some(any_value::Value::StringValue(value)),
-        }),
-        ..Default::default()
-    });
-    Ok(())
+    match &metric.data {
+        Some(Data::Gauge(g)) => lists(&g.data_points, |p| &p.attributes),
+        Some(Data::Sum(s)) => lists(&s.data_points, |p| &p.attributes),
+        Some(Data::Histogram(h)) => lists(&h.data_points, |p| &p.attributes),
+        Some(Data::ExponentialHistogram(h)) => lists(&h.data_points, |p| &p.attributes),
+        Some(Data::Summary(s)) => lists(&s.data_points, |p| &p.attributes),
+        None => Vec::new(),
+    }
 }
 
-fn string_value(kv: &KeyValue) -> Option<&str> {
+fn owned_string(kv: &KeyValue) -> Option<&str> {
     match kv.value.as_ref()?.value.as_ref()? {
         any_value::Value::StringValue(s) => Some(s),
         _ => None,
     }
-}
-
-/// Whether an attribute named `key` can become the label `label` at the
-/// receiver, under any of its name translations: kept as UTF-8, or
-/// sanitised to `[a-zA-Z0-9_]` (each other character to `_`, `key_` before
-/// a leading digit, `key` before a single leading `_`), with or without runs
-/// of `_` collapsed; at resource level also `service.name` and
-/// `service.namespace` (→ `job`) and `service.instance.id` (→ `instance`);
-/// at scope level with the `otel_scope_` prefix. Erring wide only removes an
-/// attribute that might have collided.
-pub fn translates_to(key: &str, level: Level, label: &str) -> bool {
-    match level {
-        Level::Scope => return translates(&format!("otel_scope_{key}"), label),
-        Level::Resource => {
-            let derived = match key {
-                "service.name" | "service.namespace" => Some("job"),
-                "service.instance.id" => Some("instance"),
-                _ => None,
-            };
-            if derived == Some(label) {
-                return true;
-            }
-        }
-        Level::DataPoint => {}
-    }
-    translates(key, label)
-}
-
-fn translates(key: &str, label: &str) -> bool {
-    if key == label {
-        return true;
-    }
-    // Compared character by character: this runs for every attribute of
-    // every data point, twice, and must not allocate.
-    let sanitised = || {
-        key.chars().map(|c| {
-            if c.is_ascii_alphanumeric() || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-    };
-    let mut head = sanitised();
-    let prefix = match (head.next(), head.next()) {
-        (Some(c), _) if c.is_ascii_digit() => "key_",
-        (Some('_'), second) if second != Some('_') => "key",
-        _ => "",
-    };
-    let full = || prefix.chars().chain(sanitised());
-    if full().eq(label.chars()) {
-        return true;
-    }
-    let mut previous = None;
-    let collapsed = full().filter(move |&c| {
-        let repeat = c == '_' && previous == Some('_');
-        previous = Some(c);
-        !repeat
-    });
-    collapsed.eq(label.chars())
 }
 
 #[cfg(test)]

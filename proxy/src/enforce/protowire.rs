@@ -146,7 +146,8 @@ pub fn len_field_size(len: usize) -> usize {
     1 + varint_size(len as u64) + len
 }
 
-fn varint_size(value: u64) -> usize {
+/// Bytes `value` takes as a varint.
+pub fn varint_size(value: u64) -> usize {
     (64 - value.max(1).leading_zeros() as usize).div_ceil(7)
 }
 

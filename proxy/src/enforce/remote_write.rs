@@ -29,6 +29,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 use super::prompb::readings::describe as describe_series;
 use super::tenant_label::{decide, Decision, ForeignLabel, Found, TenantLabel};
+use super::Rewritten;
 use crate::enforce::protowire::{self, fields, WireError, LEN, VARINT};
 
 pub const V1_CONTENT_TYPE: &str = "application/x-protobuf";
@@ -186,19 +187,6 @@ thread_local! {
 /// Buffers above this are released after use rather than kept: one
 /// unusually large batch must not pin its size on every thread.
 const KEEP_SCRATCH_BYTES: usize = 4 * 1024 * 1024;
-
-/// The outcome of rewriting a compressed body.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Rewritten {
-    /// Every series already carried exactly one owned tenant label, sorted
-    /// in place: the rewrite reproduced the body byte for byte, so the
-    /// original compressed body goes upstream as it came. This is the
-    /// usual case for senders whose scrape config sets the label already,
-    /// and it saves the recompression, the costliest step.
-    Unchanged,
-    /// A new snappy-compressed body.
-    Body(Vec<u8>),
-}
 
 /// Decompresses (size checked first), rewrites and recompresses a body of
 /// the `version` [`read_headers`] found.

@@ -1,12 +1,16 @@
 use super::*;
 use crate::config::ForeignLabelPolicy;
+use flate2::write::GzEncoder;
+use opentelemetry_proto::tonic::common::v1::AnyValue;
 use opentelemetry_proto::tonic::common::v1::InstrumentationScope;
 use opentelemetry_proto::tonic::metrics::v1::{
     exponential_histogram_data_point, summary_data_point, ExponentialHistogram,
     ExponentialHistogramDataPoint, Gauge, Histogram, HistogramDataPoint, Metric, NumberDataPoint,
     ResourceMetrics, ScopeMetrics, Sum, Summary, SummaryDataPoint,
 };
+use opentelemetry_proto::tonic::resource::v1::Resource;
 use proptest::prelude::*;
+use prost::Message;
 
 const LABEL: &str = "k8s_namespace_name";
 
@@ -125,16 +129,22 @@ fn scoped(request: &ExportMetricsServiceRequest, owned: &[String]) -> Result<(),
 
 /// Data-point attribute lists, in order.
 fn points(request: &ExportMetricsServiceRequest) -> Vec<Vec<KeyValue>> {
-    let mut request = request.clone();
-    let mut out = Vec::new();
-    visit(&mut request, |level, _, attributes| {
-        if level == Level::DataPoint {
-            out.push(attributes.clone());
-        }
-        Ok(())
-    })
-    .unwrap();
-    out
+    let metrics = &request.resource_metrics[0].scope_metrics[0].metrics;
+    metrics
+        .iter()
+        .flat_map(data_point_attributes)
+        .map(<[KeyValue]>::to_vec)
+        .collect()
+}
+
+/// Rewrites a request on the wire and decodes what would be forwarded.
+fn rewrite_decoded(
+    request: &mut ExportMetricsServiceRequest,
+    tenant: &TenantLabel<'_>,
+) -> Result<Stats, OtlpError> {
+    let (out, stats) = rewrite(&request.encode_to_vec(), tenant)?;
+    *request = ExportMetricsServiceRequest::decode(out.as_slice()).expect("forwarded bytes decode");
+    Ok(stats)
 }
 
 #[test]
@@ -186,12 +196,12 @@ fn every_data_point_of_every_type_and_every_resource_gets_the_label() {
             &[kv("k8s.namespace.name", "team-b")],
             &points,
         );
-        let stats = rewrite(&mut r, &t).unwrap();
+        let stats = rewrite_decoded(&mut r, &t).unwrap();
         assert_eq!(stats.data_points, 5);
         scoped(&r, &owned).unwrap_or_else(|e| panic!("{points:?}: {e}"));
     }
     let mut kept = request(&[], &[], &[kv("k8s.namespace.name", "team-a-2")]);
-    rewrite(&mut kept, &t).unwrap();
+    rewrite_decoded(&mut kept, &t).unwrap();
     assert_eq!(
         points(&kept).last().unwrap(),
         &vec![kv(LABEL, "team-a-2")],
@@ -214,15 +224,15 @@ fn a_foreign_value_is_refused_under_reject_naming_the_metric() {
     let owned = owned();
     let t = tenant(&owned, ForeignLabelPolicy::Reject);
     let mut r = request(&[], &[], &[kv("k8s.namespace.name", "team-b")]);
-    let error = rewrite(&mut r, &t).unwrap_err();
+    let error = rewrite_decoded(&mut r, &t).unwrap_err();
     assert!(
         matches!(&error, OtlpError::ForeignLabel(ForeignLabel(m)) if m.contains("\"g\"")),
         "{error}"
     );
     let mut foreign_resource = request(&[kv(LABEL, "team-b")], &[], &[]);
-    assert!(rewrite(&mut foreign_resource, &t).is_err());
+    assert!(rewrite_decoded(&mut foreign_resource, &t).is_err());
     let mut fine = request(&[kv(LABEL, "team-a")], &[], &[kv(LABEL, "team-a-2")]);
-    assert!(rewrite(&mut fine, &t).is_ok());
+    assert!(rewrite_decoded(&mut fine, &t).is_ok());
 }
 
 #[test]
@@ -237,7 +247,7 @@ fn a_non_string_value_is_never_taken_for_an_owned_one() {
         ..Default::default()
     };
     let mut r = request(&[], &[], &[number]);
-    let stats = rewrite(&mut r, &t).unwrap();
+    let stats = rewrite_decoded(&mut r, &t).unwrap();
     assert_eq!(stats.overwritten, 5);
     scoped(&r, &owned).unwrap();
 }
@@ -292,33 +302,49 @@ fn gzip(raw: &[u8]) -> Vec<u8> {
     gz.finish().unwrap()
 }
 
+/// What the receiver decodes from a forwarded body, in its encoding.
+fn forwarded(
+    encoding: Encoding,
+    body: &[u8],
+    t: &TenantLabel<'_>,
+) -> Result<(ExportMetricsServiceRequest, Rewritten), OtlpError> {
+    let (rewritten, _) = rewrite_body(encoding, body, t, 1 << 20)?;
+    let sent = match &rewritten {
+        Rewritten::Unchanged => body,
+        Rewritten::Body(out) => out.as_slice(),
+    };
+    let mut plain = sent.to_vec();
+    if encoding == Encoding::Gzip {
+        plain.clear();
+        MultiGzDecoder::new(sent).read_to_end(&mut plain).unwrap();
+    }
+    let request = ExportMetricsServiceRequest::decode(plain.as_slice()).expect("decodes");
+    Ok((request, rewritten))
+}
+
 #[test]
 fn bodies_round_trip_in_their_encoding_and_are_bounded() {
     let owned = owned();
     let t = tenant(&owned, ForeignLabelPolicy::Overwrite);
     let raw = request(&[], &[], &[kv("job", "x")]).encode_to_vec();
-    let (out, _) = rewrite_body(Encoding::Gzip, &gzip(&raw), &t, 1 << 20).unwrap();
-    let mut plain = Vec::new();
-    GzDecoder::new(out.as_slice())
-        .read_to_end(&mut plain)
-        .unwrap();
-    scoped(
-        &ExportMetricsServiceRequest::decode(plain.as_slice()).unwrap(),
-        &owned,
-    )
-    .unwrap();
-    let (out, _) = rewrite_body(Encoding::Identity, &raw, &t, 1 << 20).unwrap();
-    scoped(
-        &ExportMetricsServiceRequest::decode(out.as_slice()).unwrap(),
-        &owned,
-    )
-    .unwrap();
+    for (encoding, body) in [
+        (Encoding::Gzip, gzip(&raw)),
+        (Encoding::Identity, raw.clone()),
+    ] {
+        let (sent, rewritten) = forwarded(encoding, &body, &t).unwrap();
+        assert_ne!(rewritten, Rewritten::Unchanged);
+        scoped(&sent, &owned).unwrap();
+    }
 
     // A gzip bomb stops at the limit, before the whole of it is inflated.
     let bomb = gzip(&vec![0u8; 8 << 20]);
     assert_eq!(
         rewrite_body(Encoding::Gzip, &bomb, &t, 1 << 20),
         Err(OtlpError::TooLarge { limit: 1 << 20 })
+    );
+    assert_eq!(
+        rewrite_body(Encoding::Identity, &raw, &t, 16),
+        Err(OtlpError::TooLarge { limit: 16 })
     );
     assert!(matches!(
         rewrite_body(Encoding::Gzip, &raw, &t, 1 << 20),
@@ -331,13 +357,100 @@ fn bodies_round_trip_in_their_encoding_and_are_bounded() {
 }
 
 #[test]
+fn a_body_already_scoped_leaves_as_it_came() {
+    let owned = owned();
+    let t = tenant(&owned, ForeignLabelPolicy::Reject);
+    let scoped_request = request(
+        &[kv("service.name", "svc"), kv(LABEL, "team-a")],
+        &[kv("x", "y")],
+        &[kv("job", "x"), kv(LABEL, "team-a-2")],
+    );
+    let raw = scoped_request.encode_to_vec();
+    for (encoding, body) in [
+        (Encoding::Gzip, gzip(&raw)),
+        (Encoding::Identity, raw.clone()),
+    ] {
+        let (sent, rewritten) = forwarded(encoding, &body, &t).unwrap();
+        assert_eq!(rewritten, Rewritten::Unchanged, "{encoding:?}");
+        assert_eq!(sent, scoped_request);
+    }
+}
+
+#[test]
+fn every_gzip_member_is_read_as_the_receiver_reads_them() {
+    // Go's gzip reader (the receiver's) reads concatenated members as one
+    // body: a second member must not carry an unchecked resource.
+    let owned = owned();
+    let t = tenant(&owned, ForeignLabelPolicy::Overwrite);
+    let first = request(&[kv(LABEL, "team-a")], &[], &[kv(LABEL, "team-a")]);
+    let second = request(&[kv(LABEL, "team-b")], &[], &[kv(LABEL, "team-b")]);
+    let mut body = gzip(&first.encode_to_vec());
+    body.extend(gzip(&second.encode_to_vec()));
+    let (sent, rewritten) = forwarded(Encoding::Gzip, &body, &t).unwrap();
+    assert_ne!(rewritten, Rewritten::Unchanged);
+    assert_eq!(sent.resource_metrics.len(), 2);
+    scoped(&sent, &owned).unwrap();
+}
+
+#[test]
 fn fields_the_schema_does_not_know_are_not_forwarded() {
     let owned = owned();
     let t = tenant(&owned, ForeignLabelPolicy::Overwrite);
-    let mut raw = request(&[], &[], &[]).encode_to_vec();
-    raw.extend_from_slice(&[0xfa, 0x01, 0x03, b'a', b'b', b'c']); // field 31, "abc"
-    let (out, _) = rewrite_body(Encoding::Identity, &raw, &t, 1 << 20).unwrap();
+    // Field 1000 of ResourceMetrics (the removed instrumentation library
+    // metrics, which older collectors still read) and field 31 of the
+    // request, each carrying "abc".
+    let mut resource_metrics = ResourceMetrics::default().encode_to_vec();
+    resource_metrics.extend_from_slice(&[0xc2, 0x3e, 0x03, b'a', b'b', b'c']);
+    let mut raw = Vec::new();
+    crate::enforce::protowire::write_len_field(&mut raw, 1, &resource_metrics);
+    raw.extend_from_slice(&[0xfa, 0x01, 0x03, b'a', b'b', b'c']);
+    let (out, stats) = rewrite(&raw, &t).unwrap();
     assert!(!out.windows(3).any(|w| w == b"abc"));
+    assert_eq!(stats.dropped_fields, 2);
+    scoped(
+        &ExportMetricsServiceRequest::decode(out.as_slice()).unwrap(),
+        &owned,
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_body_a_receiver_could_read_another_way_is_refused() {
+    let owned = owned();
+    let t = tenant(&owned, ForeignLabelPolicy::Overwrite);
+    let mut resource_metrics = Vec::new();
+    let resource = |key: &str| {
+        Resource {
+            attributes: vec![kv(key, "team-b")],
+            ..Default::default()
+        }
+        .encode_to_vec()
+    };
+    // Two resources: the receiver merges them into one.
+    crate::enforce::protowire::write_len_field(&mut resource_metrics, 1, &resource("a"));
+    crate::enforce::protowire::write_len_field(&mut resource_metrics, 1, &resource("b"));
+    let mut two_resources = Vec::new();
+    crate::enforce::protowire::write_len_field(&mut two_resources, 1, &resource_metrics);
+
+    // An attribute named twice: the receiver takes the last name.
+    let mut kv_bytes = kv("harmless", "team-b").encode_to_vec();
+    crate::enforce::protowire::write_len_field(&mut kv_bytes, 1, LABEL.as_bytes());
+    let mut resource_bytes = Vec::new();
+    crate::enforce::protowire::write_len_field(&mut resource_bytes, 1, &kv_bytes);
+    let mut resource_metrics = Vec::new();
+    crate::enforce::protowire::write_len_field(&mut resource_metrics, 1, &resource_bytes);
+    let mut renamed = Vec::new();
+    crate::enforce::protowire::write_len_field(&mut renamed, 1, &resource_metrics);
+
+    // A path field in another wire type.
+    let wrong_type = [0x08, 0x01];
+
+    for body in [two_resources, renamed, wrong_type.to_vec()] {
+        assert!(
+            matches!(rewrite(&body, &t), Err(OtlpError::Malformed(_))),
+            "{body:?}"
+        );
+    }
 }
 
 fn key() -> impl Strategy<Value = String> {
@@ -373,14 +486,8 @@ proptest! {
         let policy = if reject { ForeignLabelPolicy::Reject } else { ForeignLabelPolicy::Overwrite };
         let raw = request(&resource, &scope, &points).encode_to_vec();
         let (encoding, body) = if gz { (Encoding::Gzip, gzip(&raw)) } else { (Encoding::Identity, raw) };
-        if let Ok((out, _)) = rewrite_body(encoding, &body, &tenant(&owned, policy), 1 << 20) {
-            let mut plain = out.clone();
-            if gz {
-                plain.clear();
-                GzDecoder::new(out.as_slice()).read_to_end(&mut plain).unwrap();
-            }
-            let forwarded = ExportMetricsServiceRequest::decode(plain.as_slice()).unwrap();
-            prop_assert!(scoped(&forwarded, &owned).is_ok(), "{:?}", scoped(&forwarded, &owned));
+        if let Ok((sent, _)) = forwarded(encoding, &body, &tenant(&owned, policy)) {
+            prop_assert!(scoped(&sent, &owned).is_ok(), "{:?}", scoped(&sent, &owned));
         } else {
             prop_assert!(reject, "only the reject policy refuses well-formed input");
         }
