@@ -17,7 +17,7 @@ fuzz_target!(|data: &[u8]| {
     assert!(path.starts_with('/'), "{raw:?} -> {path:?}");
     assert_eq!(normalise(&path).as_deref(), Ok(path.as_str()), "{raw:?}");
     for mode in [MetricsMode::Label, MetricsMode::Header] {
-        let table = RouteTable::new(true, Some(mode));
+        let table = RouteTable::new(true, Some(mode), true);
         for method in [http::Method::GET, http::Method::POST] {
             let _ = table.classify(&method, &path);
         }

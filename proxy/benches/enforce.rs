@@ -83,7 +83,7 @@ fn promql(c: &mut Criterion) {
 }
 
 fn routing(c: &mut Criterion) {
-    let table = RouteTable::new(true, Some(MetricsMode::Label));
+    let table = RouteTable::new(true, Some(MetricsMode::Label), false);
     c.bench_function("normalise_and_classify", |b| {
         b.iter(|| {
             let path = path::normalise(black_box("/loki/api/v1/query_range")).unwrap();

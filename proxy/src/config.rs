@@ -34,6 +34,10 @@ pub struct Config {
     pub logs: Option<LogsConfig>,
     /// The Prometheus/Mimir upstream. Absent: no metric routes are served.
     pub metrics: Option<MetricsConfig>,
+    /// An Alertmanager, scoped like the metrics it alerts on: a vanilla one
+    /// by `metrics.label` (label mode), Mimir's by `metrics.header` (header
+    /// mode). Absent: no Alertmanager routes are served.
+    pub alerts: Option<AlertsConfig>,
     #[serde(default)]
     pub limits: Limits,
     /// TLS on the tenant listener; absent: plain HTTP (terminate TLS in
@@ -274,6 +278,16 @@ pub struct MetricsConfig {
     #[serde(default)]
     pub foreign_label: ForeignLabelPolicy,
     /// For an `https://` upstream (both `upstream` and `push_upstream`).
+    pub tls: Option<UpstreamTls>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AlertsConfig {
+    /// Base URL of the Alertmanager (vanilla: its `/api/v2` is under it) or
+    /// of Mimir (its Alertmanager at `/alertmanager/api/v2`).
+    pub upstream: Upstream,
+    /// For an `https://` upstream.
     pub tls: Option<UpstreamTls>,
 }
 
@@ -594,7 +608,13 @@ impl Config {
                     .collect();
                 ("metrics", all, m.tls.as_ref())
             }),
+            self.alerts
+                .as_ref()
+                .map(|a| ("alerts", vec![&a.upstream], a.tls.as_ref())),
         ];
+        if self.alerts.is_some() && self.metrics.is_none() {
+            return Err("`alerts` is scoped like `metrics`: configure `metrics` too".into());
+        }
         for (section, urls, tls) in upstreams.into_iter().flatten() {
             let https = urls.iter().any(|u| u.scheme == http::uri::Scheme::HTTPS);
             check_upstream_tls(section, https, tls)?;

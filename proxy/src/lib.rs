@@ -113,7 +113,7 @@ impl Proxy {
         if let (Some(tls), Some(settings)) = (tls, &config.tls) {
             tokio::spawn(tls.run(settings.reload_interval, shutdown.clone().wait()));
         }
-        let upstream_clients = [&state.logs, &state.metrics_target]
+        let upstream_clients = [&state.logs, &state.metrics_target, &state.alerts_target]
             .into_iter()
             .flatten()
             .map(|target| (&target.tls, &target.client));

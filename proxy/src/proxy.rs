@@ -27,7 +27,10 @@ use hyper_util::rt::TokioIo;
 
 use crate::admission::{Admission, Admitted, Kind};
 use crate::auth::Authenticator;
-use crate::config::{Config, ForeignLabelPolicy, Limits, MetricsMode, Upstream, UpstreamTls};
+use crate::config::{
+    Config, ForeignLabelPolicy, Limits, MetricsConfig, MetricsMode, Upstream, UpstreamTls,
+};
+use crate::enforce::alertmanager::{self, TenantAlerts};
 use crate::enforce::otlp;
 use crate::enforce::prometheus::{self, EMPTY_METADATA};
 use crate::enforce::promql::{Memo, TenantMatcher};
@@ -42,7 +45,7 @@ use crate::ops::metrics::{
     self, Metrics, ReasonLabels, RequestLabels, SurfaceLabels, TenantActionLabels, TenantLabels,
 };
 use crate::ops::otel::{RequestSpan, Tracing};
-use crate::routes::{Operation, Route, RouteTable, Signal};
+use crate::routes::{AlertmanagerCall, Operation, Route, RouteTable, Signal, ALERTMANAGER_PREFIX};
 use crate::tenants::reload::Tenants;
 use crate::tenants::{Credential, Tenant};
 use crate::upstream::{self, HttpClient};
@@ -93,6 +96,23 @@ impl Target {
             .ok_or_else(|| ProxyError::Internal("label enforcement without a label".into()))
     }
 
+    /// The tenant as a label-mode Alertmanager sees it.
+    fn alerts_tenant<'t>(&'t self, tenant: &'t Tenant) -> Result<TenantAlerts<'t>, ProxyError> {
+        Ok(TenantAlerts {
+            label: self.label()?,
+            owned: &tenant.namespaces,
+        })
+    }
+
+    /// The path upstream: a vanilla Alertmanager (label mode) serves at its
+    /// root what the proxy also serves under `/alertmanager`.
+    fn upstream_path<'p>(&self, route: &Route, path: &'p str) -> &'p str {
+        match (route.signal, &self.tenant_label) {
+            (Signal::Alerts, Some(_)) => path.strip_prefix(ALERTMANAGER_PREFIX).unwrap_or(path),
+            _ => path,
+        }
+    }
+
     fn remote_write_label<'t>(&'t self, tenant: &'t Tenant) -> Result<TenantLabel<'t>, ProxyError> {
         Ok(TenantLabel {
             name: self.label()?,
@@ -112,6 +132,8 @@ pub struct AppState {
     pub routes: RouteTable,
     pub logs: Option<Target>,
     pub metrics_target: Option<Target>,
+    /// Alertmanager, scoped the way metrics are.
+    pub alerts_target: Option<Target>,
     pub tenants: Arc<Tenants>,
     pub auth: Authenticator,
     pub metrics: Arc<Metrics>,
@@ -145,14 +167,17 @@ impl AppState {
                 tls: l.tls.clone(),
             }),
         };
+        // Metrics and their Alertmanager are scoped alike: by the label
+        // (label mode) or by the tenant header (header mode).
+        let scoped_like_metrics = |m: &MetricsConfig| match m.mode {
+            MetricsMode::Label => (None, Some(m.label.clone())),
+            // Validated as a header name when the config was loaded.
+            MetricsMode::Header => (HeaderName::from_bytes(m.header.as_bytes()).ok(), None),
+        };
         let metrics_target = match &config.metrics {
             None => None,
             Some(m) => {
-                let (tenant_header, tenant_label) = match m.mode {
-                    MetricsMode::Label => (None, Some(m.label.clone())),
-                    // Validated as a header name when the config was loaded.
-                    MetricsMode::Header => (HeaderName::from_bytes(m.header.as_bytes()).ok(), None),
-                };
+                let (tenant_header, tenant_label) = scoped_like_metrics(m);
                 Some(Target {
                     upstream: m.upstream.clone(),
                     push_upstream: m.push_upstream.clone(),
@@ -165,13 +190,34 @@ impl AppState {
                 })
             }
         };
+        let alerts_target = match (&config.alerts, &config.metrics) {
+            (Some(a), Some(m)) => {
+                let (tenant_header, tenant_label) = scoped_like_metrics(m);
+                Some(Target {
+                    upstream: a.upstream.clone(),
+                    push_upstream: None,
+                    tenant_header,
+                    tenant_label,
+                    foreign_label: ForeignLabelPolicy::default(),
+                    enforces_label_policy: false,
+                    client: client(a.tls.as_ref())?,
+                    tls: a.tls.clone(),
+                })
+            }
+            _ => None,
+        };
         let tracing = (config.tracing.as_ref())
             .map(|tracing| Tracing::new(tracing, &metrics))
             .transpose()?;
         Ok(Self {
-            routes: RouteTable::new(logs.is_some(), config.metrics.as_ref().map(|m| m.mode)),
+            routes: RouteTable::new(
+                logs.is_some(),
+                config.metrics.as_ref().map(|m| m.mode),
+                alerts_target.is_some(),
+            ),
             logs,
             metrics_target,
+            alerts_target,
             tenants,
             auth: Authenticator::new(&config.auth, metrics.password_verifications.clone()),
             metrics,
@@ -189,6 +235,7 @@ impl AppState {
         let target = match route.signal {
             Signal::Logs => self.logs.as_ref(),
             Signal::Metrics => self.metrics_target.as_ref(),
+            Signal::Alerts => self.alerts_target.as_ref(),
         };
         target.ok_or_else(|| ProxyError::Internal("route without an upstream".into()))
     }
@@ -409,6 +456,10 @@ async fn proxy(
                 .insert(header::CONTENT_LENGTH, HeaderValue::from(rewritten.len()));
             (parts.uri.query().map(str::to_owned), body::full(rewritten))
         }
+        Operation::Alertmanager(call) => {
+            let tenant = target.alerts_tenant(&credential.tenant)?;
+            alertmanager_request(state, target, call, &path, &mut parts, body, &tenant).await?
+        }
         Operation::OtlpMetrics => {
             let tenant = target.remote_write_label(&credential.tenant)?;
             let encoding =
@@ -430,13 +481,13 @@ async fn proxy(
             (query, limited.map_err(Into::into).boxed_unsync())
         }
     };
-    if let Operation::Filter(_) = route.operation {
+    if let Operation::Filter(_) | Operation::Alertmanager(_) = route.operation {
         // The response is parsed to be filtered: ask for it uncompressed.
         parts.headers.remove(header::ACCEPT_ENCODING);
     }
     parts.uri = target
         .upstream_for(route.operation)
-        .uri_for(&path, query.as_deref())
+        .uri_for(target.upstream_path(route, &path), query.as_deref())
         .map_err(|e| ProxyError::Internal(format!("cannot build upstream URI: {e}")))?;
     parts.version = http::Version::HTTP_11;
     let tenant_id = credential.tenant.id.as_str();
@@ -518,6 +569,12 @@ async fn proxy(
         .map_err(ProxyError::PushUpstreamUnavailable)?;
         return Ok(Response::from_parts(parts, body::full(answer.to_bytes())));
     }
+    if let (Operation::Alertmanager(call), StatusCode::OK) = (route.operation, parts.status) {
+        let tenant = target.alerts_tenant(&credential.tenant)?;
+        let answer = alertmanager_answer(call, &parts.headers, body, &tenant).await?;
+        parts.headers.remove(header::CONTENT_LENGTH);
+        return Ok(Response::from_parts(parts, body::full(answer)));
+    }
     if let (Operation::Filter(filter), StatusCode::OK) = (route.operation, parts.status) {
         if parts.headers.contains_key(header::CONTENT_ENCODING) {
             return Err(ProxyError::UpstreamUnavailable(
@@ -533,6 +590,126 @@ async fn proxy(
         parts,
         body.map_err(Into::into).boxed_unsync(),
     ))
+}
+
+/// Label mode's Alertmanager calls, before forwarding: the tenant's
+/// `filter` added to alert reads; a posted silence checked and written
+/// again; an update or a delete allowed only on the tenant's own silence.
+/// Returns the query string and body to forward.
+async fn alertmanager_request(
+    state: &AppState,
+    target: &Target,
+    call: AlertmanagerCall,
+    path: &str,
+    parts: &mut http::request::Parts,
+    body: body::Guarded<Incoming>,
+    tenant: &TenantAlerts<'_>,
+) -> Result<(Option<String>, ProxyBody), ProxyError> {
+    let query = parts.uri.query().map(str::to_owned);
+    match call {
+        AlertmanagerCall::ReadFiltered(_) => {
+            let filtered = alertmanager::with_filter(query.as_deref(), tenant);
+            Ok((Some(filtered), body::empty()))
+        }
+        AlertmanagerCall::PostSilence => {
+            let received = body::read_bounded(body, state.limits.max_body_bytes).await?;
+            let silence = alertmanager::rewrite_silence(&received, tenant)?;
+            if let Some(id) = &silence.id {
+                check_silence_owner(state, target, id, tenant).await?;
+            }
+            let json = serde_json::to_vec(&silence)
+                .map_err(|e| ProxyError::Internal(format!("cannot write the silence: {e}")))?;
+            parts.headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            parts.headers.remove(header::CONTENT_ENCODING);
+            parts
+                .headers
+                .insert(header::CONTENT_LENGTH, HeaderValue::from(json.len()));
+            Ok((None, body::full(json)))
+        }
+        AlertmanagerCall::DeleteSilence => {
+            let id = path.rsplit('/').next().unwrap_or_default();
+            check_silence_owner(state, target, id, tenant).await?;
+            Ok((None, body::empty()))
+        }
+        AlertmanagerCall::Read(_) | AlertmanagerCall::Receivers | AlertmanagerCall::Silence => {
+            Ok((query, body::empty()))
+        }
+    }
+}
+
+/// Largest Alertmanager answer read to be filtered or checked.
+const MAX_ALERTMANAGER_ANSWER: usize = 64 * 1024 * 1024;
+
+/// Refuses a change to silence `id` unless Alertmanager shows it to be the
+/// tenant's. A silence that does not exist is refused the same way, so the
+/// answer never tells one tenant which ids another has.
+async fn check_silence_owner(
+    state: &AppState,
+    target: &Target,
+    id: &str,
+    tenant: &TenantAlerts<'_>,
+) -> Result<(), ProxyError> {
+    let internal = |e: String| ProxyError::Internal(format!("cannot ask for silence {id:?}: {e}"));
+    let uri = target
+        .upstream
+        .uri_for(&format!("/api/v2/silence/{id}"), None)
+        .map_err(|e| internal(e.to_string()))?;
+    let request = Request::get(uri)
+        .body(body::empty())
+        .map_err(|e| internal(e.to_string()))?;
+    let timeout = state.limits.upstream_timeout;
+    let response = upstream::send(&target.client.load(), request, timeout, 0).await?;
+    let status = response.status();
+    let answer = read_answer(response.into_body()).await?;
+    match status {
+        StatusCode::OK if alertmanager::silence_is_owned(&answer, tenant)? => Ok(()),
+        StatusCode::OK | StatusCode::NOT_FOUND => Err(ProxyError::Foreign(format!(
+            "silence {id:?} is not one of this tenant's"
+        ))),
+        other => Err(ProxyError::UpstreamUnavailable(
+            format!("Alertmanager answered {other} when asked for a silence").into(),
+        )),
+    }
+}
+
+/// Label mode's Alertmanager answers (200 only): filtered to the tenant,
+/// or, for one silence, shown only if it is the tenant's.
+async fn alertmanager_answer(
+    call: AlertmanagerCall,
+    headers: &http::HeaderMap,
+    body: Incoming,
+    tenant: &TenantAlerts<'_>,
+) -> Result<Bytes, ProxyError> {
+    let filtered = matches!(
+        call,
+        AlertmanagerCall::Read(_) | AlertmanagerCall::ReadFiltered(_) | AlertmanagerCall::Silence
+    );
+    if filtered && headers.contains_key(header::CONTENT_ENCODING) {
+        return Err(ProxyError::UpstreamUnavailable(
+            "upstream compressed a response that must be filtered".into(),
+        ));
+    }
+    let answer = read_answer(body).await?;
+    match call {
+        AlertmanagerCall::Read(filter) | AlertmanagerCall::ReadFiltered(filter) => {
+            alertmanager::filter_answer(&answer, filter, tenant)
+        }
+        AlertmanagerCall::Silence if !alertmanager::silence_is_owned(&answer, tenant)? => Err(
+            ProxyError::Foreign("that silence is not one of this tenant's".into()),
+        ),
+        _ => Ok(answer),
+    }
+}
+
+async fn read_answer(body: Incoming) -> Result<Bytes, ProxyError> {
+    Ok(Limited::new(body, MAX_ALERTMANAGER_ANSWER)
+        .collect()
+        .await
+        .map_err(ProxyError::UpstreamUnavailable)?
+        .to_bytes())
 }
 
 /// Reads the version a remote-write request declares, rewrites its body

@@ -9,6 +9,7 @@
 use http::Method;
 
 use crate::config::MetricsMode;
+use crate::enforce::alertmanager::AnswerFilter;
 use crate::enforce::prometheus::{ResponseFilter, Selectors};
 use crate::http::error::ProxyError;
 use crate::tenants::Scope;
@@ -17,6 +18,8 @@ use crate::tenants::Scope;
 pub enum Signal {
     Logs,
     Metrics,
+    /// Alertmanager: alerts and silences on metrics.
+    Alerts,
 }
 
 impl Signal {
@@ -24,8 +27,27 @@ impl Signal {
         match self {
             Signal::Logs => "logs",
             Signal::Metrics => "metrics",
+            Signal::Alerts => "alerts",
         }
     }
+}
+
+/// What label mode does with an Alertmanager API call
+/// (`enforce::alertmanager`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AlertmanagerCall {
+    /// Forwarded, the answer filtered (status, alerts, groups, silences).
+    Read(AnswerFilter),
+    /// Alerts and groups: the tenant's `filter` added, the answer filtered.
+    ReadFiltered(AnswerFilter),
+    /// Forwarded as it is (receivers: names only).
+    Receivers,
+    /// One silence: shown only if it is the tenant's.
+    Silence,
+    /// A silence created or updated: checked and written again.
+    PostSilence,
+    /// A silence expired: only the tenant's.
+    DeleteSilence,
 }
 
 /// What the proxy does with a matched request, beyond authentication.
@@ -52,6 +74,8 @@ pub enum Operation {
     /// Label mode: OTLP metrics decoded and every data point and resource
     /// given the tenant label.
     OtlpMetrics,
+    /// Label mode: an Alertmanager API call scoped to the tenant.
+    Alertmanager(AlertmanagerCall),
 }
 
 impl Operation {
@@ -99,6 +123,7 @@ impl Route {
             (Signal::Logs, _) => "logs_query",
             (Signal::Metrics, Operation::Push | Operation::RemoteWrite) => "metrics_push",
             (Signal::Metrics, _) => "metrics_query",
+            (Signal::Alerts, _) => "alerts",
         }
     }
 
@@ -255,6 +280,85 @@ const LOKI_RULER: [[Route; 6]; 2] = [
 /// Mimir data source's rule changes (header mode only).
 const MIMIR_RULER: [Route; 6] = ruler_api!(Signal::Metrics, "/config/v1/rules");
 
+const fn alerts(
+    methods: &'static [Method],
+    pattern: &'static str,
+    call: AlertmanagerCall,
+) -> Route {
+    let scope = match call {
+        AlertmanagerCall::PostSilence | AlertmanagerCall::DeleteSilence => Scope::AlertsWrite,
+        _ => Scope::AlertsRead,
+    };
+    Route {
+        methods,
+        pattern,
+        signal: Signal::Alerts,
+        operation: Operation::Alertmanager(call),
+        scope,
+    }
+}
+
+/// The Alertmanager API v2 at `$base`, as Grafana's Alertmanager data source
+/// calls it. Everything else (posting alerts, `/-/reload`, the UI) is
+/// refused by absence.
+macro_rules! alertmanager_api {
+    ($base:literal) => {
+        [
+            alerts(
+                GET,
+                concat!($base, "/status"),
+                AlertmanagerCall::Read(AnswerFilter::Status),
+            ),
+            alerts(
+                GET,
+                concat!($base, "/receivers"),
+                AlertmanagerCall::Receivers,
+            ),
+            alerts(
+                GET,
+                concat!($base, "/alerts"),
+                AlertmanagerCall::ReadFiltered(AnswerFilter::Alerts),
+            ),
+            alerts(
+                GET,
+                concat!($base, "/alerts/groups"),
+                AlertmanagerCall::ReadFiltered(AnswerFilter::AlertGroups),
+            ),
+            alerts(
+                GET,
+                concat!($base, "/silences"),
+                AlertmanagerCall::Read(AnswerFilter::Silences),
+            ),
+            alerts(
+                GET,
+                concat!($base, "/silence/{}"),
+                AlertmanagerCall::Silence,
+            ),
+            alerts(
+                POST,
+                concat!($base, "/silences"),
+                AlertmanagerCall::PostSilence,
+            ),
+            alerts(
+                DELETE,
+                concat!($base, "/silence/{}"),
+                AlertmanagerCall::DeleteSilence,
+            ),
+        ]
+    };
+}
+
+/// Vanilla Alertmanager (label mode): at its own paths, and under
+/// `/alertmanager` like Mimir's, so one data source URL shape fits both.
+const ALERTMANAGER: [[Route; 8]; 2] = [
+    alertmanager_api!("/api/v2"),
+    alertmanager_api!("/alertmanager/api/v2"),
+];
+
+/// The prefix label mode strips before forwarding to a vanilla
+/// Alertmanager.
+pub const ALERTMANAGER_PREFIX: &str = "/alertmanager";
+
 /// Loki, header mode. Every route here is tenant-scoped by `X-Scope-OrgID`.
 pub const LOKI_ROUTES: &[Route] = &[
     logs(POST, "/loki/api/v1/push", Operation::Push),
@@ -310,7 +414,7 @@ pub struct RouteTable {
 }
 
 impl RouteTable {
-    pub fn new(logs_enabled: bool, metrics: Option<MetricsMode>) -> Self {
+    pub fn new(logs_enabled: bool, metrics: Option<MetricsMode>, alerts_enabled: bool) -> Self {
         let mut routes = Vec::new();
         if logs_enabled {
             routes.extend_from_slice(LOKI_ROUTES);
@@ -337,6 +441,15 @@ impl RouteTable {
                 routes.extend_from_slice(HEADER_MODE_EXTRA_ROUTES);
                 routes.extend_from_slice(&MIMIR_RULER);
             }
+            None => {}
+        }
+        match metrics.filter(|_| alerts_enabled) {
+            Some(MetricsMode::Label) => routes.extend(ALERTMANAGER.iter().flatten().cloned()),
+            // Mimir's Alertmanager, by the tenant header, at its own paths.
+            Some(MetricsMode::Header) => routes.extend(ALERTMANAGER[1].iter().map(|r| Route {
+                operation: Operation::Read,
+                ..r.clone()
+            })),
             None => {}
         }
         Self { routes }
@@ -367,7 +480,7 @@ mod tests {
 
     fn table() -> &'static RouteTable {
         static TABLE: std::sync::OnceLock<RouteTable> = std::sync::OnceLock::new();
-        TABLE.get_or_init(|| RouteTable::new(true, Some(MetricsMode::Label)))
+        TABLE.get_or_init(|| RouteTable::new(true, Some(MetricsMode::Label), true))
     }
 
     #[test]
@@ -441,7 +554,7 @@ mod tests {
         assert!(table().classify(&Method::POST, "/otlp/v1/metrics").is_err());
         assert!(table().classify(&Method::GET, "/otlp/v1/logs").is_err());
 
-        let header = RouteTable::new(false, Some(MetricsMode::Header));
+        let header = RouteTable::new(false, Some(MetricsMode::Header), false);
         let mimir = header.classify(&Method::POST, "/otlp/v1/metrics").unwrap();
         assert_eq!(
             (mimir.operation, mimir.scope),
@@ -500,10 +613,10 @@ mod tests {
 
     #[test]
     fn disabled_signal_has_no_routes() {
-        assert!(RouteTable::new(false, None)
+        assert!(RouteTable::new(false, None, false)
             .classify(&Method::POST, "/loki/api/v1/push")
             .is_err());
-        assert!(RouteTable::new(true, None)
+        assert!(RouteTable::new(true, None, false)
             .classify(&Method::GET, "/api/v1/query")
             .is_err());
     }
@@ -515,7 +628,7 @@ mod tests {
             .unwrap();
         assert_eq!(label.operation, Operation::Enforce(Selectors::Query));
         assert_eq!(label.scope, Scope::MetricsRead);
-        let header = RouteTable::new(false, Some(MetricsMode::Header));
+        let header = RouteTable::new(false, Some(MetricsMode::Header), false);
         let route = header.classify(&Method::GET, "/api/v1/series").unwrap();
         assert_eq!(route.operation, Operation::Read);
         for path in ["/api/v1/write", "/api/v1/push"] {

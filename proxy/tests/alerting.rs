@@ -203,3 +203,136 @@ async fn mimirs_ruler_configuration_api_is_served_in_header_mode() {
         }
     }
 }
+
+/// Mimir's Alertmanager (header mode, `alerts.upstream` at Mimir's root):
+/// the API v2 Grafana calls under `/alertmanager`, forwarded as sent with
+/// the tenant header; silences need `alerts:write`; a selector-restricted
+/// credential is refused; posting alerts and `/-/reload` are not served.
+#[tokio::test]
+async fn mimirs_alertmanager_is_served_in_header_mode_with_the_tenant_header() {
+    let mimir = LokiStandIn::start().await;
+    let section = format!("  upstream: {}/prometheus\n  mode: header\n", mimir.url());
+    let mut options = ProxyOptions::metrics(tenants(), section);
+    let alerts = format!("alerts:\n  upstream: {}\n", mimir.url());
+    options.extra = Box::leak(alerts.into_boxed_str());
+    let proxy = RunningProxy::start(options).await;
+    let silence = r#"{"matchers":[{"name":"alertname","value":"X","isRegex":false}]}"#;
+    let cases = [
+        (
+            Method::GET,
+            "/alertmanager/api/v2/status",
+            "default",
+            Some(true),
+        ),
+        (
+            Method::GET,
+            "/alertmanager/api/v2/receivers",
+            "default",
+            Some(true),
+        ),
+        (
+            Method::GET,
+            "/alertmanager/api/v2/alerts?active=true",
+            "default",
+            Some(true),
+        ),
+        (
+            Method::GET,
+            "/alertmanager/api/v2/alerts/groups",
+            "silencer",
+            Some(true),
+        ),
+        (
+            Method::GET,
+            "/alertmanager/api/v2/silences",
+            "default",
+            Some(true),
+        ),
+        (
+            Method::GET,
+            "/alertmanager/api/v2/silence/abc",
+            "default",
+            Some(true),
+        ),
+        (
+            Method::POST,
+            "/alertmanager/api/v2/silences",
+            "silencer",
+            Some(true),
+        ),
+        (
+            Method::DELETE,
+            "/alertmanager/api/v2/silence/abc",
+            "silencer",
+            Some(true),
+        ),
+        (
+            Method::POST,
+            "/alertmanager/api/v2/silences",
+            "default",
+            Some(false),
+        ),
+        (
+            Method::DELETE,
+            "/alertmanager/api/v2/silence/abc",
+            "ruler",
+            Some(false),
+        ),
+        (
+            Method::GET,
+            "/alertmanager/api/v2/alerts",
+            "narrow",
+            Some(false),
+        ),
+        // Not served: vanilla paths (label mode's), posting alerts, reload.
+        (Method::GET, "/api/v2/alerts", "default", None),
+        (
+            Method::POST,
+            "/alertmanager/api/v2/alerts",
+            "silencer",
+            None,
+        ),
+        (Method::POST, "/alertmanager/-/reload", "silencer", None),
+    ];
+    for (method, path_and_query, user, allowed) in cases {
+        let before = mimir.received().len();
+        let body = if method == Method::POST { silence } else { "" };
+        let reply = send(
+            method.clone(),
+            &proxy.url(path_and_query),
+            Some(&basic(user, "pw")),
+            &[],
+            body,
+        )
+        .await;
+        let seen = mimir.received();
+        let what = format!("{user} {method} {path_and_query}: {}", reply.status);
+        match allowed {
+            Some(true) => {
+                assert!(reply.status.is_success(), "{what}");
+                let last = seen.last().unwrap();
+                let (path, query) = path_and_query
+                    .split_once('?')
+                    .map_or((path_and_query, None), |(p, q)| (p, Some(q)));
+                assert_eq!(last.path, path, "{what}");
+                assert_eq!(last.query.as_deref(), query, "{what}");
+                assert_eq!(last.org_ids(), ["team-a"], "{what}");
+                assert_eq!(last.body, body.as_bytes(), "{what}");
+            }
+            Some(false) => {
+                assert_eq!(reply.status, StatusCode::FORBIDDEN, "{what}");
+                assert_eq!(seen.len(), before, "{what}");
+            }
+            None => {
+                assert!(
+                    matches!(
+                        reply.status,
+                        StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED
+                    ),
+                    "{what}"
+                );
+                assert_eq!(seen.len(), before, "{what}");
+            }
+        }
+    }
+}

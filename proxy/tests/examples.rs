@@ -94,11 +94,18 @@ fn check(path: &Path) -> bool {
                         assert_eq!(source["jsonData"]["httpMethod"].as_str(), Some("POST"));
                         (Method::POST, "/api/v1/query")
                     }
+                    // Grafana's Alertmanager data source ("prometheus"
+                    // implementation) checks its health with the status.
+                    "alertmanager" => {
+                        let implementation = source["jsonData"]["implementation"].as_str();
+                        assert_eq!(implementation, Some("prometheus"));
+                        (Method::GET, "/api/v2/status")
+                    }
                     other => panic!("datasource type {other}"),
                 };
                 assert_client_reaches(&format!("{url}{path}"), &method, user, password);
             }
-            assert_eq!(sources.len(), 2);
+            assert_eq!(sources.len(), 3);
         }
         "fluent-bit/fluent-bit.conf" => {
             let text = std::fs::read_to_string(path).unwrap();
@@ -451,7 +458,11 @@ fn assert_client_reaches(url: &str, method: &Method, user: &str, password: &str)
         config.listen.to_string(),
         "{url}: the example proxy"
     );
-    let routes = RouteTable::new(true, config.metrics.as_ref().map(|m| m.mode));
+    let routes = RouteTable::new(
+        true,
+        config.metrics.as_ref().map(|m| m.mode),
+        config.alerts.is_some(),
+    );
     let route = routes
         .classify(method, uri.path())
         .unwrap_or_else(|e| panic!("{method} {url}: {e}"));

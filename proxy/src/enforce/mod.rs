@@ -5,6 +5,7 @@
 //! and every OTLP metrics data point and resource too (`otlp`), under the
 //! one tenant-label policy of `tenant_label`.
 
+pub mod alertmanager;
 pub mod otlp;
 pub mod params;
 pub mod prometheus;

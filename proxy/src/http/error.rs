@@ -25,6 +25,9 @@ pub enum ProxyError {
     /// enforce it (metrics in header mode): refused, never widened.
     #[error("this credential is restricted by a selector, which this endpoint cannot enforce")]
     SelectorNotEnforceable,
+    /// A change to something that is not the tenant's (a silence).
+    #[error("{0}")]
+    Foreign(String),
     #[error("no such endpoint")]
     RouteNotFound,
     #[error("method not allowed on this endpoint")]
@@ -80,7 +83,9 @@ impl ProxyError {
         match self {
             Self::Unauthenticated => StatusCode::UNAUTHORIZED,
             Self::AuthThrottled { .. } => StatusCode::TOO_MANY_REQUESTS,
-            Self::MissingScope(_) | Self::SelectorNotEnforceable => StatusCode::FORBIDDEN,
+            Self::MissingScope(_) | Self::SelectorNotEnforceable | Self::Foreign(_) => {
+                StatusCode::FORBIDDEN
+            }
             Self::RouteNotFound => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::BadPath(_) | Self::BadData(_) => StatusCode::BAD_REQUEST,
@@ -105,6 +110,7 @@ impl ProxyError {
             Self::AuthThrottled { .. } => "auth_throttled",
             Self::MissingScope(_) => "missing_scope",
             Self::SelectorNotEnforceable => "selector_not_enforceable",
+            Self::Foreign(_) => "foreign",
             Self::RouteNotFound => "route_not_found",
             Self::MethodNotAllowed => "method_not_allowed",
             Self::BadPath(_) => "bad_path",

@@ -2,6 +2,7 @@
 //! on ephemeral ports, an HTTP client, captured logs.
 #![allow(dead_code)]
 
+pub mod alertmanager;
 pub mod certs;
 pub mod loki;
 pub mod otlp;
@@ -291,6 +292,19 @@ pub async fn send(
     headers: &[(&str, &str)],
     body: impl Into<Bytes>,
 ) -> Reply {
+    try_send(method, url, auth, headers, body)
+        .await
+        .expect("proxy answered")
+}
+
+/// Like `send`; `None` when nothing answered.
+pub async fn try_send(
+    method: Method,
+    url: &str,
+    auth: Option<&str>,
+    headers: &[(&str, &str)],
+    body: impl Into<Bytes>,
+) -> Option<Reply> {
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let mut request = Request::builder().method(method).uri(url);
     if let Some(auth) = auth {
@@ -300,13 +314,13 @@ pub async fn send(
         request = request.header(*name, *value);
     }
     let request = request.body(Full::new(body.into())).unwrap();
-    let response = client.request(request).await.expect("proxy answered");
+    let response = client.request(request).await.ok()?;
     let (parts, body) = response.into_parts();
-    Reply {
+    Some(Reply {
         status: parts.status,
         headers: parts.headers,
-        body: body.collect().await.unwrap().to_bytes(),
-    }
+        body: body.collect().await.ok()?.to_bytes(),
+    })
 }
 
 pub async fn get(url: &str, auth: &str) -> Reply {
