@@ -280,6 +280,11 @@ const LOKI_RULER: [[Route; 6]; 2] = [
 /// Mimir data source's rule changes (header mode only).
 const MIMIR_RULER: [Route; 6] = ruler_api!(Signal::Metrics, "/config/v1/rules");
 
+/// Cortex's ruler API as Grafana reaches it for a Prometheus data source of
+/// subtype `cortex` (or none): `<url>/rules…`, so with `metrics.upstream:
+/// http://cortex/api/prom` Cortex's `/api/prom/rules…` (header mode only).
+const CORTEX_RULER: [Route; 6] = ruler_api!(Signal::Metrics, "/rules");
+
 const fn alerts(
     methods: &'static [Method],
     pattern: &'static str,
@@ -440,6 +445,7 @@ impl RouteTable {
                 );
                 routes.extend_from_slice(HEADER_MODE_EXTRA_ROUTES);
                 routes.extend_from_slice(&MIMIR_RULER);
+                routes.extend_from_slice(&CORTEX_RULER);
             }
             None => {}
         }
