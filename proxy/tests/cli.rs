@@ -53,7 +53,9 @@ fn check_config_summarises_tenants_without_secrets() {
     );
     assert!(stdout.contains("2 tenant(s)"), "{stdout}");
     assert!(
-        stdout.contains("user grafana-a -> tenant team-a scopes [logs:read, metrics:read]"),
+        stdout.contains(
+            "user grafana-a -> tenant team-a scopes [logs:read, metrics:read, rules:read, alerts:read]"
+        ),
         "{stdout}"
     );
     assert!(
