@@ -101,9 +101,25 @@ pub struct TenantLimitsConfig {
     /// Every tenant's limits, unless overridden.
     #[serde(default)]
     pub default: TenantLimits,
-    /// By tenant id; a kind left out keeps the default's.
+    /// By tenant id; a kind left out keeps the default's. These win over
+    /// limits the tenants file carries (from Namespace annotations).
     #[serde(default)]
     pub overrides: std::collections::BTreeMap<String, TenantLimitsOverride>,
+    /// Whether each replica enforces the limits whole, or its share of them.
+    #[serde(default)]
+    pub scope: LimitScope,
+}
+
+/// Where a tenant's limits hold.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LimitScope {
+    /// Each replica enforces every limit whole: N replicas admit N times it.
+    #[default]
+    Replica,
+    /// Each replica enforces every rate and concurrency limit divided by the
+    /// number of ready replicas, as the tenants file's `replicas` says.
+    Global,
 }
 
 #[derive(Clone, Copy, Debug, Default, Deserialize)]
@@ -117,7 +133,7 @@ pub struct TenantLimits {
     pub push: RequestLimits,
 }
 
-#[derive(Clone, Copy, Debug, Default, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TenantLimitsOverride {
     pub query: Option<RequestLimits>,
@@ -125,7 +141,7 @@ pub struct TenantLimitsOverride {
 }
 
 /// Zero means unlimited, for each field on its own.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RequestLimits {
     /// Sustained requests per second (a token bucket).
@@ -182,9 +198,16 @@ impl TracingConfig {
 }
 
 impl TenantLimitsConfig {
-    pub fn for_tenant(&self, tenant: &str) -> TenantLimits {
+    /// A tenant's limits, in order of precedence: the config's override,
+    /// then `from_file` (the tenants file's, set from Namespace
+    /// annotations), then the config's default; per kind of request.
+    pub fn for_tenant(
+        &self,
+        tenant: &str,
+        from_file: Option<&TenantLimitsOverride>,
+    ) -> TenantLimits {
         let mut limits = self.default;
-        if let Some(o) = self.overrides.get(tenant) {
+        for o in from_file.into_iter().chain(self.overrides.get(tenant)) {
             limits.query = o.query.unwrap_or(limits.query);
             limits.push = o.push.unwrap_or(limits.push);
         }
@@ -192,30 +215,58 @@ impl TenantLimitsConfig {
     }
 
     fn validate(&self) -> Result<(), String> {
-        let overrides = self.overrides.iter().flat_map(|(tenant, o)| {
-            [("query", o.query), ("push", o.push)]
-                .into_iter()
-                .filter_map(move |(kind, l)| {
-                    l.map(|l| (format!("overrides.{tenant}.{kind}"), kind, l))
-                })
-        });
-        let defaults = [
-            ("default.query".to_string(), "query", self.default.query),
-            ("default.push".to_string(), "push", self.default.push),
-        ];
-        for (at, kind, limits) in defaults.into_iter().chain(overrides) {
-            if !(limits.requests_per_second.is_finite() && limits.requests_per_second >= 0.0) {
-                return Err(format!(
-                    "tenant_limits.{at}.requests_per_second must be 0 or more"
-                ));
-            }
-            if kind == "query" && limits.bytes_per_second > 0 {
-                return Err(format!(
-                    "tenant_limits.{at}.bytes_per_second applies to push only"
-                ));
-            }
+        self.default.validate("tenant_limits.default")?;
+        for (tenant, o) in &self.overrides {
+            o.validate(&format!("tenant_limits.overrides.{tenant}"))?;
         }
         Ok(())
+    }
+}
+
+impl TenantLimits {
+    fn validate(&self, at: &str) -> Result<(), String> {
+        self.query.validate(&format!("{at}.query"), false)?;
+        self.push.validate(&format!("{at}.push"), true)
+    }
+}
+
+impl TenantLimitsOverride {
+    /// The checks the config's own limits get; `at` names the place.
+    pub fn validate(&self, at: &str) -> Result<(), String> {
+        if let Some(query) = &self.query {
+            query.validate(&format!("{at}.query"), false)?;
+        }
+        if let Some(push) = &self.push {
+            push.validate(&format!("{at}.push"), true)?;
+        }
+        Ok(())
+    }
+}
+
+impl RequestLimits {
+    /// `bytes`: whether a byte rate applies (pushes only).
+    fn validate(&self, at: &str, bytes: bool) -> Result<(), String> {
+        if !(self.requests_per_second.is_finite() && self.requests_per_second >= 0.0) {
+            return Err(format!("{at}.requests_per_second must be 0 or more"));
+        }
+        if !bytes && self.bytes_per_second > 0 {
+            return Err(format!("{at}.bytes_per_second applies to push only"));
+        }
+        Ok(())
+    }
+
+    /// This replica's share of a limit that holds across `replicas`: rates
+    /// divided; a concurrency or burst rounded up, so a limit never
+    /// becomes 0 (which means unlimited) on a replica.
+    pub fn share(self, replicas: u32) -> Self {
+        let n = replicas.max(1);
+        let part = |v: u32| if v == 0 { 0 } else { v.div_ceil(n) };
+        Self {
+            requests_per_second: self.requests_per_second / f64::from(n),
+            burst: part(self.burst),
+            concurrency: part(self.concurrency),
+            bytes_per_second: self.bytes_per_second.div_ceil(u64::from(n)),
+        }
     }
 }
 

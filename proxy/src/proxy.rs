@@ -220,12 +220,13 @@ impl AppState {
             alerts_target,
             tenants,
             auth: Authenticator::new(&config.auth, metrics.password_verifications.clone()),
-            metrics,
             limits: config.limits.clone(),
             admission: Admission::new(
                 config.limits.max_concurrent_requests,
                 config.tenant_limits.clone(),
-            ),
+            )
+            .with_metrics(metrics.clone()),
+            metrics,
             memo: Memo::new(10_000),
             tracing,
         })
@@ -384,7 +385,7 @@ async fn proxy(
     };
     let admitted = state
         .admission
-        .admit(credential.tenant.id.as_str(), kind)
+        .admit(&store, credential.tenant.id.as_str(), kind)
         .map_err(ProxyError::TenantLimited)?;
     let meter = admitted.bytes.clone();
     outcome.admitted = admitted.holds_anything().then_some(admitted);

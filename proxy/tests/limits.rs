@@ -229,3 +229,91 @@ async fn a_body_that_does_not_arrive_in_time_gets_408_and_nothing_reaches_loki()
     assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
     assert!(loki.received().is_empty());
 }
+
+/// `two_tenants()` with limits on team-a's and team-b's queries (a burst of
+/// `burst`, refilled too slowly to matter here) and `replicas`.
+fn tenants_with_limits(replicas: u32, burst_a: u32, burst_b: u32) -> String {
+    let limits =
+        |burst| format!("    limits: {{query: {{requests_per_second: 0.0001, burst: {burst}}}}}\n");
+    support::two_tenants()
+        .replacen(
+            "tenants:\n",
+            &format!("replicas: {replicas}\ntenants:\n"),
+            1,
+        )
+        .replacen(
+            "  - id: team-a\n",
+            &format!("  - id: team-a\n{}", limits(burst_a)),
+            1,
+        )
+        .replacen(
+            "  - id: team-b\n",
+            &format!("  - id: team-b\n{}", limits(burst_b)),
+            1,
+        )
+}
+
+async fn admitted(proxy: &RunningProxy, auth: &str, attempts: usize) -> usize {
+    let mut ok = 0;
+    for _ in 0..attempts {
+        match get(&proxy.url(QUERY), auth).await.status {
+            StatusCode::OK => ok += 1,
+            StatusCode::TOO_MANY_REQUESTS => {}
+            other => panic!("unexpected {other}"),
+        }
+    }
+    ok
+}
+
+/// Limits from the tenants file (tenant-sync writes them from Namespace
+/// annotations), in `global` scope: each of two replicas admits its half
+/// of a burst of 10, together the 10; a reload that changes the replica
+/// count re-divides, and one that changes a tenant's limits rebuilds that
+/// tenant's state only (team-b's spent burst stays spent).
+#[tokio::test]
+async fn limits_from_the_tenants_file_are_shared_by_the_replicas_and_follow_reloads() {
+    let loki = LokiStandIn::start().await;
+    let start = || {
+        let mut options = ProxyOptions::new(loki.url());
+        options.tenants = Some(tenants_with_limits(2, 10, 4));
+        options.extra = "tenant_limits:\n  scope: global\n";
+        RunningProxy::start(options)
+    };
+    let (mut one, two) = (start().await, start().await);
+    let (alice, bob) = (basic("alice", "alice-pw"), basic("bob", "bob-pw"));
+    assert_eq!(admitted(&one, &alice, 8).await, 5);
+    assert_eq!(admitted(&two, &alice, 8).await, 5);
+    assert_eq!(
+        admitted(&one, &bob, 1).await,
+        1,
+        "team-b: 2 of 4 on this replica"
+    );
+    let shown = one.metrics().await;
+    for line in [
+        "tenant_proxy_limit_replicas 2",
+        r#"tenant_proxy_tenant_limit{tenant="team-a",kind="query",limit="burst"} 5.0"#,
+        r#"tenant_proxy_tenant_limit{tenant="team-b",kind="query",limit="burst"} 2.0"#,
+    ] {
+        assert!(shown.lines().any(|l| l == line), "{line} in:\n{shown}");
+    }
+
+    // One replica left: the whole burst is this replica's, anew.
+    let status = one.rewrite_tenants(&tenants_with_limits(1, 10, 4)).await;
+    assert_eq!(status.last_error, None);
+    assert_eq!(admitted(&one, &alice, 12).await, 10);
+    assert_eq!(
+        admitted(&one, &bob, 5).await,
+        4,
+        "team-b re-divided too: a fresh 4"
+    );
+
+    // team-a's limit raised: its state is rebuilt, team-b's is kept.
+    let status = one.rewrite_tenants(&tenants_with_limits(1, 20, 4)).await;
+    assert_eq!(status.last_error, None);
+    assert_eq!(admitted(&one, &alice, 25).await, 20);
+    assert_eq!(
+        admitted(&one, &bob, 3).await,
+        0,
+        "team-b's bucket is the same, spent"
+    );
+}

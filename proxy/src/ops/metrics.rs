@@ -33,6 +33,15 @@ pub struct SurfaceLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantLimitLabels {
+    pub tenant: String,
+    /// `query` or `push`.
+    pub kind: &'static str,
+    /// `requests_per_second`, `burst`, `concurrency`, `bytes_per_second`.
+    pub limit: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TenantLabels {
     pub tenant: String,
 }
@@ -75,6 +84,12 @@ pub struct Metrics {
     pub auth_failures: Family<ReasonLabels, Counter>,
     pub password_verifications: Counter,
     pub limited: Family<LimitedLabels, Counter>,
+    /// Each tenant's limits as this replica enforces them (its share in
+    /// `global` scope; 0 is unlimited), once the tenant has been seen.
+    pub tenant_limit: Family<TenantLimitLabels, Gauge<f64, AtomicU64>>,
+    /// What this replica divides limits by: the tenants file's `replicas`
+    /// in `global` scope, 1 in `replica` scope.
+    pub limit_replicas: Gauge,
     pub errors: Family<ReasonLabels, Counter>,
     pub upstream_duration: Family<SurfaceLabels, Histogram, LatencyHistogram>,
     pub tenants_generation: Gauge,
@@ -129,6 +144,18 @@ impl Default for Metrics {
             "limited",
             "Requests refused by a tenant limit or the global concurrency limit",
             limited.clone(),
+        );
+        let tenant_limit = Family::default();
+        registry.register(
+            "tenant_limit",
+            "A tenant's limit as this replica enforces it (0: unlimited)",
+            tenant_limit.clone(),
+        );
+        let limit_replicas = Gauge::default();
+        registry.register(
+            "limit_replicas",
+            "Replicas this one divides tenant limits by (tenant_limits.scope: global), else 1",
+            limit_replicas.clone(),
         );
         let errors = Family::default();
         registry.register(
@@ -252,6 +279,8 @@ impl Default for Metrics {
             auth_failures,
             password_verifications,
             limited,
+            tenant_limit,
+            limit_replicas,
             errors,
             upstream_duration,
             tenants_generation,

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 
 use crate::auth::password::Verifier;
+use crate::config::TenantLimitsOverride;
 use crate::enforce::promql::CredentialSelector;
 use crate::tenants::{Credential, Scope, Scopes, Tenant, TenantId, TenantStore};
 
@@ -43,6 +44,13 @@ struct NativeFile {
     tenants: Vec<NativeTenant>,
 }
 
+/// `replicas` below 1 (or absent) counts as 1: with the count unknown, each
+/// replica enforces the whole limit rather than a share that could leave a
+/// tenant with a fraction of what it was given.
+fn replicas(declared: Option<u32>) -> u32 {
+    declared.unwrap_or(1).max(1)
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct NativeTenant {
@@ -53,6 +61,8 @@ struct NativeTenant {
     namespaces: Option<Vec<String>>,
     #[serde(default)]
     users: Vec<NativeUser>,
+    /// Per-tenant limits, the shape of one `tenant_limits.overrides` entry.
+    limits: Option<TenantLimitsOverride>,
 }
 
 #[derive(Deserialize)]
@@ -125,35 +135,39 @@ pub fn parse(text: &str, generation: u64) -> Result<(TenantStore, LoadNotes), St
     } else {
         serde_yaml_ng::from_str(text).map_err(|e| e.to_string())?
     };
-    let (tenants, credentials, is_k8spin) = match file {
-        TenantsFile {
-            users: Some(users),
-            version: None,
-            tenants: None,
-        } => {
-            let (tenants, credentials) = from_k8spin(K8spinFile { users })?;
-            (tenants, credentials, true)
-        }
-        TenantsFile { users: Some(_), .. } => {
-            return Err(
-                "`users` (k8spin's format) cannot be mixed with `version` or `tenants`".into(),
-            )
-        }
-        TenantsFile {
-            version, tenants, ..
-        } => {
-            let file = NativeFile {
-                version: version.unwrap_or(CURRENT_VERSION),
-                tenants: tenants.unwrap_or_default(),
-            };
-            let (tenants, credentials) = from_native(file)?;
-            (tenants, credentials, false)
-        }
-    };
+    let declared_replicas = file.replicas;
+    let (tenants, credentials, is_k8spin) =
+        match file {
+            TenantsFile {
+                users: Some(users),
+                version: None,
+                tenants: None,
+                replicas: None,
+            } => {
+                let (tenants, credentials) = from_k8spin(K8spinFile { users })?;
+                (tenants, credentials, true)
+            }
+            TenantsFile { users: Some(_), .. } => return Err(
+                "`users` (k8spin's format) cannot be mixed with `version`, `tenants` or `replicas`"
+                    .into(),
+            ),
+            TenantsFile {
+                version, tenants, ..
+            } => {
+                let file = NativeFile {
+                    version: version.unwrap_or(CURRENT_VERSION),
+                    tenants: tenants.unwrap_or_default(),
+                };
+                let (tenants, credentials) = from_native(file)?;
+                (tenants, credentials, false)
+            }
+        };
     let notes = LoadNotes {
         plaintext_passwords: is_k8spin,
     };
-    Ok((TenantStore::new(generation, tenants, credentials), notes))
+    let mut store = TenantStore::new(generation, tenants, credentials);
+    store.replicas = replicas(declared_replicas);
+    Ok((store, notes))
 }
 
 /// Both formats' top-level keys; which are present decides the format.
@@ -164,6 +178,8 @@ struct TenantsFile {
     version: Option<u32>,
     tenants: Option<Vec<NativeTenant>>,
     users: Option<Vec<K8spinUser>>,
+    /// Ready proxy replicas (tenant-sync, from EndpointSlices).
+    replicas: Option<u32>,
 }
 
 fn from_native(file: NativeFile) -> Result<(Vec<Arc<Tenant>>, Vec<Credential>), String> {
@@ -185,7 +201,12 @@ fn from_native(file: NativeFile) -> Result<(Vec<Arc<Tenant>>, Vec<Credential>), 
             Some(ns) => ns,
         };
         checks.tenant(&t.id, &namespaces)?;
-        let tenant = Arc::new(Tenant::new(t.id, namespaces));
+        if let Some(limits) = &t.limits {
+            limits.validate(&format!("tenant {}: limits", t.id))?;
+        }
+        let mut tenant = Tenant::new(t.id, namespaces);
+        tenant.limits = t.limits;
+        let tenant = Arc::new(tenant);
         for u in t.users {
             let context = format!("tenant {}, user {:?}", tenant.id, u.username);
             checks
@@ -307,6 +328,34 @@ mod tests {
         assert_eq!(cred.tenant.id.as_str(), "team-a");
         assert_eq!(cred.tenant.namespaces, vec!["team-a".to_string()]);
         assert_eq!(cred.scopes, Scopes::default_set());
+    }
+
+    #[test]
+    fn limits_and_replicas_travel_in_the_file() {
+        let text = "replicas: 3\ntenants:\n  - id: team-a\n    limits: {push: {bytes_per_second: 1048576}, query: {requests_per_second: 5, concurrency: 2}}\n  - id: team-b\n";
+        let (store, _) = parse(text, 1).unwrap();
+        assert_eq!(store.replicas, 3);
+        let limits = store.tenant("team-a").unwrap().limits.unwrap();
+        assert_eq!(limits.push.unwrap().bytes_per_second, 1_048_576);
+        assert_eq!(limits.query.unwrap().concurrency, 2);
+        assert_eq!(
+            store.tenant("team-b").unwrap().limits,
+            None,
+            "the config's defaults"
+        );
+
+        for (replicas, read) in [("", 1), ("replicas: 0\n", 1)] {
+            let (store, _) = parse(&format!("{replicas}tenants: []\n"), 1).unwrap();
+            assert_eq!(store.replicas, read, "{replicas:?}");
+        }
+        for bad in [
+            "tenants:\n  - id: a\n    limits: {query: {bytes_per_second: 1}}\n",
+            "tenants:\n  - id: a\n    limits: {query: {requests_per_second: -1}}\n",
+            "tenants:\n  - id: a\n    limits: {query: {rps: 1}}\n",
+            "replicas: 2\nusers: []\n",
+        ] {
+            assert!(parse(bad, 1).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -10,6 +10,7 @@ use std::fmt;
 use std::sync::{Arc, OnceLock};
 
 use crate::auth::password::Verifier;
+use crate::config::TenantLimitsOverride;
 use crate::enforce::promql::{CredentialSelector, TenantMatcher};
 
 // === impl TenantId ===
@@ -209,6 +210,9 @@ pub struct Tenant {
     pub id: TenantId,
     /// Values of the metrics tenant label this tenant owns; never empty.
     pub namespaces: Vec<String>,
+    /// Limits the tenants file sets (tenant-sync, from Namespace
+    /// annotations); the config's `tenant_limits` decide how they combine.
+    pub limits: Option<TenantLimitsOverride>,
     /// Built on first use: a multi-value matcher compiles a regex (~100 µs),
     /// which must not happen per request.
     metrics_matcher: OnceLock<TenantMatcher>,
@@ -219,6 +223,7 @@ impl Tenant {
         Self {
             id,
             namespaces,
+            limits: None,
             metrics_matcher: OnceLock::new(),
         }
     }
@@ -290,6 +295,11 @@ pub struct TenantStore {
     pub generation: u64,
     tenants: Vec<Arc<Tenant>>,
     credentials: HashMap<String, Arc<Credential>>,
+    /// Index of `tenants` by id.
+    by_id: HashMap<String, usize>,
+    /// Ready proxy replicas as tenant-sync last saw them (`replicas:`);
+    /// 1 when the file does not say (see `tenant_limits.scope`).
+    pub replicas: u32,
 }
 
 impl TenantStore {
@@ -299,11 +309,23 @@ impl TenantStore {
             .into_iter()
             .map(|c| (c.username.clone(), Arc::new(c)))
             .collect();
+        let by_id = tenants
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.id.as_str().to_owned(), i))
+            .collect();
         Self {
             generation,
             tenants,
             credentials,
+            by_id,
+            replicas: 1,
         }
+    }
+
+    /// A tenant by id.
+    pub fn tenant(&self, id: &str) -> Option<&Arc<Tenant>> {
+        self.by_id.get(id).map(|&i| &self.tenants[i])
     }
 
     pub fn credential(&self, username: &str) -> Option<&Arc<Credential>> {
