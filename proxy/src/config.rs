@@ -136,8 +136,25 @@ pub struct TenantLimits {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TenantLimitsOverride {
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub query: Option<RequestLimits>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub push: Option<RequestLimits>,
+}
+
+impl TenantLimitsOverride {
+    /// The strictest of two: per kind and field, the smallest limit that
+    /// is set (0 means unlimited, so it yields to any other value).
+    pub fn strictest(self, other: Self) -> Self {
+        let kind = |a: Option<RequestLimits>, b: Option<RequestLimits>| match (a, b) {
+            (Some(a), Some(b)) => Some(a.strictest(b)),
+            (a, b) => a.or(b),
+        };
+        Self {
+            query: kind(self.query, other.query),
+            push: kind(self.push, other.push),
+        }
+    }
 }
 
 /// Zero means unlimited, for each field on its own.
@@ -244,6 +261,24 @@ impl TenantLimitsOverride {
 }
 
 impl RequestLimits {
+    fn strictest(self, other: Self) -> Self {
+        fn min_set<T: PartialOrd + Default + Copy>(a: T, b: T) -> T {
+            let unset = T::default();
+            match (a == unset, b == unset) {
+                (true, _) => b,
+                (_, true) => a,
+                _ if b < a => b,
+                _ => a,
+            }
+        }
+        Self {
+            requests_per_second: min_set(self.requests_per_second, other.requests_per_second),
+            burst: min_set(self.burst, other.burst),
+            concurrency: min_set(self.concurrency, other.concurrency),
+            bytes_per_second: min_set(self.bytes_per_second, other.bytes_per_second),
+        }
+    }
+
     /// `bytes`: whether a byte rate applies (pushes only).
     fn validate(&self, at: &str, bytes: bool) -> Result<(), String> {
         if !(self.requests_per_second.is_finite() && self.requests_per_second >= 0.0) {

@@ -15,6 +15,7 @@ use std::time::{Duration, SystemTime};
 
 use futures::stream::{self, BoxStream, StreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
 use tokio::time::Instant;
@@ -44,6 +45,14 @@ pub struct Options {
     pub resync_interval: Duration,
     /// Render once after the initial lists, then return.
     pub once: bool,
+    /// The proxy's Service, whose ready endpoints are counted as `replicas`.
+    pub peer_service: Option<PeerService>,
+}
+
+#[derive(Clone, Debug)]
+pub struct PeerService {
+    pub namespace: String,
+    pub name: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -115,6 +124,7 @@ impl Status {
 enum Change {
     Namespace(Result<watcher::Event<Namespace>, watcher::Error>),
     Secret(String, Result<watcher::Event<Secret>, watcher::Error>),
+    Peers(Result<watcher::Event<EndpointSlice>, watcher::Error>),
 }
 
 pub struct Syncer {
@@ -124,11 +134,15 @@ pub struct Syncer {
     metrics: Arc<Metrics>,
     status: Arc<Status>,
     last_skipped: BTreeSet<(SecretKey, SkipReason)>,
+    last_invalid_limits: BTreeSet<(String, String)>,
 }
 
 impl Syncer {
     pub fn new(options: Options, metrics: Arc<Metrics>, status: Arc<Status>) -> Self {
-        let index = Index::new(options.conventions.clone(), &secret_scopes(&options));
+        let mut index = Index::new(options.conventions.clone(), &secret_scopes(&options));
+        if options.peer_service.is_some() {
+            index = index.counting_peers();
+        }
         Self {
             options,
             index,
@@ -136,6 +150,7 @@ impl Syncer {
             metrics,
             status,
             last_skipped: BTreeSet::new(),
+            last_invalid_limits: BTreeSet::new(),
         }
     }
 
@@ -198,6 +213,7 @@ impl Syncer {
         let (resource, result) = match change {
             Change::Namespace(event) => ("namespaces", event.map(|e| self.on_namespace(e))),
             Change::Secret(scope, event) => ("secrets", event.map(|e| self.on_secret(&scope, e))),
+            Change::Peers(event) => ("endpointslices", event.map(|e| self.on_peers(e))),
         };
         result.map_err(|source| {
             self.metrics
@@ -220,6 +236,13 @@ impl Syncer {
             self.count_relist("secrets");
         }
         self.index.secret_event(scope, event);
+    }
+
+    fn on_peers(&mut self, event: watcher::Event<EndpointSlice>) {
+        if matches!(event, watcher::Event::Init) {
+            self.count_relist("endpointslices");
+        }
+        self.index.peers_event(event);
     }
 
     fn count_relist(&self, resource: &'static str) {
@@ -262,12 +285,23 @@ impl Syncer {
         self.metrics.tenants.set(desired.tenants.len() as i64);
         self.metrics.credentials.set(credentials as i64);
         self.report_skipped(&desired.skipped);
+        self.report_invalid_limits(&desired.invalid_limits);
         let now = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .unwrap_or_default();
         self.metrics.last_write.set(now.as_secs_f64());
         self.status.syncs.send_modify(|n| *n += 1);
         Ok(())
+    }
+
+    /// Logs newly invalid limits annotations once and sets the gauge.
+    fn report_invalid_limits(&mut self, invalid: &[(String, String)]) {
+        let now: BTreeSet<_> = invalid.iter().cloned().collect();
+        for (namespace, why) in now.difference(&self.last_invalid_limits) {
+            tracing::warn!(%namespace, reason = %why, "limits annotation skipped");
+        }
+        self.metrics.invalid_limits.set(now.len() as i64);
+        self.last_invalid_limits = now;
     }
 
     /// Logs newly skipped Secrets once (not at every sync) and sets the gauges.
@@ -328,6 +362,18 @@ fn watch_streams(client: Client, options: &Options) -> BoxStream<'static, Change
             .map(move |event| Change::Secret(scope.clone(), event))
             .boxed();
         streams.push(secrets);
+    }
+    if let Some(peers) = &options.peer_service {
+        // The Service's slices carry its name as this label.
+        let config = watcher::Config::default()
+            .labels(&format!("kubernetes.io/service-name={}", peers.name));
+        let api = Api::<EndpointSlice>::namespaced(client.clone(), &peers.namespace);
+        streams.push(
+            watcher(api, config)
+                .default_backoff()
+                .map(Change::Peers)
+                .boxed(),
+        );
     }
     stream::select_all(streams).boxed()
 }

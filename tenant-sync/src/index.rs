@@ -10,9 +10,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::watcher::Event;
 use kube::ResourceExt;
 use tenant_proxy::auth::password::Verifier;
+use tenant_proxy::config::TenantLimitsOverride;
 use tenant_proxy::tenants::{Scope, Scopes, TenantId};
 
 /// How Secrets and Namespaces are read (from the command line).
@@ -60,6 +62,32 @@ pub struct SecretCredential {
 
 /// The annotation restricting a credential to a selector within its tenant.
 pub const SELECTOR_ANNOTATION: &str = "tenant-proxy/selector";
+
+/// The annotation on a Namespace that sets its tenant's limits: a JSON
+/// object of the shape of one `tenant_limits.overrides` entry. It is read
+/// on Namespaces only: they are the platform's, while tenants write the
+/// Secrets in their namespaces.
+pub const LIMITS_ANNOTATION: &str = "tenant-proxy/limits";
+
+/// What a Namespace contributes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NamespaceEntry {
+    pub tenant: Option<TenantId>,
+    /// `Err`: the annotation is invalid (why), and left out.
+    pub limits: Result<Option<TenantLimitsOverride>, String>,
+}
+
+/// Reads the limits annotation of a Namespace, checked as the proxy checks
+/// its config.
+pub fn limits_of(namespace: &Namespace) -> Result<Option<TenantLimitsOverride>, String> {
+    let Some(text) = namespace.annotations().get(LIMITS_ANNOTATION) else {
+        return Ok(None);
+    };
+    let limits: TenantLimitsOverride =
+        serde_json::from_str(text).map_err(|e| format!("{LIMITS_ANNOTATION}: {e}"))?;
+    limits.validate(LIMITS_ANNOTATION)?;
+    Ok(Some(limits))
+}
 
 /// Why a Secret contributes no credential. The label of a metric.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -249,23 +277,50 @@ impl<V> Store<V> {
 #[derive(Debug)]
 pub struct Index {
     conventions: Conventions,
-    namespaces: Store<Option<TenantId>>,
+    namespaces: Store<NamespaceEntry>,
     /// One store per Secret watch: `""` for a cluster-wide watch, else the
     /// namespace watched. Each store is keyed `namespace/name`.
     secrets: BTreeMap<String, Store<(SecretKey, SecretEntry)>>,
+    /// The proxy Service's EndpointSlices, by name: the ready endpoints of
+    /// each (when `--peer-service` is set).
+    peers: Option<Store<BTreeSet<String>>>,
+}
+
+/// The ready endpoints of a slice, each named by the pod it is (a pod is
+/// in two slices on a dual-stack Service) or else its first address.
+/// `ready` absent counts as ready, as the EndpointSlice API says.
+fn ready_endpoints(slice: &EndpointSlice) -> BTreeSet<String> {
+    slice
+        .endpoints
+        .iter()
+        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) != Some(false))
+        .filter_map(|e| {
+            let pod = e
+                .target_ref
+                .as_ref()
+                .and_then(|r| r.uid.clone().or(r.name.clone()));
+            pod.or_else(|| e.addresses.first().cloned())
+        })
+        .collect()
 }
 
 /// The tenants file's content, before passwords are hashed.
-#[derive(Debug, Default, PartialEq, Eq)]
+#[derive(Debug, Default, PartialEq)]
 pub struct Desired {
     pub tenants: BTreeMap<TenantId, DesiredTenant>,
     /// Secrets left out, with why.
     pub skipped: Vec<(SecretKey, SkipReason)>,
+    /// Namespaces whose limits annotation was left out, with why.
+    pub invalid_limits: Vec<(String, String)>,
+    /// Ready proxy replicas, when counted.
+    pub replicas: Option<u32>,
 }
 
-#[derive(Debug, Default, PartialEq, Eq)]
+#[derive(Debug, Default, PartialEq)]
 pub struct DesiredTenant {
     pub namespaces: BTreeSet<String>,
+    /// The strictest of its namespaces' annotations, if any sets limits.
+    pub limits: Option<TenantLimitsOverride>,
     /// Sorted by username.
     pub users: Vec<DesiredUser>,
 }
@@ -288,13 +343,31 @@ impl Index {
                 .iter()
                 .map(|s| (s.clone(), Store::default()))
                 .collect(),
+            peers: None,
+        }
+    }
+
+    /// Also counts the proxy's ready replicas, from its EndpointSlices.
+    pub fn counting_peers(mut self) -> Self {
+        self.peers = Some(Store::default());
+        self
+    }
+
+    pub fn peers_event(&mut self, event: Event<EndpointSlice>) {
+        if let Some(peers) = &mut self.peers {
+            peers.apply(event, |slice| (slice.name_any(), ready_endpoints(slice)));
         }
     }
 
     pub fn namespace_event(&mut self, event: Event<Namespace>) {
         let conventions = &self.conventions;
-        self.namespaces
-            .apply(event, |ns| (ns.name_any(), tenant_of(ns, conventions)));
+        self.namespaces.apply(event, |ns| {
+            let entry = NamespaceEntry {
+                tenant: tenant_of(ns, conventions),
+                limits: limits_of(ns),
+            };
+            (ns.name_any(), entry)
+        });
     }
 
     pub fn secret_event(&mut self, scope: &str, event: Event<Secret>) {
@@ -310,7 +383,9 @@ impl Index {
     /// Both initial lists are complete: rendering now cannot publish a
     /// partial file.
     pub fn is_synced(&self) -> bool {
-        self.namespaces.synced && self.secrets.values().all(|s| s.synced)
+        self.namespaces.synced
+            && self.secrets.values().all(|s| s.synced)
+            && self.peers.as_ref().is_none_or(|p| p.synced)
     }
 
     /// Applies the rules: a Secret speaks only for its own namespace's tenant;
@@ -318,10 +393,23 @@ impl Index {
     /// namespace/name); invalid Secrets are skipped with a reason.
     pub fn desired(&self) -> Desired {
         let mut desired = Desired::default();
-        for (namespace, tenant) in &self.namespaces.current {
-            if let Some(tenant) = tenant {
-                let entry = desired.tenants.entry(tenant.clone()).or_default();
-                entry.namespaces.insert(namespace.clone());
+        for (namespace, entry) in &self.namespaces.current {
+            let Some(tenant) = &entry.tenant else {
+                continue;
+            };
+            let tenant = desired.tenants.entry(tenant.clone()).or_default();
+            tenant.namespaces.insert(namespace.clone());
+            match &entry.limits {
+                Ok(None) => {}
+                Ok(Some(limits)) => {
+                    tenant.limits = Some(match tenant.limits {
+                        Some(other) => other.strictest(*limits),
+                        None => *limits,
+                    });
+                }
+                Err(why) => desired
+                    .invalid_limits
+                    .push((namespace.clone(), why.clone())),
             }
         }
         let mut secrets: Vec<&(SecretKey, SecretEntry)> = self
@@ -339,7 +427,11 @@ impl Index {
                     continue;
                 }
             };
-            let Some(Some(tenant)) = self.namespaces.current.get(&key.0) else {
+            let Some(NamespaceEntry {
+                tenant: Some(tenant),
+                ..
+            }) = self.namespaces.current.get(&key.0)
+            else {
                 desired
                     .skipped
                     .push((key.clone(), SkipReason::NamespaceNotATenant));
@@ -368,6 +460,10 @@ impl Index {
                 .sort_by(|a, b| a.credential.username.cmp(&b.credential.username));
         }
         desired.skipped.sort();
+        desired.replicas = self.peers.as_ref().map(|peers| {
+            let ready: BTreeSet<&String> = peers.current.values().flatten().collect();
+            u32::try_from(ready.len()).unwrap_or(u32::MAX)
+        });
         desired
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use tenant_proxy::http::server::Shutdown;
-use tenant_sync::controller::{Options, Status, Syncer};
+use tenant_sync::controller::{Options, PeerService, Status, Syncer};
 use tenant_sync::index::Conventions;
 use tenant_sync::metrics::Metrics;
 
@@ -51,6 +51,15 @@ struct Cli {
     /// Render once after the initial lists and exit (init containers, CI).
     #[arg(long)]
     once: bool,
+    /// The proxy's own Service: its ready endpoints (EndpointSlices) are
+    /// written into the file as `replicas`, which `tenant_limits.scope:
+    /// global` divides limits by. Absent: no `replicas` is written.
+    #[arg(long)]
+    peer_service: Option<String>,
+    /// The Service's namespace; default the pod's own (`POD_NAMESPACE`, else
+    /// the service account's namespace file).
+    #[arg(long, env = "POD_NAMESPACE")]
+    peer_namespace: Option<String>,
     /// Log format: `text` or `json`.
     #[arg(long, default_value = "text")]
     log_format: String,
@@ -72,6 +81,16 @@ async fn main() -> anyhow::Result<()> {
         debounce: cli.debounce,
         resync_interval: cli.resync_interval,
         once: cli.once,
+        peer_service: match cli.peer_service {
+            None => None,
+            Some(service) => Some(PeerService {
+                namespace: match cli.peer_namespace {
+                    Some(namespace) => namespace,
+                    None => own_namespace()?,
+                },
+                name: service,
+            }),
+        },
     };
     // In-cluster service account, or KUBECONFIG / ~/.kube/config.
     let client = kube::Client::try_default()
@@ -100,4 +119,12 @@ async fn main() -> anyhow::Result<()> {
         .await?;
     tracing::info!("tenant-sync stopped");
     Ok(())
+}
+
+/// The namespace this pod runs in, from its service account.
+fn own_namespace() -> anyhow::Result<String> {
+    const FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+    let namespace = std::fs::read_to_string(FILE)
+        .with_context(|| format!("--peer-namespace not given and {FILE} unreadable"))?;
+    Ok(namespace.trim().to_owned())
 }

@@ -24,6 +24,7 @@ pub struct Metrics {
     pub tenants: Gauge,
     pub credentials: Gauge,
     pub skipped_secrets: Family<ReasonLabels, Gauge>,
+    pub invalid_limits: Gauge,
     pub writes: Counter,
     pub write_errors: Counter,
     pub last_write: Gauge<f64, AtomicU64>,
@@ -59,6 +60,12 @@ impl Default for Metrics {
             "skipped_secrets",
             "Secrets currently left out of the file, by reason",
             skipped_secrets.clone(),
+        );
+        let invalid_limits = Gauge::default();
+        registry.register(
+            "invalid_limit_annotations",
+            "Namespaces whose tenant-proxy/limits annotation is currently left out as invalid",
+            invalid_limits.clone(),
         );
         let writes = Counter::default();
         registry.register(
@@ -107,6 +114,7 @@ impl Default for Metrics {
             tenants,
             credentials,
             skipped_secrets,
+            invalid_limits,
             writes,
             write_errors,
             last_write,

@@ -11,11 +11,15 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
+use tenant_proxy::config::TenantLimitsOverride;
+
 use crate::index::{Desired, SecretKey};
 
 #[derive(Serialize)]
 struct File<'a> {
     version: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    replicas: Option<u32>,
     tenants: Vec<Tenant<'a>>,
 }
 
@@ -23,6 +27,8 @@ struct File<'a> {
 struct Tenant<'a> {
     id: &'a str,
     namespaces: Vec<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    limits: Option<TenantLimitsOverride>,
     users: Vec<User<'a>>,
 }
 
@@ -65,12 +71,14 @@ pub fn render(desired: &Desired, hashes: &HashMap<SecretKey, String>) -> Result<
             Ok(Tenant {
                 id: id.as_str(),
                 namespaces: tenant.namespaces.iter().map(String::as_str).collect(),
+                limits: tenant.limits,
                 users,
             })
         })
         .collect::<Result<_, String>>()?;
     let file = File {
         version: tenant_proxy::tenants::file::CURRENT_VERSION,
+        replicas: desired.replicas,
         tenants,
     };
     let mut text = serde_json::to_string_pretty(&file).map_err(|e| e.to_string())?;

@@ -10,12 +10,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{ConfigMap, Container, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Deserialize;
-use tenant_proxy::config::{Config, MetricsMode};
+use tenant_proxy::config::{Config, LimitScope, MetricsMode};
 
 const OVERLAYS: &[(&str, MetricsMode)] = &[
     ("loki-prometheus", MetricsMode::Label),
@@ -301,6 +302,58 @@ fn check_rendered(overlay: &str, mode: MetricsMode, objects: &[serde_yaml_ng::Va
         rules[0].resources.as_deref().unwrap(),
         ["namespaces", "secrets"]
     );
+
+    // And the proxy's own EndpointSlices, in its namespace only, to count
+    // the replicas global limits are divided by.
+    let peers: Role = one(objects, "Role");
+    let peers_binding: RoleBinding = one(objects, "RoleBinding");
+    assert_eq!(
+        peers_binding.role_ref.name,
+        peers.metadata.name.clone().unwrap()
+    );
+    let peer_subjects = peers_binding.subjects.unwrap();
+    assert_eq!(
+        peer_subjects[0].name,
+        account.metadata.name.clone().unwrap()
+    );
+    assert_eq!(peers.metadata.namespace, account.metadata.namespace);
+    let peer_rules = peers.rules.unwrap();
+    assert_eq!(peer_rules.len(), 1);
+    assert_eq!(
+        peer_rules[0].api_groups.as_deref().unwrap(),
+        ["discovery.k8s.io"]
+    );
+    assert_eq!(
+        peer_rules[0].resources.as_deref().unwrap(),
+        ["endpointslices"]
+    );
+    assert_eq!(peer_rules[0].verbs, ["list", "watch"]);
+    let peer_service = flag(sync, "--peer-service");
+    let services = all::<Service>(objects, "Service");
+    assert!(
+        services
+            .iter()
+            .any(|s| s.metadata.name.as_deref() == peer_service),
+        "{overlay}: --peer-service {peer_service:?} names no Service"
+    );
+    let pod_namespace = sync
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "POD_NAMESPACE")
+        .and_then(|e| e.value_from.as_ref()?.field_ref.as_ref())
+        .map(|f| f.field_path.as_str());
+    assert_eq!(pod_namespace, Some("metadata.namespace"), "{overlay}");
+    assert_eq!(config.tenant_limits.scope, LimitScope::Global, "{overlay}");
+    for hpa in all::<HorizontalPodAutoscaler>(objects, "HorizontalPodAutoscaler") {
+        let target = hpa.spec.unwrap().scale_target_ref;
+        assert_eq!(
+            Some(target.name),
+            deployment.metadata.name.clone(),
+            "{overlay}"
+        );
+        assert_eq!(target.kind, "Deployment");
+    }
 }
 
 #[test]

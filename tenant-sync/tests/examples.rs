@@ -7,7 +7,7 @@ mod files;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use serde::Deserialize;
 use tenant_sync::index::{self, Conventions, Password};
 
@@ -101,4 +101,24 @@ fn rbac_grants_only_reading_namespaces_and_secrets() {
     );
     let binding: ClusterRoleBinding = typed(docs[2].clone());
     assert_eq!(binding.role_ref.name, "tenant-sync");
+    // EndpointSlices of the proxy's own namespace, for --peer-service.
+    let peers: Role = typed(docs[3].clone());
+    let rules = peers.rules.unwrap();
+    assert_eq!(rules.len(), 1);
+    assert_eq!(rules[0].resources.clone().unwrap(), ["endpointslices"]);
+    assert_eq!(rules[0].verbs, ["list", "watch"]);
+    assert_eq!(peers.metadata.namespace.as_deref(), Some("observability"));
+    let peers_binding: RoleBinding = typed(docs[4].clone());
+    assert_eq!(peers_binding.role_ref.name, "tenant-sync-peers");
+}
+
+#[test]
+fn the_limits_annotation_example_is_valid() {
+    let limits: Vec<_> = documents("tenant-namespaces.yaml")
+        .into_iter()
+        .filter_map(|doc| index::limits_of(&typed::<Namespace>(doc)).unwrap())
+        .collect();
+    assert_eq!(limits.len(), 1);
+    let query = limits[0].query.unwrap();
+    assert_eq!((query.requests_per_second, query.concurrency), (5.0, 2));
 }

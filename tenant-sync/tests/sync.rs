@@ -244,3 +244,106 @@ async fn secret_namespaces_watch_only_those_namespaces() {
     );
     sync.stop().await.unwrap();
 }
+
+/// Limits from Namespace annotations and the proxy's ready replicas from
+/// its Service's EndpointSlices reach the file; a change that alters
+/// neither does not rewrite it; only the Service's own slices count, each
+/// pod once (dual-stack Services list a pod in two slices).
+#[tokio::test]
+async fn namespace_limits_and_the_proxys_ready_replicas_reach_the_file() {
+    let api = cluster().await;
+    let limits = r#"{"query": {"requests_per_second": 5, "concurrency": 2}}"#;
+    api.annotated_namespace("team-a", json!({}), json!({"tenant-proxy/limits": limits}));
+    api.annotated_namespace(
+        "team-b",
+        json!({}),
+        json!({"tenant-proxy/limits": "not json"}),
+    );
+    let ready = |pods: &[&'static str]| -> Vec<(&'static str, Option<bool>)> {
+        pods.iter().map(|p| (*p, Some(true))).collect()
+    };
+    let mut v4 = ready(&["proxy-1", "proxy-2"]);
+    v4.push(("proxy-3", Some(false)));
+    api.endpoint_slice("observability", "tenant-proxy-v4", "tenant-proxy", &v4);
+    api.endpoint_slice(
+        "observability",
+        "tenant-proxy-v6",
+        "tenant-proxy",
+        &[("proxy-1", None), ("proxy-2", Some(true))],
+    );
+    api.endpoint_slice(
+        "observability",
+        "other-x",
+        "other",
+        &ready(&["o-1", "o-2", "o-3"]),
+    );
+    api.endpoint_slice(
+        "elsewhere",
+        "tenant-proxy-x",
+        "tenant-proxy",
+        &ready(&["e-1"]),
+    );
+
+    let mut sync = RunningSync::start(&api, |o| {
+        o.peer_service = Some(tenant_sync::controller::PeerService {
+            namespace: "observability".into(),
+            name: "tenant-proxy".into(),
+        });
+    });
+    sync.next_write().await;
+    let load = |sync: &RunningSync| {
+        let text = std::fs::read_to_string(&sync.file).unwrap();
+        tenant_proxy::tenants::file::parse(&text, 1).unwrap().0
+    };
+    let store = load(&sync);
+    assert_eq!(store.replicas, 2);
+    let query = store
+        .tenant("team-a")
+        .unwrap()
+        .limits
+        .unwrap()
+        .query
+        .unwrap();
+    assert_eq!((query.requests_per_second, query.concurrency), (5.0, 2));
+    let team_b = store.tenant("team-b");
+    assert!(
+        team_b.is_none_or(|t| t.limits.is_none()),
+        "invalid: left out"
+    );
+    assert_eq!(sync.metrics.invalid_limits.get(), 1);
+
+    // A third replica becomes ready: the count follows.
+    let mut v4 = ready(&["proxy-1", "proxy-2", "proxy-3"]);
+    api.endpoint_slice("observability", "tenant-proxy-v4", "tenant-proxy", &v4);
+    sync.next_write().await;
+    assert_eq!(load(&sync).replicas, 3);
+
+    // A pod that is not ready joins: the count, and the file, stay.
+    let writes = sync.status.writes();
+    let before = *writes.borrow();
+    let mut syncs = sync.status.syncs();
+    let synced = *syncs.borrow_and_update();
+    v4.push(("proxy-4", Some(false)));
+    api.endpoint_slice("observability", "tenant-proxy-v4", "tenant-proxy", &v4);
+    tokio::time::timeout(Duration::from_secs(10), syncs.wait_for(|n| *n > synced))
+        .await
+        .expect("a sync within 10 s")
+        .unwrap();
+    assert_eq!(*writes.borrow(), before, "unchanged: not rewritten");
+
+    // The slice goes: only the v6 one's two pods are left.
+    api.delete(Kind::EndpointSlice, "observability/tenant-proxy-v4");
+    sync.next_write().await;
+    assert_eq!(load(&sync).replicas, 2);
+    sync.stop().await.unwrap();
+    // EndpointSlices were only listed and watched in the peer namespace.
+    for request in api.requests() {
+        if request.contains("endpointslices") {
+            let path = request.split('?').next().unwrap();
+            assert_eq!(
+                path,
+                "/apis/discovery.k8s.io/v1/namespaces/observability/endpointslices"
+            );
+        }
+    }
+}

@@ -386,3 +386,88 @@ fn write_scopes_for_rules_alerts_and_deletes_come_only_from_the_annotation() {
         "an unknown scope skips the Secret"
     );
 }
+
+fn annotated(name: &str, tenant: &str, limits: &str) -> Namespace {
+    serde_json::from_value(json!({"metadata": {
+        "name": name,
+        "labels": {"example.com/tenant": tenant},
+        "annotations": {LIMITS_ANNOTATION: limits},
+    }}))
+    .unwrap()
+}
+
+#[test]
+fn namespace_limits_take_the_strictest_value_per_field_and_skip_invalid_ones() {
+    let mut index = Index::new(conventions(Some("example.com/tenant")), &[String::new()]);
+    synced(
+        &mut index,
+        vec![
+            annotated(
+                "shop-prod",
+                "shop",
+                r#"{"push": {"bytes_per_second": 1048576}, "query": {"requests_per_second": 5, "concurrency": 2}}"#,
+            ),
+            annotated(
+                "shop-dev",
+                "shop",
+                r#"{"query": {"requests_per_second": 20, "concurrency": 1}}"#,
+            ),
+            annotated(
+                "blog",
+                "blog",
+                r#"{"query": {"requests_per_second": "fast"}}"#,
+            ),
+            annotated("wiki", "wiki", r#"{"query": {"bytes_per_second": 10}}"#),
+            annotated("docs", "docs", r#"{"query": {"rps": 1}}"#),
+        ],
+        vec![
+            basic("shop-dev", "s", "shop-user", "p"),
+            basic("blog", "s", "blog-user", "p"),
+            basic("wiki", "s", "wiki-user", "p"),
+            basic("docs", "s", "docs-user", "p"),
+        ],
+    );
+    let desired = index.desired();
+    let shop = desired.tenants[&TenantId::parse("shop").unwrap()]
+        .limits
+        .unwrap();
+    let query = shop.query.unwrap();
+    assert_eq!((query.requests_per_second, query.concurrency), (5.0, 1));
+    assert_eq!(shop.push.unwrap().bytes_per_second, 1_048_576);
+    // Invalid annotations are left out, with why; their tenants keep the
+    // config's defaults and their credentials.
+    let invalid: Vec<&str> = desired
+        .invalid_limits
+        .iter()
+        .map(|(ns, _)| ns.as_str())
+        .collect();
+    assert_eq!(invalid, ["blog", "docs", "wiki"]);
+    assert!(
+        desired.invalid_limits[2].1.contains("push only"),
+        "{:?}",
+        desired.invalid_limits
+    );
+    for tenant in ["blog", "docs", "wiki"] {
+        assert_eq!(
+            desired.tenants[&TenantId::parse(tenant).unwrap()].limits,
+            None
+        );
+        assert_eq!(users(&desired, tenant).len(), 1);
+    }
+    // The file carries them; the proxy reads back what was meant.
+    let hashes = desired
+        .tenants
+        .values()
+        .flat_map(|t| &t.users)
+        .map(|u| {
+            (
+                u.source.clone(),
+                tenant_proxy::auth::password::hash_password("p").unwrap(),
+            )
+        })
+        .collect();
+    let text = crate::render::render(&desired, &hashes).unwrap();
+    let (store, _) = tenant_proxy::tenants::file::parse(&text, 1).unwrap();
+    assert_eq!(store.tenant("shop").unwrap().limits, Some(shop));
+    assert_eq!(store.tenant("blog").unwrap().limits, None);
+}

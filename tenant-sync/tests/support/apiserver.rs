@@ -1,6 +1,7 @@
 //! An in-process stand-in for the Kubernetes API server (behaviour of
-//! Kubernetes 1.33, core/v1): list and watch of Namespaces and Secrets over
-//! HTTP, so the real `kube` client and watcher code runs against it.
+//! Kubernetes 1.33, core/v1 and discovery.k8s.io/v1): list and watch of
+//! Namespaces, Secrets and (namespaced) EndpointSlices over HTTP, so the
+//! real `kube` client and watcher code runs against it.
 //!
 //! It keeps a resourceVersion counter and an event log, filters by label
 //! selector (`k=v`, `k`) and field selector (`type=`, `metadata.namespace=`),
@@ -28,6 +29,18 @@ use tokio::sync::{broadcast, mpsc, watch, Notify};
 pub enum Kind {
     Namespace,
     Secret,
+    EndpointSlice,
+}
+
+impl Kind {
+    /// `(apiVersion, kind)` of its objects.
+    fn names(self) -> (&'static str, &'static str) {
+        match self {
+            Kind::Namespace => ("v1", "Namespace"),
+            Kind::Secret => ("v1", "Secret"),
+            Kind::EndpointSlice => ("discovery.k8s.io/v1", "EndpointSlice"),
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -103,12 +116,16 @@ impl ApiServer {
     }
 
     pub fn namespace(&self, name: &str, labels: Value) {
+        self.annotated_namespace(name, labels, json!({}));
+    }
+
+    pub fn annotated_namespace(&self, name: &str, labels: Value, annotations: Value) {
         self.put(
             Kind::Namespace,
             name.to_owned(),
             json!({
                 "apiVersion": "v1", "kind": "Namespace",
-                "metadata": {"name": name, "labels": labels},
+                "metadata": {"name": name, "labels": labels, "annotations": annotations},
             }),
         );
     }
@@ -137,6 +154,45 @@ impl ApiServer {
                     "creationTimestamp": "2026-01-01T00:00:00Z",
                 },
                 "data": data,
+            }),
+        );
+    }
+
+    /// An EndpointSlice of `service` in `namespace`: one endpoint per pod,
+    /// `Some(ready)` or `None` (condition absent, which counts as ready).
+    pub fn endpoint_slice(
+        &self,
+        namespace: &str,
+        name: &str,
+        service: &str,
+        pods: &[(&str, Option<bool>)],
+    ) {
+        let endpoints: Vec<Value> = pods
+            .iter()
+            .enumerate()
+            .map(|(i, (pod, ready))| {
+                let conditions = match ready {
+                    Some(ready) => json!({"ready": ready}),
+                    None => json!({}),
+                };
+                json!({
+                    "addresses": [format!("10.0.0.{i}")],
+                    "conditions": conditions,
+                    "targetRef": {"kind": "Pod", "name": pod, "namespace": namespace, "uid": format!("pod-{pod}")},
+                })
+            })
+            .collect();
+        self.put(
+            Kind::EndpointSlice,
+            format!("{namespace}/{name}"),
+            json!({
+                "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                "metadata": {
+                    "name": name, "namespace": namespace,
+                    "labels": {"kubernetes.io/service-name": service},
+                },
+                "addressType": "IPv4",
+                "endpoints": endpoints,
             }),
         );
     }
@@ -271,6 +327,9 @@ fn parse(request: &Request<Incoming>) -> Option<Query> {
         ["api", "v1", "namespaces"] => (Kind::Namespace, None),
         ["api", "v1", "secrets"] => (Kind::Secret, None),
         ["api", "v1", "namespaces", ns, "secrets"] => (Kind::Secret, Some((*ns).to_owned())),
+        ["apis", "discovery.k8s.io", "v1", "namespaces", ns, "endpointslices"] => {
+            (Kind::EndpointSlice, Some((*ns).to_owned()))
+        }
         _ => return None,
     };
     let params: Vec<(String, String)> =
@@ -342,14 +401,11 @@ async fn handle(
         .filter(|((kind, _), object)| *kind == query.kind && query.matches(object))
         .map(|(_, object)| object.clone())
         .collect();
-    let list_kind = match query.kind {
-        Kind::Namespace => "NamespaceList",
-        Kind::Secret => "SecretList",
-    };
+    let (api_version, kind) = query.kind.names();
     Ok(json_response(
         StatusCode::OK,
         json!({
-            "apiVersion": "v1", "kind": list_kind,
+            "apiVersion": api_version, "kind": format!("{kind}List"),
             "metadata": {"resourceVersion": data.rv.to_string()},
             "items": items,
         }),
@@ -395,11 +451,8 @@ fn watch_response(state: Arc<State>, query: Query) -> Response<Body> {
             }
         }
         if query.bookmarks {
-            let kind = match query.kind {
-                Kind::Namespace => "Namespace",
-                Kind::Secret => "Secret",
-            };
-            let bookmark = json!({"kind": kind, "apiVersion": "v1",
+            let (api_version, kind) = query.kind.names();
+            let bookmark = json!({"kind": kind, "apiVersion": api_version,
                 "metadata": {"resourceVersion": current.max(last).to_string()}});
             let _ = tx.send(event_line("BOOKMARK", &bookmark)).await;
         }

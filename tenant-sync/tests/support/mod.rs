@@ -27,6 +27,7 @@ pub fn options(tenants_file: PathBuf) -> Options {
         debounce: Duration::from_millis(50),
         resync_interval: Duration::from_secs(3600),
         once: false,
+        peer_service: None,
     }
 }
 

@@ -39,5 +39,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end }}
 {{- $_ := set $config "metrics" $metrics }}
 {{- end }}
+{{- /* More than one replica: each enforces its share of a tenant's limits. */}}
+{{- if or (gt (int .Values.replicas) 1) .Values.autoscaling.enabled }}
+{{- $_ := set $config "tenant_limits" (dict "scope" "global") }}
+{{- end }}
 {{- toYaml (mergeOverwrite $config .Values.extraConfig) }}
 {{- end -}}
