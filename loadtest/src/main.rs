@@ -14,7 +14,7 @@ use loadtest::load::{self, Workload};
 use loadtest::nginx::NginxProcess;
 use loadtest::proxy_process::{self, ProcessStats, ProxyProcess};
 use loadtest::report::{self, Reloads, Row};
-use loadtest::scenario::{Faults, Reference, Scenario};
+use loadtest::scenario::{Faults, GlobalLimits, Reference, Scenario};
 use loadtest::{bodies, sink};
 
 #[derive(Parser)]
@@ -225,6 +225,73 @@ async fn through_nginx(
     Ok(row)
 }
 
+/// The workload split across `replicas` proxies in `tenant_limits.scope:
+/// global` reading one tenants file (`replicas: N`): one row per proxy,
+/// and the sum admitted against the global limit on stderr.
+async fn global_limits(
+    scenario: &Scenario,
+    workload: &Arc<Workload>,
+    options: ProxyOptions<'_>,
+    limits: &GlobalLimits,
+) -> anyhow::Result<Vec<Row>> {
+    let mut tenants: serde_json::Value = serde_json::from_str(options.tenants)?;
+    tenants["replicas"] = limits.replicas.into();
+    let tenants = tenants.to_string();
+    let config = format!(
+        "tenant_limits:\n  scope: global\n  default:\n    push: {{requests_per_second: {}, burst: 1}}\n",
+        limits.push_requests_per_second
+    );
+    let mut proxies = Vec::new();
+    for _ in 0..limits.replicas {
+        let proxy = ProxyProcess::start(
+            options.binary,
+            options.upstream,
+            &tenants,
+            options.access_log,
+            options.throttle,
+            &config,
+        )
+        .await?;
+        proxies.push(proxy);
+    }
+    let runs = proxies.iter().map(|proxy| {
+        let pid = proxy.pid();
+        let workload = workload.clone();
+        async move {
+            let mut process = (ProcessStats::default(), ProcessStats::default());
+            let outcome = load::run(proxy.addr, scenario, workload, |starting| {
+                let now = proxy_process::stats(pid).unwrap_or_default();
+                if starting {
+                    process.0 = now;
+                } else {
+                    process.1 = now;
+                }
+            })
+            .await;
+            let mut row = Row::new(&scenario.name, "proxy-global", &outcome, None);
+            row.measure_process(&process.0, &process.1);
+            row
+        }
+    });
+    let rows = futures::future::join_all(runs).await;
+    let admitted: f64 = rows
+        .iter()
+        .map(|row| {
+            let all: u64 = row.statuses.values().sum();
+            let ok: u64 = (200..300).filter_map(|code| row.statuses.get(&code)).sum();
+            row.requests_per_second * ok as f64 / all.max(1) as f64
+        })
+        .sum();
+    let limit = limits.push_requests_per_second;
+    eprintln!(
+        "{}: {} replicas admitted {admitted:.1} pushes/s together; global limit {limit}/s ({:+.1} %)",
+        scenario.name,
+        limits.replicas,
+        (admitted / limit - 1.0) * 100.0
+    );
+    Ok(rows)
+}
+
 /// The workload through one proxy whose upstream misbehaves phase by phase,
 /// a healthy phase before and after each fault: what clients get during a
 /// fault, and that the proxy recovers without a restart.
@@ -371,6 +438,9 @@ async fn main() -> anyhow::Result<()> {
         }
         if let (Some(Reference::Nginx), true) = (scenario.reference, wanted("nginx")) {
             rows.push(through_nginx(&scenario, &workload, upstream, cli.access_log).await?);
+        }
+        if let (Some(limits), true) = (&scenario.global_limits, wanted("global")) {
+            rows.extend(global_limits(&scenario, &workload, options, limits).await?);
         }
         if let (Some(faults), true) = (&scenario.faults, wanted("faults")) {
             rows.extend(fault_drill(&scenario, &workload, options, faults).await?);

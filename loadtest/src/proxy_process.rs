@@ -133,8 +133,11 @@ impl ProxyProcess {
         throttle: bool,
         extra_config: &str,
     ) -> anyhow::Result<Self> {
+        // One directory per proxy: several may run at once.
+        static STARTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir =
-            std::env::temp_dir().join(format!("tenant-proxy-loadtest-{}", std::process::id()));
+            std::env::temp_dir().join(format!("tenant-proxy-loadtest-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
         let dir = tempfile_dir::Dir(dir);
         std::fs::write(dir.0.join("tenants.yaml"), tenants)?;

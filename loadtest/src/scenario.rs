@@ -52,6 +52,19 @@ pub struct Scenario {
     /// (issue #19): `nginx`, the Loki chart's gateway shape.
     #[serde(default)]
     pub reference: Option<Reference>,
+    /// Several proxies in `tenant_limits.scope: global`, the load split
+    /// across them: does the sum admitted hold to the limit (issue #18)?
+    #[serde(default)]
+    pub global_limits: Option<GlobalLimits>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GlobalLimits {
+    /// Proxy processes, and the tenants file's `replicas`.
+    pub replicas: u32,
+    /// Every tenant's push rate across all replicas.
+    pub push_requests_per_second: f64,
 }
 
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
