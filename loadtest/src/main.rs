@@ -16,6 +16,7 @@ use loadtest::proxy_process::{self, ProcessStats, ProxyProcess};
 use loadtest::report::{self, Reloads, Row};
 use loadtest::scenario::{Faults, GlobalLimits, Reference, Scenario};
 use loadtest::{bodies, sink};
+use tenant_proxy::config::MetricsMode;
 
 #[derive(Parser)]
 #[command(about = "Measure tenant-proxy against a sink, direct vs proxied, on loopback only")]
@@ -68,6 +69,7 @@ struct ProxyOptions<'a> {
     tenants: &'a str,
     access_log: bool,
     throttle: bool,
+    mode: MetricsMode,
 }
 
 /// What runs next to the workload in a proxied row.
@@ -118,6 +120,7 @@ async fn proxied(
         options.tenants,
         options.access_log,
         options.throttle,
+        options.mode,
         &extra_config,
     )
     .await?;
@@ -249,6 +252,7 @@ async fn global_limits(
             &tenants,
             options.access_log,
             options.throttle,
+            options.mode,
             &config,
         )
         .await?;
@@ -312,6 +316,7 @@ async fn fault_drill(
         options.tenants,
         options.access_log,
         options.throttle,
+        options.mode,
         &limits,
     )
     .await?;
@@ -414,6 +419,7 @@ async fn main() -> anyhow::Result<()> {
             tenants: tenants.as_str(),
             access_log: cli.access_log,
             throttle: scenario.guessing.is_some(),
+            mode: scenario.metrics_mode,
         };
         let mut runs = vec![Alongside::Nothing];
         if scenario.guessing.is_some() {

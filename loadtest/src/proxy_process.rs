@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use tenant_proxy::config::MetricsMode;
 
 pub struct ProxyProcess {
     pub addr: SocketAddr,
@@ -125,12 +126,15 @@ impl ProxyProcess {
     /// `throttle`: keep the proxy's failure throttles at their defaults
     /// (off otherwise, so argon2's full cost is measured). `extra_config`:
     /// more top-level sections (`tracing`, `limits`).
+    /// `mode`: metrics label mode (PromQL and remote write rewritten) or
+    /// header mode (forwarded as they came, with the tenant header).
     pub async fn start(
         binary: &Path,
         upstream: SocketAddr,
         tenants: &str,
         access_log: bool,
         throttle: bool,
+        mode: MetricsMode,
         extra_config: &str,
     ) -> anyhow::Result<Self> {
         // One directory per proxy: several may run at once.
@@ -146,7 +150,11 @@ impl ProxyProcess {
             dir.0.join("config.yaml"),
             format!(
                 "listen: {addr}\nadmin_listen: {admin}\ntenants_file: tenants.yaml\n\
-                 logs:\n  upstream: http://{upstream}\nmetrics:\n  upstream: http://{upstream}\n  mode: label\n{}{extra_config}",
+                 logs:\n  upstream: http://{upstream}\nmetrics:\n  upstream: http://{upstream}\n  mode: {}\n{}{extra_config}",
+                match mode {
+                    MetricsMode::Label => "label",
+                    MetricsMode::Header => "header",
+                },
                 if throttle { "" } else { "auth:\n  max_failures_per_client: 0\n  max_failures_per_user: 0\n" }
             ),
         )?;

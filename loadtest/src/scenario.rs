@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use serde::Deserialize;
+use tenant_proxy::config::MetricsMode;
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -12,6 +13,11 @@ pub struct Scenario {
     pub description: String,
     #[serde(default)]
     pub mode: Mode,
+    /// The proxy's `metrics.mode`: `label` (default: PromQL and pushed
+    /// series rewritten) or `header` (forwarded untouched, the tenant in a
+    /// header: the pass-through reference of issue #19).
+    #[serde(default)]
+    pub metrics_mode: MetricsMode,
     /// Connections (closed loop: one request in flight on each).
     #[serde(default = "defaults::connections")]
     pub connections: usize,
