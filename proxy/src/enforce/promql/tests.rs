@@ -364,3 +364,51 @@ fn a_full_memo_starts_over_instead_of_growing() {
     }
     assert!(memo.entries.read().unwrap().len() <= 2);
 }
+
+/// The verifying re-parse swaps the tenant's printed regex for a sentinel
+/// equality instead of compiling it again; it must still refuse every text
+/// in which a selector lacks the tenant's matcher, including texts built to
+/// confuse the swap.
+#[test]
+fn verification_without_recompiling_the_tenants_regex_still_refuses_what_escapes() {
+    let tenant = TenantMatcher::new(
+        "namespace",
+        &[
+            "team-a".into(),
+            "team-a-staging".into(),
+            "team-a-jobs".into(),
+        ],
+    )
+    .unwrap();
+    let ours = r#"namespace=~"team-a|team-a-staging|team-a-jobs""#;
+    let carried = format!("sum(rate(x{{job=\"a\",{ours}}}[5m])) / y{{{ours}}}");
+    assert_eq!(verify(&carried, &tenant), Ok(()));
+    for escaping in [
+        // one selector without it
+        format!("x{{{ours}}} / y"),
+        // only under another label whose name ends like ours
+        format!("x{{{ours}}} / y{{x{ours}}}"),
+        // a sentinel written by the user, and a selector without ours
+        r#"x{namespace="tenant-proxy-verify-0"}"#.to_string(),
+        format!(r#"x{{{ours}}} / y{{namespace="tenant-proxy-verify-0"}}"#),
+        // ours only inside a string literal
+        format!(
+            "label_replace(y, \"d\", \"{}\", \"s\", \"\")",
+            ours.replace('"', "\\\"")
+        ),
+    ] {
+        assert_eq!(
+            verify(&escaping, &tenant),
+            Err(EnforceError::Unenforced),
+            "{escaping}"
+        );
+    }
+    // Enforcing, end to end, still yields the real matcher in every selector.
+    let out = enforce_query(
+        r#"sum(rate(http_requests_total{pod=~"web-.*"}[5m])) / on() up"#,
+        &tenant,
+    )
+    .unwrap();
+    assert_eq!(out.matches(ours).count(), 2, "{out}");
+    assert!(!out.contains("tenant-proxy-verify"), "{out}");
+}
