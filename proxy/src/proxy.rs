@@ -653,6 +653,7 @@ async fn check_silence_owner(
     id: &str,
     tenant: &TenantAlerts<'_>,
 ) -> Result<(), ProxyError> {
+    alertmanager::check_silence_id(id)?;
     let internal = |e: String| ProxyError::Internal(format!("cannot ask for silence {id:?}: {e}"));
     let uri = target
         .upstream

@@ -157,6 +157,19 @@ pub fn with_filter(query: Option<&str>, tenant: &TenantAlerts<'_>) -> String {
     out.finish()
 }
 
+/// A silence id as Alertmanager makes them (a UUID): it goes into an
+/// upstream path, so nothing else is accepted.
+pub fn check_silence_id(id: &str) -> Result<(), ProxyError> {
+    let fits =
+        (1..=64).contains(&id.len()) && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
+    match fits {
+        true => Ok(()),
+        false => Err(ProxyError::BadData(
+            "a silence id is letters, digits and '-' only".into(),
+        )),
+    }
+}
+
 /// Checks a posted silence and writes it again: matchers on the tenant
 /// label must pin it to owned values; with none, the pin is added.
 pub fn rewrite_silence(
@@ -165,6 +178,9 @@ pub fn rewrite_silence(
 ) -> Result<PostableSilence, ProxyError> {
     let mut silence: PostableSilence = serde_json::from_slice(body)
         .map_err(|e| ProxyError::BadData(format!("cannot read the silence: {e}")))?;
+    if let Some(id) = &silence.id {
+        check_silence_id(id)?;
+    }
     let on_label: Vec<&Matcher> = silence
         .matchers
         .iter()

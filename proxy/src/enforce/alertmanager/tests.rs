@@ -102,6 +102,24 @@ fn a_silence_without_the_label_gets_the_pin_and_a_foreign_one_is_refused() {
 }
 
 #[test]
+fn a_silence_id_is_only_ever_a_uuid_shaped_path_segment() {
+    let owned = owned();
+    let t = tenant(&owned);
+    let with_id = |id: &str| {
+        let mut body: Value = serde_json::from_slice(&silence(serde_json::json!([]))).unwrap();
+        body["id"] = Value::from(id);
+        rewrite_silence(body.to_string().as_bytes(), &t)
+    };
+    assert!(with_id("6f1c2a9e-3b1d-4c8e-9a7f-0d2b5e8c1f34").is_ok());
+    for bad in ["../../-/reload", "a/b", "x?y=1", "x#y", "", "a b", "%2e%2e"] {
+        assert!(
+            matches!(with_id(bad), Err(ProxyError::BadData(_))),
+            "{bad:?}"
+        );
+    }
+}
+
+#[test]
 fn a_silence_alertmanager_could_read_differently_is_refused() {
     let owned = owned();
     let t = tenant(&owned);
