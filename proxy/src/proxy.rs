@@ -641,9 +641,6 @@ async fn alertmanager_request(
     }
 }
 
-/// Largest Alertmanager answer read to be filtered or checked.
-const MAX_ALERTMANAGER_ANSWER: usize = 64 * 1024 * 1024;
-
 /// Refuses a change to silence `id` unless Alertmanager shows it to be the
 /// tenant's. A silence that does not exist is refused the same way, so the
 /// answer never tells one tenant which ids another has.
@@ -665,7 +662,7 @@ async fn check_silence_owner(
     let timeout = state.limits.upstream_timeout;
     let response = upstream::send(&target.client.load(), request, timeout, 0).await?;
     let status = response.status();
-    let answer = read_answer(response.into_body()).await?;
+    let answer = prometheus::read_filtered_response(response.into_body()).await?;
     match status {
         StatusCode::OK if alertmanager::silence_is_owned(&answer, tenant)? => Ok(()),
         StatusCode::OK | StatusCode::NOT_FOUND => Err(ProxyError::Foreign(format!(
@@ -694,7 +691,7 @@ async fn alertmanager_answer(
             "upstream compressed a response that must be filtered".into(),
         ));
     }
-    let answer = read_answer(body).await?;
+    let answer = prometheus::read_filtered_response(body).await?;
     match call {
         AlertmanagerCall::Read(filter) | AlertmanagerCall::ReadFiltered(filter) => {
             alertmanager::filter_answer(&answer, filter, tenant)
@@ -704,14 +701,6 @@ async fn alertmanager_answer(
         ),
         _ => Ok(answer),
     }
-}
-
-async fn read_answer(body: Incoming) -> Result<Bytes, ProxyError> {
-    Ok(Limited::new(body, MAX_ALERTMANAGER_ANSWER)
-        .collect()
-        .await
-        .map_err(ProxyError::UpstreamUnavailable)?
-        .to_bytes())
 }
 
 /// Reads the version a remote-write request declares, rewrites its body

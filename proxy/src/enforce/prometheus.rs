@@ -122,12 +122,17 @@ pub async fn filter_response(
     filter: ResponseFilter,
     tenant: &TenantMatcher,
 ) -> Result<Bytes, ProxyError> {
-    let bytes = Limited::new(body, MAX_FILTERED_RESPONSE_BYTES)
+    filter_document(&read_filtered_response(body).await?, filter, tenant)
+}
+
+/// Reads an upstream answer that is to be filtered or checked, whole, up
+/// to `MAX_FILTERED_RESPONSE_BYTES` (502 beyond, or if it breaks off).
+pub async fn read_filtered_response(body: hyper::body::Incoming) -> Result<Bytes, ProxyError> {
+    Ok(Limited::new(body, MAX_FILTERED_RESPONSE_BYTES)
         .collect()
         .await
         .map_err(ProxyError::UpstreamUnavailable)?
-        .to_bytes();
-    filter_document(&bytes, filter, tenant)
+        .to_bytes())
 }
 
 /// The pure part of `filter_response`: keeps what the tenant's matchers
