@@ -120,12 +120,22 @@ fn read_long_varint(buf: &mut &[u8]) -> Result<u64, WireError> {
     Err(WireError("varint longer than 10 bytes"))
 }
 
-pub fn write_varint(out: &mut Vec<u8>, mut value: u64) {
+pub fn write_varint(out: &mut Vec<u8>, value: u64) {
+    let mut buf = [0; 10];
+    let n = encode_varint(value, &mut buf);
+    out.extend_from_slice(&buf[..n]);
+}
+
+/// Encodes `value` into `buf`, returning how many bytes it took.
+pub fn encode_varint(mut value: u64, buf: &mut [u8; 10]) -> usize {
+    let mut n = 0;
     while value >= 0x80 {
-        out.push((value as u8) | 0x80);
+        buf[n] = (value as u8) | 0x80;
         value >>= 7;
+        n += 1;
     }
-    out.push(value as u8);
+    buf[n] = value as u8;
+    n + 1
 }
 
 /// Writes a length-delimited field.

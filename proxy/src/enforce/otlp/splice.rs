@@ -15,7 +15,8 @@
 use super::translate::{may_translate_to, translates_to, Level};
 use super::{OtlpError, Stats};
 use crate::enforce::protowire::{
-    fields, varint_size, write_field_header, write_len_field, write_varint, Field, LEN,
+    encode_varint, fields, varint_size, write_field_header, write_len_field, write_varint, Field,
+    LEN,
 };
 use crate::enforce::tenant_label::{decide, Decision, Found, TenantLabel};
 
@@ -351,9 +352,10 @@ impl<'m> Splice<'m, '_> {
         self.out.resize(start + reserved, 0);
         write(self)?;
         let len = self.out.len() - start - reserved;
-        let mut prefix = Vec::with_capacity(10);
-        write_varint(&mut prefix, len as u64);
-        self.out.splice(start..start + reserved, prefix);
+        let mut prefix = [0; 10];
+        let n = encode_varint(len as u64, &mut prefix);
+        self.out
+            .splice(start..start + reserved, prefix[..n].iter().copied());
         Ok(())
     }
 
