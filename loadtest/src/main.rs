@@ -156,19 +156,19 @@ async fn proxied(
         _ => None,
     };
     let generation_before = proxy.metric("tenant_proxy_tenants_generation").await?;
-    let mut process = (ProcessStats::default(), ProcessStats::default());
     let mut connections = (None, None);
-    let outcome = load::run(proxy.addr, scenario, workload.clone(), |starting| {
-        let now = proxy_process::stats(pid).unwrap_or_default();
-        if starting {
-            process.0 = now;
-            connections.0 = connections_opened();
-        } else {
-            process.1 = now;
-            connections.1 = connections_opened();
-        }
-    })
-    .await;
+    let (outcome, process) =
+        run_measured(
+            proxy.addr,
+            scenario,
+            workload,
+            pid,
+            |starting| match starting {
+                true => connections.0 = connections_opened(),
+                false => connections.1 = connections_opened(),
+            },
+        )
+        .await;
     stop.store(true, Ordering::Release);
     let side = match side_task {
         Some(task) => Some(task.await?),
@@ -199,6 +199,29 @@ async fn proxied(
     Ok(row)
 }
 
+/// Runs the workload against `target`, sampling process `pid` (its CPU
+/// and memory) when the measured interval starts and ends; `also` runs at
+/// the same two moments (`true` at the start).
+async fn run_measured(
+    target: SocketAddr,
+    scenario: &Scenario,
+    workload: &Arc<Workload>,
+    pid: u32,
+    mut also: impl FnMut(bool),
+) -> (load::Outcome, (ProcessStats, ProcessStats)) {
+    let mut process = (ProcessStats::default(), ProcessStats::default());
+    let outcome = load::run(target, scenario, workload.clone(), |starting| {
+        let now = proxy_process::stats(pid).unwrap_or_default();
+        match starting {
+            true => process.0 = now,
+            false => process.1 = now,
+        }
+        also(starting);
+    })
+    .await;
+    (outcome, process)
+}
+
 /// The workload through the nginx reference gateway, its CPU measured like
 /// the proxy's.
 async fn through_nginx(
@@ -210,16 +233,7 @@ async fn through_nginx(
     let nginx = NginxProcess::start(upstream, scenario.users, access_log).await?;
     let pid = nginx.pid();
     let idle = proxy_process::stats(pid)?;
-    let mut process = (ProcessStats::default(), ProcessStats::default());
-    let outcome = load::run(nginx.addr, scenario, workload.clone(), |starting| {
-        let now = proxy_process::stats(pid).unwrap_or_default();
-        if starting {
-            process.0 = now;
-        } else {
-            process.1 = now;
-        }
-    })
-    .await;
+    let (outcome, process) = run_measured(nginx.addr, scenario, workload, pid, |_| {}).await;
     let peak = proxy_process::stats(pid)?;
     let mut row = Row::new(&scenario.name, "nginx", &outcome, None);
     row.measure_process(&process.0, &process.1);
@@ -258,24 +272,12 @@ async fn global_limits(
         .await?;
         proxies.push(proxy);
     }
-    let runs = proxies.iter().map(|proxy| {
-        let pid = proxy.pid();
-        let workload = workload.clone();
-        async move {
-            let mut process = (ProcessStats::default(), ProcessStats::default());
-            let outcome = load::run(proxy.addr, scenario, workload, |starting| {
-                let now = proxy_process::stats(pid).unwrap_or_default();
-                if starting {
-                    process.0 = now;
-                } else {
-                    process.1 = now;
-                }
-            })
-            .await;
-            let mut row = Row::new(&scenario.name, "proxy-global", &outcome, None);
-            row.measure_process(&process.0, &process.1);
-            row
-        }
+    let runs = proxies.iter().map(|proxy| async move {
+        let (outcome, process) =
+            run_measured(proxy.addr, scenario, workload, proxy.pid(), |_| {}).await;
+        let mut row = Row::new(&scenario.name, "proxy-global", &outcome, None);
+        row.measure_process(&process.0, &process.1);
+        row
     });
     let rows = futures::future::join_all(runs).await;
     let admitted: f64 = rows
