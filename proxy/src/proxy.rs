@@ -45,7 +45,10 @@ use crate::ops::metrics::{
     self, Metrics, ReasonLabels, RequestLabels, SurfaceLabels, TenantActionLabels, TenantLabels,
 };
 use crate::ops::otel::{RequestSpan, Tracing};
-use crate::routes::{AlertmanagerCall, Operation, Route, RouteTable, Signal, ALERTMANAGER_PREFIX};
+use crate::routes::{
+    AlertmanagerCall, Operation, Route, RouteTable, Signal, ALERTMANAGER_DATASOURCE_ROOT,
+    ALERTMANAGER_PREFIX,
+};
 use crate::tenants::reload::Tenants;
 use crate::tenants::{Credential, Tenant};
 use crate::upstream::{self, HttpClient};
@@ -105,12 +108,15 @@ impl Target {
     }
 
     /// The path upstream: a vanilla Alertmanager (label mode) serves at its
-    /// root what the proxy also serves under `/alertmanager`.
+    /// root what the proxy also serves under `/alertmanager`; Mimir (header
+    /// mode) at its root what the proxy also serves under `/am`.
     fn upstream_path<'p>(&self, route: &Route, path: &'p str) -> &'p str {
-        match (route.signal, &self.tenant_label) {
-            (Signal::Alerts, Some(_)) => path.strip_prefix(ALERTMANAGER_PREFIX).unwrap_or(path),
-            _ => path,
-        }
+        let prefix = match (route.signal, &self.tenant_label) {
+            (Signal::Alerts, Some(_)) => ALERTMANAGER_PREFIX,
+            (Signal::Alerts, None) => ALERTMANAGER_DATASOURCE_ROOT,
+            _ => return path,
+        };
+        path.strip_prefix(prefix).unwrap_or(path)
     }
 
     fn remote_write_label<'t>(&'t self, tenant: &'t Tenant) -> Result<TenantLabel<'t>, ProxyError> {

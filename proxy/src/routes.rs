@@ -364,6 +364,26 @@ const ALERTMANAGER: [[Route; 8]; 2] = [
 /// Alertmanager.
 pub const ALERTMANAGER_PREFIX: &str = "/alertmanager";
 
+/// Header mode: Mimir's root as Grafana's Alertmanager data source
+/// (implementation Mimir or Cortex) sees it, stripped before forwarding.
+/// Needed because Grafana reads the tenant's Alertmanager configuration at
+/// `<url>/api/v1/alerts`, which at the proxy's root is the
+/// Prometheus-compatible alerts list of the metrics data source.
+pub const ALERTMANAGER_DATASOURCE_ROOT: &str = "/am";
+
+/// Mimir's Alertmanager under [`ALERTMANAGER_DATASOURCE_ROOT`]: its API v2
+/// and its configuration API. The configuration holds the tenant's receivers
+/// with their credentials: reading it needs the scope that may replace it.
+const MIMIR_ALERTMANAGER_DATASOURCE: ([Route; 8], Route) = (
+    alertmanager_api!("/am/alertmanager/api/v2"),
+    managed(
+        Signal::Alerts,
+        &[Method::GET, Method::POST, Method::DELETE],
+        "/am/api/v1/alerts",
+        Scope::AlertsWrite,
+    ),
+);
+
 /// Loki, header mode. Every route here is tenant-scoped by `X-Scope-OrgID`.
 pub const LOKI_ROUTES: &[Route] = &[
     logs(POST, "/loki/api/v1/push", Operation::Push),
@@ -451,11 +471,16 @@ impl RouteTable {
         }
         match metrics.filter(|_| alerts_enabled) {
             Some(MetricsMode::Label) => routes.extend(ALERTMANAGER.iter().flatten().cloned()),
-            // Mimir's Alertmanager, by the tenant header, at its own paths.
-            Some(MetricsMode::Header) => routes.extend(ALERTMANAGER[1].iter().map(|r| Route {
-                operation: Operation::Read,
-                ..r.clone()
-            })),
+            // Mimir's Alertmanager, by the tenant header, at its own paths
+            // and under the data-source root.
+            Some(MetricsMode::Header) => {
+                let (api, config) = &MIMIR_ALERTMANAGER_DATASOURCE;
+                routes.extend(ALERTMANAGER[1].iter().chain(api).map(|r| Route {
+                    operation: Operation::Read,
+                    ..r.clone()
+                }));
+                routes.push(config.clone());
+            }
             None => {}
         }
         Self { routes }
@@ -650,6 +675,38 @@ mod tests {
             (Operation::RemoteWrite, Scope::MetricsWrite)
         );
         assert!(table().classify(&Method::POST, "/api/v1/push").is_err());
+    }
+
+    #[test]
+    fn mimirs_alertmanager_configuration_lives_under_the_data_source_root() {
+        let header = RouteTable::new(false, Some(MetricsMode::Header), true);
+        let list = header.classify(&Method::GET, "/api/v1/alerts").unwrap();
+        assert_eq!(
+            (list.signal, list.scope),
+            (Signal::Metrics, Scope::MetricsRead),
+            "the metrics data source's alerts list keeps its path"
+        );
+        for method in [Method::GET, Method::POST, Method::DELETE] {
+            let config = header.classify(&method, "/am/api/v1/alerts").unwrap();
+            assert_eq!(
+                (config.signal, config.operation, config.scope),
+                (Signal::Alerts, Operation::Read, Scope::AlertsWrite),
+                "{method}: the configuration holds receivers' credentials"
+            );
+        }
+        let silences = header
+            .classify(&Method::GET, "/am/alertmanager/api/v2/silences")
+            .unwrap();
+        assert_eq!(
+            (silences.operation, silences.scope),
+            (Operation::Read, Scope::AlertsRead)
+        );
+        assert!(header.classify(&Method::PUT, "/am/api/v1/alerts").is_err());
+        assert!(header
+            .classify(&Method::POST, "/am/alertmanager/api/v2/alerts")
+            .is_err());
+        // Label mode: a vanilla Alertmanager has no configuration API.
+        assert!(table().classify(&Method::GET, "/am/api/v1/alerts").is_err());
     }
 
     #[test]

@@ -288,8 +288,34 @@ async fn mimirs_alertmanager_is_served_in_header_mode_with_the_tenant_header() {
             "narrow",
             Some(false),
         ),
+        // The same API under the Alertmanager data source's root.
+        (
+            Method::GET,
+            "/am/alertmanager/api/v2/alerts/groups",
+            "default",
+            Some(true),
+        ),
+        (
+            Method::POST,
+            "/am/alertmanager/api/v2/silences",
+            "silencer",
+            Some(true),
+        ),
+        (
+            Method::DELETE,
+            "/am/alertmanager/api/v2/silence/abc",
+            "default",
+            Some(false),
+        ),
         // Not served: vanilla paths (label mode's), posting alerts, reload.
         (Method::GET, "/api/v2/alerts", "default", None),
+        (
+            Method::POST,
+            "/am/alertmanager/api/v2/alerts",
+            "silencer",
+            None,
+        ),
+        (Method::GET, "/am/api/v1/rules", "default", None),
         (
             Method::POST,
             "/alertmanager/api/v2/alerts",
@@ -318,7 +344,8 @@ async fn mimirs_alertmanager_is_served_in_header_mode_with_the_tenant_header() {
                 let (path, query) = path_and_query
                     .split_once('?')
                     .map_or((path_and_query, None), |(p, q)| (p, Some(q)));
-                assert_eq!(last.path, path, "{what}");
+                let upstream_path = path.strip_prefix("/am").unwrap_or(path);
+                assert_eq!(last.path, upstream_path, "{what}");
                 assert_eq!(last.query.as_deref(), query, "{what}");
                 assert_eq!(last.org_ids(), ["team-a"], "{what}");
                 assert_eq!(last.body, body.as_bytes(), "{what}");
@@ -339,6 +366,96 @@ async fn mimirs_alertmanager_is_served_in_header_mode_with_the_tenant_header() {
             }
         }
     }
+}
+
+/// Grafana's Alertmanager data source (implementation Mimir, URL
+/// `<proxy>/am`) managing the tenant's Alertmanager configuration as
+/// grafana/grafana 12.x's `pkg/services/ngalert/api/lotex_am.go` does:
+/// `GET|POST|DELETE <url>/api/v1/alerts`, the configuration as YAML. Each
+/// call reaches Mimir's root with the tenant header; tenants see only their
+/// own; reading needs `alerts:write` like writing (receivers' credentials);
+/// the metrics data source's `/api/v1/alerts` stays the alerts list.
+#[tokio::test]
+async fn mimirs_alertmanager_configuration_is_managed_per_tenant_under_the_data_source_root() {
+    let mimir = LokiStandIn::start().await;
+    let section = format!("  upstream: {}/prometheus\n  mode: header\n", mimir.url());
+    let two_tenants = format!(
+        "{}  - id: team-b\n    users:\n      - {{username: b-silencer, password_hash: \"{}\", scopes: [alerts:read, alerts:write]}}\n",
+        tenants(),
+        cheap_hash("pw")
+    );
+    let mut options = ProxyOptions::metrics(two_tenants, section);
+    let alerts = format!("alerts:\n  upstream: {}\n", mimir.url());
+    options.extra = Box::leak(alerts.into_boxed_str());
+    let proxy = RunningProxy::start(options).await;
+    let config_url = proxy.url("/am/api/v1/alerts");
+    let call = |method: Method, user: &'static str, body: &'static str| {
+        let url = config_url.clone();
+        async move { send(method, &url, Some(&basic(user, "pw")), &[], body).await }
+    };
+    // What Grafana posts: yaml.Marshal of ExternalAlertmanagerConfig.
+    let posted = "template_files: {}\nalertmanager_config: |\n  route:\n    receiver: team-a-hook\n  receivers:\n    - name: team-a-hook\n      webhook_configs:\n        - url: http://hooks.example/a\n          http_config:\n            basic_auth: {username: a, password: hook-secret}\n";
+
+    assert_eq!(
+        call(Method::GET, "silencer", "").await.status,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        call(Method::POST, "silencer", posted).await.status,
+        StatusCode::CREATED
+    );
+    let stored = mimir.last();
+    assert_eq!(
+        (
+            stored.method.clone(),
+            stored.path.as_str(),
+            stored.org_ids()
+        ),
+        (Method::POST, "/api/v1/alerts", vec!["team-a".to_owned()])
+    );
+    assert_eq!(stored.body, posted.as_bytes(), "the YAML byte for byte");
+
+    let read = call(Method::GET, "silencer", "").await;
+    assert_eq!(read.status, StatusCode::OK);
+    assert!(read.text().contains("team-a-hook"), "{}", read.text());
+    assert_eq!(
+        call(Method::GET, "b-silencer", "").await.status,
+        StatusCode::NOT_FOUND,
+        "team-b's Alertmanager has no configuration"
+    );
+
+    // A reader may not see receivers' credentials; nothing reaches Mimir.
+    let before = mimir.received().len();
+    for user in ["default", "ruler", "narrow"] {
+        for method in [Method::GET, Method::POST, Method::DELETE] {
+            let reply = call(method.clone(), user, posted).await;
+            assert_eq!(reply.status, StatusCode::FORBIDDEN, "{user} {method}");
+            assert!(!reply.text().contains("hook-secret"));
+        }
+    }
+    assert_eq!(mimir.received().len(), before);
+
+    // The metrics data source's alerts list is still the Prometheus API.
+    let list = send(
+        Method::GET,
+        &proxy.url("/api/v1/alerts"),
+        Some(&basic("grafana", "pw")),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(list.status, StatusCode::OK);
+    assert_eq!(mimir.last().path, "/prometheus/api/v1/alerts");
+
+    assert_eq!(
+        call(Method::DELETE, "silencer", "").await.status,
+        StatusCode::OK
+    );
+    assert_eq!(mimir.last().path, "/api/v1/alerts");
+    assert_eq!(
+        call(Method::GET, "silencer", "").await.status,
+        StatusCode::NOT_FOUND
+    );
 }
 
 /// Grafana's calls for data sources with "Manage alerts via Alerting UI",

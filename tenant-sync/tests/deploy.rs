@@ -384,6 +384,7 @@ fn the_helm_chart_renders_the_same_deployment_in_both_modes() {
                 "--set=metrics.mode=header",
                 "--set=metrics.upstream=http://mimir:8080/prometheus",
                 "--set=metrics.pushUpstream=http://mimir:8080",
+                "--set=alerts.upstream=http://mimir:8080",
             ],
         ),
     ];

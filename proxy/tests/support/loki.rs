@@ -51,6 +51,8 @@ struct State {
     pushed: Mutex<HashMap<String, Vec<String>>>,
     /// Series a Prometheus 3 OTLP receiver would have stored.
     otlp_series: Mutex<Vec<super::otlp_metrics::Series>>,
+    /// Mimir's Alertmanager configuration per tenant, as stored.
+    alertmanager_configs: Mutex<HashMap<String, String>>,
 }
 
 pub struct LokiStandIn {
@@ -74,6 +76,7 @@ impl LokiStandIn {
             arrivals: tokio::sync::watch::Sender::new(0),
             pushed: Mutex::default(),
             otlp_series: Mutex::default(),
+            alertmanager_configs: Mutex::default(),
         });
         let shared = state.clone();
         let task = tokio::spawn(async move {
@@ -181,6 +184,14 @@ async fn handle(
     };
 
     let path = received.path.as_str();
+    if path == "/api/v1/alerts" {
+        return Ok(mimir_alertmanager_config(
+            &state,
+            &parts.method,
+            tenant,
+            &body,
+        ));
+    }
     if path.ends_with("/otlp/v1/logs") {
         if let Err((status, text)) = loki_otlp_logs(&parts.headers, &body) {
             return Ok(reply(status, text));
@@ -216,6 +227,63 @@ async fn handle(
         "data": {"resultType": "streams", "tenant": tenant, "result": lines},
     });
     Ok(reply(StatusCode::OK, body.to_string()))
+}
+
+/// Mimir's Alertmanager configuration API at its root, per tenant, as
+/// `pkg/alertmanager/api.go` (Mimir 2.x) answers: GET the stored YAML or 404,
+/// POST a `{template_files, alertmanager_config}` YAML document (unknown keys
+/// ignored, like yaml.v2; an empty `alertmanager_config` is 400) and 201,
+/// DELETE 200 whether or not one was stored. Skipped: validating the
+/// Alertmanager configuration itself (`config.Load`, refused `*_file`
+/// settings, templates).
+fn mimir_alertmanager_config(
+    state: &State,
+    method: &Method,
+    tenant: String,
+    body: &[u8],
+) -> Response<Full<Bytes>> {
+    #[derive(serde::Deserialize, serde::Serialize)]
+    struct UserConfig {
+        #[serde(default)]
+        template_files: HashMap<String, String>,
+        #[serde(default)]
+        alertmanager_config: String,
+    }
+    let mut configs = state.alertmanager_configs.lock().unwrap();
+    match *method {
+        Method::GET => match configs.get(&tenant) {
+            Some(stored) => {
+                let mut response = reply(StatusCode::OK, stored.clone());
+                response
+                    .headers_mut()
+                    .insert(header::CONTENT_TYPE, "application/yaml".parse().unwrap());
+                response
+            }
+            None => reply(
+                StatusCode::NOT_FOUND,
+                "alertmanager storage object: not found\n",
+            ),
+        },
+        Method::POST => match serde_yaml_ng::from_slice::<UserConfig>(body) {
+            Ok(config) if config.alertmanager_config.is_empty() => reply(
+                StatusCode::BAD_REQUEST,
+                "error validating Alertmanager config: configuration provided is empty\n",
+            ),
+            Ok(config) => {
+                configs.insert(tenant, serde_yaml_ng::to_string(&config).unwrap());
+                reply(StatusCode::CREATED, "")
+            }
+            Err(e) => reply(
+                StatusCode::BAD_REQUEST,
+                format!("error marshalling YAML Alertmanager config: {e}\n"),
+            ),
+        },
+        Method::DELETE => {
+            configs.remove(&tenant);
+            reply(StatusCode::OK, "")
+        }
+        _ => reply(StatusCode::METHOD_NOT_ALLOWED, ""),
+    }
 }
 
 /// Prometheus 3.x's remote-write receiver, reading a request as

@@ -39,6 +39,12 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end }}
 {{- $_ := set $config "metrics" $metrics }}
 {{- end }}
+{{- with .Values.alerts.upstream }}
+{{- if not $.Values.metrics.upstream }}
+{{- fail "alerts.upstream is scoped like the metrics: set metrics.upstream too" }}
+{{- end }}
+{{- $_ := set $config "alerts" (dict "upstream" .) }}
+{{- end }}
 {{- /* More than one replica: each enforces its share of a tenant's limits. */}}
 {{- if or (gt (int .Values.replicas) 1) .Values.autoscaling.enabled }}
 {{- $_ := set $config "tenant_limits" (dict "scope" "global") }}
