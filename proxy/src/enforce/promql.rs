@@ -23,6 +23,8 @@ use std::sync::{Arc, RwLock};
 use promql_parser::label::{MatchOp, Matcher};
 use promql_parser::parser::{self, Expr, VectorSelector};
 
+mod client_regex;
+
 /// Longest query accepted. Large regex alternations from dashboards fit.
 pub const MAX_QUERY_BYTES: usize = 128 * 1024;
 
@@ -76,7 +78,7 @@ pub struct TenantMatcher {
 
 /// How the verifying re-parse avoids compiling the tenant's own regexes
 /// (a three-namespace alternation costs ~190 µs per compile, per query):
-/// each `=~` matcher as printed is swapped, in a copy of the enforced text,
+/// each `=~`/`!~` matcher as printed is swapped, in a copy of the enforced text,
 /// for an equality on a sentinel value, and selectors must carry the
 /// sentinels. The printer writes string literals with `"` escaped, so a
 /// printed matcher `label=~"..."` occurs in the text only as a matcher; and
@@ -96,7 +98,7 @@ impl StandIn {
             .iter()
             .enumerate()
             .map(|(i, m)| match m.op {
-                MatchOp::Re(_) => {
+                MatchOp::Re(_) | MatchOp::NotRe(_) => {
                     let value = format!("tenant-proxy-verify-{i}");
                     let sentinel = Matcher::new(MatchOp::Equal, &m.name, &value);
                     swaps.push((m.to_string(), sentinel.to_string()));
@@ -253,23 +255,66 @@ fn quote_meta(value: &str) -> String {
 
 /// Enforces a PromQL expression (the `query` parameter).
 pub fn enforce_query(query: &str, tenant: &TenantMatcher) -> Result<String, EnforceError> {
-    let mut expr = parse_bounded(query)?;
-    for_each_selector(&mut expr, &mut |vs| inject(vs, tenant))?;
-    let enforced = expr.to_string();
-    verify(&enforced, tenant)?;
-    Ok(enforced)
+    enforce(query, |expr, client_regexes| {
+        for_each_selector(expr, &mut |vs| {
+            client_regex::collect(vs, &tenant.matchers, client_regexes);
+            inject(vs, tenant)
+        })
+    })
+    .and_then(|enforced| enforced.verified(tenant))
 }
 
 /// Enforces one series selector (a `match[]` value).
 pub fn enforce_selector(selector: &str, tenant: &TenantMatcher) -> Result<String, EnforceError> {
-    let mut expr = parse_bounded(selector)?;
-    match &mut expr {
-        Expr::VectorSelector(vs) if vs.offset.is_none() && vs.at.is_none() => inject(vs, tenant)?,
-        _ => return Err(EnforceError::NotASelector),
+    enforce(selector, |expr, client_regexes| match expr {
+        Expr::VectorSelector(vs) if vs.offset.is_none() && vs.at.is_none() => {
+            client_regex::collect(vs, &tenant.matchers, client_regexes);
+            inject(vs, tenant)
+        }
+        _ => Err(EnforceError::NotASelector),
+    })
+    .and_then(|enforced| enforced.verified(tenant))
+}
+
+/// An enforced text before its verification, with the client's regex
+/// matchers as printed in it.
+struct Enforced {
+    text: String,
+    client_regexes: Vec<client_regex::Swap>,
+}
+
+impl Enforced {
+    fn verified(self, tenant: &TenantMatcher) -> Result<String, EnforceError> {
+        verify(&self.text, tenant, &self.client_regexes)?;
+        Ok(self.text)
     }
-    let enforced = expr.to_string();
-    verify(&enforced, tenant)?;
-    Ok(enforced)
+}
+
+/// Parses `query` (its regexes set aside when that is certain, see
+/// `client_regex`), applies `inject_all`, prints the result.
+fn enforce(
+    query: &str,
+    inject_all: impl Fn(&mut Expr, &mut Vec<client_regex::Swap>) -> Result<(), EnforceError>,
+) -> Result<Enforced, EnforceError> {
+    check_bounds(query)?;
+    let mut client_regexes = Vec::new();
+    if let Some(mut expr) = client_regex::SetAside::of(query).and_then(|s| s.parse()) {
+        inject_all(&mut expr, &mut client_regexes)?;
+        let text = expr.to_string();
+        if !client_regex::holds_placeholder(&text) {
+            return Ok(Enforced {
+                text,
+                client_regexes,
+            });
+        }
+        client_regexes.clear();
+    }
+    let mut expr = parse(query).map_err(EnforceError::Parse)?;
+    inject_all(&mut expr, &mut client_regexes)?;
+    Ok(Enforced {
+        text: expr.to_string(),
+        client_regexes,
+    })
 }
 
 fn inject(vs: &mut VectorSelector, tenant: &TenantMatcher) -> Result<(), EnforceError> {
@@ -278,11 +323,25 @@ fn inject(vs: &mut VectorSelector, tenant: &TenantMatcher) -> Result<(), Enforce
     }
     // A user matcher identical to ours already enforces it.
     for matcher in &tenant.matchers {
-        if !vs.matchers.matchers.contains(matcher) {
+        if !vs
+            .matchers
+            .matchers
+            .iter()
+            .any(|m| same_matcher(m, matcher))
+        {
             vs.matchers.matchers.push(matcher.clone());
         }
     }
     Ok(())
+}
+
+/// Whether two matchers print alike: the same label, operator and value
+/// (a client's regex matcher carries no compiled regex of its own, see
+/// `client_regex`, so the regexes themselves are not compared).
+fn same_matcher(a: &Matcher, b: &Matcher) -> bool {
+    a.name == b.name
+        && a.value == b.value
+        && std::mem::discriminant(&a.op) == std::mem::discriminant(&b.op)
 }
 
 fn carries(vs: &VectorSelector, matchers: &[Matcher]) -> bool {
@@ -290,13 +349,22 @@ fn carries(vs: &VectorSelector, matchers: &[Matcher]) -> bool {
 }
 
 /// Parses the enforced text again and checks every selector: the printer,
-/// not our AST, is what the upstream will read. (The tenant's own regexes
-/// are not compiled again: see `StandIn`.)
-fn verify(enforced: &str, tenant: &TenantMatcher) -> Result<(), EnforceError> {
+/// not our AST, is what the upstream will read. (No regex is compiled
+/// again: the tenant's are swapped for sentinels, see `StandIn`, and so are
+/// the client's, see `client_regex`.)
+fn verify(
+    enforced: &str,
+    tenant: &TenantMatcher,
+    client_regexes: &[client_regex::Swap],
+) -> Result<(), EnforceError> {
     let stand_in = tenant.stand_in.as_ref();
     let (text, matchers) = match stand_in.and_then(|s| Some((s.swapped(enforced)?, s))) {
         Some((swapped, stand_in)) => (std::borrow::Cow::Owned(swapped), &stand_in.matchers),
         None => (std::borrow::Cow::Borrowed(enforced), &tenant.matchers),
+    };
+    let text = match client_regex::swap_for_verification(&text, client_regexes) {
+        Some(swapped) => std::borrow::Cow::Owned(swapped),
+        None => text,
     };
     let mut expr = parse(&text).map_err(|_| EnforceError::Unenforced)?;
     for_each_selector(&mut expr, &mut |vs| {
@@ -308,14 +376,14 @@ fn verify(enforced: &str, tenant: &TenantMatcher) -> Result<(), EnforceError> {
     })
 }
 
-fn parse_bounded(query: &str) -> Result<Expr, EnforceError> {
+fn check_bounds(query: &str) -> Result<(), EnforceError> {
     if query.len() > MAX_QUERY_BYTES {
         return Err(EnforceError::TooLong);
     }
     if nesting_tokens(query) > MAX_NESTING_TOKENS {
         return Err(EnforceError::TooComplex);
     }
-    parse(query).map_err(EnforceError::Parse)
+    Ok(())
 }
 
 /// promql-parser, with its panics turned into parse errors. Some inputs

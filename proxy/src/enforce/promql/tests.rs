@@ -382,7 +382,7 @@ fn verification_without_recompiling_the_tenants_regex_still_refuses_what_escapes
     .unwrap();
     let ours = r#"namespace=~"team-a|team-a-staging|team-a-jobs""#;
     let carried = format!("sum(rate(x{{job=\"a\",{ours}}}[5m])) / y{{{ours}}}");
-    assert_eq!(verify(&carried, &tenant), Ok(()));
+    assert_eq!(verify(&carried, &tenant, &[]), Ok(()));
     for escaping in [
         // one selector without it
         format!("x{{{ours}}} / y"),
@@ -398,7 +398,7 @@ fn verification_without_recompiling_the_tenants_regex_still_refuses_what_escapes
         ),
     ] {
         assert_eq!(
-            verify(&escaping, &tenant),
+            verify(&escaping, &tenant, &[]),
             Err(EnforceError::Unenforced),
             "{escaping}"
         );
@@ -411,4 +411,212 @@ fn verification_without_recompiling_the_tenants_regex_still_refuses_what_escapes
     .unwrap();
     assert_eq!(out.matches(ours).count(), 2, "{out}");
     assert!(!out.contains("tenant-proxy-verify"), "{out}");
+}
+
+// === client regexes set aside (client_regex.rs) ===
+
+/// Enforcement the long way: the query parsed as sent (its regexes
+/// compiled), every selector injected, printed, verified the full way.
+fn enforce_as_parsed(query: &str, tenant: &TenantMatcher) -> Result<String, EnforceError> {
+    let mut expr = parse(query).map_err(EnforceError::Parse)?;
+    for_each_selector(&mut expr, &mut |vs| inject(vs, tenant))?;
+    let enforced = expr.to_string();
+    verify(&enforced, tenant, &[])?;
+    Ok(enforced)
+}
+
+/// Queries whose regex literals the set-aside must find exactly, next to
+/// the same characters in comments, other strings and quoted names.
+const TRICKY_REGEX_QUERIES: &[&str] = &[
+    r#"sum(rate(x{route=~"/v1/.*", code!~"5.."}[5m]))"#,
+    r#"x{route =~ '/v1/.*'} / y{pod=~`web-[0-9]+`}"#,
+    r#"x{a=~"with \"quotes\" and \\ slash", b!~'it\'s'}"#,
+    "x{a=~\n\"newline before\"} # a comment with b=~\"c\"\n + y{d=~\"e\"}",
+    r#"label_replace(x{a=~"b.*"}, "dst", "=~\"not a matcher\"", "src", "(.*)")"#,
+    r#"{"quoted.name"=~"v.+", __name__="m"}"#,
+    r#"x{a=~"é|ü", namespace=~"team-a|other"}"#,
+    r#"x{namespace=~"team-a|team-a\\.prod"}"#,
+    r#"x{a=~"\x41\u00e9\101"}"#,
+];
+
+#[test]
+fn regex_literals_set_aside_read_as_the_parser_reads_them() {
+    for query in TRICKY_REGEX_QUERIES {
+        let set_aside = client_regex::SetAside::of(query).expect(query);
+        let expr = set_aside.parse().unwrap_or_else(|| panic!("{query}"));
+        assert_eq!(
+            expr.to_string(),
+            parse(query).unwrap().to_string(),
+            "{query}"
+        );
+        for tenant in [one(), two()] {
+            assert_eq!(
+                enforce_query(query, &tenant),
+                enforce_as_parsed(query, &tenant),
+                "{query}"
+            );
+        }
+    }
+}
+
+#[test]
+fn queries_not_lexed_with_certainty_are_parsed_as_sent() {
+    for query in [
+        // a placeholder written by the client
+        r#"x{a=~"b", c="tenant-proxy-regex-0"}"#,
+        // an operator the lexer refuses, a literal that never closes
+        r#"x{a!=~"b"}"#,
+        r#"x{a=~"b}"#,
+        r#"x{a=~ b}"#,
+        // an escape the lexer does not know
+        r#"x{a=~"\q"}"#,
+    ] {
+        let set_aside = client_regex::SetAside::of(query).and_then(|s| s.parse());
+        assert!(set_aside.is_none(), "{query}");
+        assert_eq!(
+            enforce_query(query, &one()),
+            enforce_as_parsed(query, &one()),
+            "{query}"
+        );
+    }
+}
+
+/// The verification's swaps turn client regex matchers into sentinel
+/// equalities; a text that lacks the tenant's matcher somewhere is still
+/// refused, even when a client matcher prints like the tenant's.
+#[test]
+fn swapping_client_regexes_never_lets_an_unenforced_text_pass() {
+    let tenant = two();
+    let ours = r#"namespace=~"team-a|team-a\\.prod""#;
+    let swaps = |printed: &[&str]| -> Vec<client_regex::Swap> {
+        let mut swaps = Vec::new();
+        for p in printed {
+            let expr = parse(&format!("x{{{p}}}")).unwrap();
+            let Expr::VectorSelector(vs) = expr else {
+                unreachable!()
+            };
+            client_regex::collect(&vs, &[], &mut swaps);
+        }
+        swaps
+    };
+    let client = swaps(&[
+        r#"route=~"/v1/.*""#,
+        ours,
+        r#"space=~"team-a|team-a\\.prod""#,
+    ]);
+    assert_eq!(
+        verify(
+            &format!(r#"x{{route=~"/v1/.*", {ours}}}"#),
+            &tenant,
+            &client
+        ),
+        Ok(())
+    );
+    for escaping in [
+        r#"x{route=~"/v1/.*"}"#.to_string(),
+        format!(r#"x{{{ours}}} / y{{route=~"/v1/.*"}}"#),
+        format!(r#"x{{{ours}}} / y{{name{ours}}}"#),
+        format!(r#"x{{{ours}}} / y{{namespace="tenant-proxy-verify-client"}}"#),
+    ] {
+        assert_eq!(
+            verify(&escaping, &tenant, &client),
+            Err(EnforceError::Unenforced),
+            "{escaping}"
+        );
+    }
+    // A printed matcher whose literal does not close at its end is not
+    // swapped: the text is verified as it is.
+    let unclosed = vec![(r#"a=~"x"#.to_string(), r#"a="y""#.to_string())];
+    assert_eq!(client_regex::swap_for_verification("text", &unclosed), None);
+}
+
+fn tricky_value() -> impl Strategy<Value = String> {
+    prop::collection::vec(
+        prop::sample::select(vec![
+            "a", ".*", "|", "=~", "!~", "\"", "'", "`", "\\", "#", "}", "{1}", "é", "\n", " ",
+        ]),
+        0..5,
+    )
+    .prop_map(|parts| parts.concat())
+}
+
+/// A literal of `value` in one of PromQL's quote styles; `None` when the
+/// style cannot hold it (backticks hold no backtick and no backslash).
+fn quoted(value: &str, quote: char) -> Option<String> {
+    if quote == '`' {
+        return (!value.contains(['`', '\\'])).then(|| format!("`{value}`"));
+    }
+    let mut out = String::from(quote);
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            c if c == quote => {
+                out.push('\\');
+                out.push(c);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push(quote);
+    Some(out)
+}
+
+/// Literals of values that are valid regexes (an invalid one is refused
+/// the long way and forwarded for the upstream to refuse the short way:
+/// `an_invalid_client_regex_is_left_to_the_upstream`).
+fn tricky_literal() -> impl Strategy<Value = String> {
+    (tricky_value(), prop::sample::select(vec!['"', '\'', '`']))
+        .prop_filter("a valid regex", |(v, _)| {
+            regex::Regex::new(&format!("^(?:{v})$")).is_ok()
+        })
+        .prop_filter_map("the quote style holds the value", |(v, q)| quoted(&v, q))
+}
+
+fn tricky_selector() -> impl Strategy<Value = String> {
+    let matcher = (
+        prop::sample::select(vec!["job", "namespace", "\"a.b\""]),
+        prop::sample::select(vec!["=", "!=", "=~", "!~"]),
+        prop::sample::select(vec!["", " ", "\n"]),
+        tricky_literal(),
+    )
+        .prop_map(|(l, o, s, v)| format!("{l}{s}{o}{s}{v}"));
+    (
+        prop::sample::select(vec!["up", "http_requests_total"]),
+        prop::collection::vec(matcher, 1..4),
+    )
+        .prop_map(|(n, m)| format!("{n}{{{}}}", m.join(", ")))
+}
+
+fn tricky_query() -> impl Strategy<Value = String> {
+    (
+        tricky_selector(),
+        tricky_selector(),
+        tricky_literal(),
+        prop::sample::select(vec!["", "# note =~ \"x\"\n", "# it's\n"]),
+    )
+        .prop_map(|(a, b, lit, comment)| {
+            format!("sum(rate({a}[5m])) {comment}/ label_replace({b}, \"d\", {lit}, \"s\", \"\")")
+        })
+}
+
+proptest! {
+    /// Setting regexes aside changes nothing: the enforced text, or the
+    /// refusal, is the one the long way gives, byte for byte.
+    #[test]
+    fn regexes_set_aside_enforce_exactly_as_parsing_them_does(query in tricky_query()) {
+        prop_assert_eq!(enforce_query(&query, &two()), enforce_as_parsed(&query, &two()));
+    }
+}
+
+/// A regex Rust's engine refuses (RE2 may take it) is the upstream's to
+/// judge now: the query is enforced and the regex forwarded as written.
+#[test]
+fn an_invalid_client_regex_is_left_to_the_upstream() {
+    let query = r#"x{a=~"(unclosed"}"#;
+    assert!(enforce_as_parsed(query, &one()).is_err());
+    assert_eq!(
+        enforce_query(query, &one()).as_deref(),
+        Ok(r#"x{a=~"(unclosed",namespace="team-a"}"#)
+    );
 }
