@@ -15,6 +15,28 @@ pub struct Prepared {
     pub body: Bytes,
 }
 
+impl Prepared {
+    /// Whether the path or body holds the load's query variable.
+    pub fn is_templated(&self) -> bool {
+        let variable = crate::load::QUERY_VARIABLE;
+        self.path.contains(variable)
+            || self
+                .body
+                .windows(variable.len())
+                .any(|w| w == variable.as_bytes())
+    }
+
+    /// A copy with `variable` replaced by `value` in the path and the body.
+    pub fn with_variable(&self, variable: &str, value: &str) -> Self {
+        let body = String::from_utf8_lossy(&self.body).replace(variable, value);
+        Self {
+            path: self.path.replace(variable, value),
+            body: Bytes::from(body),
+            ..self.clone()
+        }
+    }
+}
+
 pub fn prepare(method: &str, path: &str, kind: &BodyKind) -> anyhow::Result<Prepared> {
     let (headers, body): (Vec<(&'static str, &'static str)>, Bytes) = match kind {
         BodyKind::None => (vec![], Bytes::new()),

@@ -35,7 +35,15 @@ impl Outcome {
 pub struct Workload {
     pub requests: Vec<Prepared>,
     pub auths: Vec<String>,
+    /// Where [`QUERY_VARIABLE`] gets a new value per request; `None`: the
+    /// same value in every request (repeated queries).
+    fresh: Option<AtomicU64>,
 }
+
+/// What a request's path or body may hold to vary per request, as a
+/// dashboard variable does: `0` in every request of a plain row, a new
+/// number in each of a `first_seen` row (issue #19).
+pub const QUERY_VARIABLE: &str = "@n@";
 
 impl Workload {
     pub fn new(scenario: &Scenario, prepared: Vec<Prepared>) -> Self {
@@ -72,7 +80,33 @@ impl Workload {
                 format!("Basic {token}")
             })
             .collect();
-        Self { requests, auths }
+        Self {
+            requests,
+            auths,
+            fresh: None,
+        }
+    }
+
+    /// The same workload with every query new: [`QUERY_VARIABLE`] counts up.
+    pub fn with_fresh_queries(&self) -> Self {
+        Self {
+            requests: self.requests.clone(),
+            auths: self.auths.clone(),
+            fresh: Some(AtomicU64::new(1)),
+        }
+    }
+
+    /// Request `n` of the mix, its variable filled in.
+    fn request(&self, n: usize) -> std::borrow::Cow<'_, Prepared> {
+        let request = &self.requests[n % self.requests.len()];
+        if !request.is_templated() {
+            return std::borrow::Cow::Borrowed(request);
+        }
+        let value = self
+            .fresh
+            .as_ref()
+            .map_or(0, |counter| counter.fetch_add(1, Ordering::Relaxed));
+        std::borrow::Cow::Owned(request.with_variable(QUERY_VARIABLE, &value.to_string()))
     }
 }
 
@@ -200,7 +234,7 @@ async fn worker(
             Some(at) => at - interval.unwrap(),
             None => Instant::now(),
         };
-        let request = &workload.requests[n % workload.requests.len()];
+        let request = workload.request(n);
         // Connections take turns through the credentials (connection i
         // uses i, i+N, i+2N...): walking them side by side, one step
         // apart, would send each wrong password from many connections at
@@ -212,7 +246,7 @@ async fn worker(
         }
         let result = match sender.as_mut() {
             None => None,
-            Some(s) => send(s, target, request, auth).await,
+            Some(s) => send(s, target, &request, auth).await,
         };
         let recording = shared.recording.load(Ordering::Acquire);
         match result {

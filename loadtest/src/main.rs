@@ -43,7 +43,8 @@ struct Cli {
     #[arg(long, value_parser = loopback)]
     upstream: Option<SocketAddr>,
     /// Run only this row of each scenario: `direct`, `proxy`,
-    /// `proxy+guessing`, `proxy+reloads`, `proxy+tracing`, `nginx` (the
+    /// `proxy+guessing`, `proxy+reloads`, `proxy+tracing`,
+    /// `proxy+first-seen`, `nginx` (the
     /// reference gateway) or `faults` (all of the drill's phases), e.g. for
     /// the 10-minute soak.
     #[arg(long)]
@@ -82,6 +83,8 @@ enum Alongside {
     Reloads,
     /// Nothing, but the proxy exports spans (to a second sink).
     Tracing,
+    /// Nothing, but every query is new (`first_seen` scenarios).
+    FirstSeen,
 }
 
 impl Alongside {
@@ -91,6 +94,7 @@ impl Alongside {
             Alongside::Guessing => "proxy+guessing",
             Alongside::Reloads => "proxy+reloads",
             Alongside::Tracing => "proxy+tracing",
+            Alongside::FirstSeen => "proxy+first-seen",
         }
     }
 }
@@ -433,15 +437,17 @@ async fn main() -> anyhow::Result<()> {
         if scenario.tracing.is_some() {
             runs.push(Alongside::Tracing);
         }
+        if scenario.first_seen {
+            runs.push(Alongside::FirstSeen);
+        }
         runs.retain(|alongside| wanted(alongside.target()));
+        let fresh = Arc::new(workload.with_fresh_queries());
         for alongside in runs {
-            let row = proxied(
-                &scenario,
-                &workload,
-                &connections_opened,
-                options,
-                alongside,
-            );
+            let workload = match alongside {
+                Alongside::FirstSeen => &fresh,
+                _ => &workload,
+            };
+            let row = proxied(&scenario, workload, &connections_opened, options, alongside);
             rows.push(row.await?);
         }
         if let (Some(Reference::Nginx), true) = (scenario.reference, wanted("nginx")) {

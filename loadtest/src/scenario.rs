@@ -58,6 +58,11 @@ pub struct Scenario {
     /// (issue #19): `nginx`, the Loki chart's gateway shape.
     #[serde(default)]
     pub reference: Option<Reference>,
+    /// Queries hold `@n@` (a dashboard variable): the proxy row sends it as
+    /// `0` in every request (repeated queries, served from the memo), a
+    /// `proxy+first-seen` row a new number in each (issue #19).
+    #[serde(default)]
+    pub first_seen: bool,
     /// Several proxies in `tenant_limits.scope: global`, the load split
     /// across them: does the sum admitted hold to the limit (issue #18)?
     #[serde(default)]
