@@ -47,7 +47,7 @@ use crate::ops::metrics::{
 use crate::ops::otel::{RequestSpan, Tracing};
 use crate::routes::{
     AlertmanagerCall, Operation, Route, RouteTable, Signal, ALERTMANAGER_DATASOURCE_ROOT,
-    ALERTMANAGER_PREFIX,
+    ALERTMANAGER_PREFIXES,
 };
 use crate::tenants::reload::Tenants;
 use crate::tenants::{Credential, Tenant};
@@ -108,15 +108,22 @@ impl Target {
     }
 
     /// The path upstream: a vanilla Alertmanager (label mode) serves at its
-    /// root what the proxy also serves under `/alertmanager`; Mimir (header
-    /// mode) at its root what the proxy also serves under `/am`.
+    /// root what the proxy also serves under `/alertmanager` and `/am`;
+    /// Mimir (header mode) at its root what the proxy also serves under
+    /// `/am`. The route table only has these prefixes as whole segments.
     fn upstream_path<'p>(&self, route: &Route, path: &'p str) -> &'p str {
-        let prefix = match (route.signal, &self.tenant_label) {
-            (Signal::Alerts, Some(_)) => ALERTMANAGER_PREFIX,
-            (Signal::Alerts, None) => ALERTMANAGER_DATASOURCE_ROOT,
+        let prefixes: &[&str] = match (route.signal, &self.tenant_label) {
+            (Signal::Alerts, Some(_)) => &ALERTMANAGER_PREFIXES,
+            (Signal::Alerts, None) => &[ALERTMANAGER_DATASOURCE_ROOT],
             _ => return path,
         };
-        path.strip_prefix(prefix).unwrap_or(path)
+        prefixes
+            .iter()
+            .find_map(|prefix| {
+                path.strip_prefix(prefix)
+                    .filter(|rest| rest.starts_with('/'))
+            })
+            .unwrap_or(path)
     }
 
     fn remote_write_label<'t>(&'t self, tenant: &'t Tenant) -> Result<TenantLabel<'t>, ProxyError> {

@@ -353,21 +353,23 @@ macro_rules! alertmanager_api {
     };
 }
 
-/// Vanilla Alertmanager (label mode): at its own paths, and under
-/// `/alertmanager` like Mimir's, so one data source URL shape fits both.
-const ALERTMANAGER: [[Route; 8]; 2] = [
+/// Vanilla Alertmanager (label mode): at its own paths, under
+/// `/alertmanager` like Mimir's, and under the data-source root `/am`, so
+/// one data source URL fits both backends.
+const ALERTMANAGER: [[Route; 8]; 3] = [
     alertmanager_api!("/api/v2"),
     alertmanager_api!("/alertmanager/api/v2"),
+    alertmanager_api!("/am/api/v2"),
 ];
 
-/// The prefix label mode strips before forwarding to a vanilla
-/// Alertmanager.
-pub const ALERTMANAGER_PREFIX: &str = "/alertmanager";
+/// The prefixes label mode strips before forwarding to a vanilla
+/// Alertmanager (which serves at its root).
+pub const ALERTMANAGER_PREFIXES: [&str; 2] = ["/alertmanager", ALERTMANAGER_DATASOURCE_ROOT];
 
-/// Header mode: Mimir's root as Grafana's Alertmanager data source
-/// (implementation Mimir or Cortex) sees it, stripped before forwarding.
-/// Needed because Grafana reads the tenant's Alertmanager configuration at
-/// `<url>/api/v1/alerts`, which at the proxy's root is the
+/// The root Grafana's Alertmanager data source points at, whatever the
+/// backend: `https://<proxy>/am`, stripped before forwarding. Needed
+/// because for Mimir (header mode) Grafana reads the tenant's Alertmanager
+/// configuration at `<url>/api/v1/alerts`, which at the proxy's root is the
 /// Prometheus-compatible alerts list of the metrics data source.
 pub const ALERTMANAGER_DATASOURCE_ROOT: &str = "/am";
 
@@ -705,8 +707,13 @@ mod tests {
         assert!(header
             .classify(&Method::POST, "/am/alertmanager/api/v2/alerts")
             .is_err());
-        // Label mode: a vanilla Alertmanager has no configuration API.
+        // Label mode: a vanilla Alertmanager has no configuration API; its
+        // API v2 is under the same data-source root.
         assert!(table().classify(&Method::GET, "/am/api/v1/alerts").is_err());
+        let vanilla = table()
+            .classify(&Method::POST, "/am/api/v2/silences")
+            .unwrap();
+        assert_eq!(vanilla.scope, Scope::AlertsWrite);
     }
 
     #[test]

@@ -82,7 +82,7 @@ fn silence(matchers: Value) -> String {
 #[tokio::test]
 async fn each_tenant_sees_only_its_own_alerts_and_no_configuration() {
     let (am, proxy) = setup().await;
-    for base in ["/api/v2", "/alertmanager/api/v2"] {
+    for base in ["/api/v2", "/alertmanager/api/v2", "/am/api/v2"] {
         let a = call(&proxy, "viewer", Method::GET, &format!("{base}/alerts"), "").await;
         assert_eq!(a.status, StatusCode::OK, "{}", a.text());
         assert_eq!(namespaces_of(&a.json()), ["team-a", "team-a-2"]);
