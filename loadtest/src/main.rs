@@ -71,6 +71,8 @@ struct ProxyOptions<'a> {
     access_log: bool,
     throttle: bool,
     mode: MetricsMode,
+    /// More keys of the `metrics` section, as YAML lines.
+    metrics_extra: &'a str,
 }
 
 /// What runs next to the workload in a proxied row.
@@ -124,7 +126,7 @@ async fn proxied(
         options.tenants,
         options.access_log,
         options.throttle,
-        options.mode,
+        (options.mode, options.metrics_extra),
         &extra_config,
     )
     .await?;
@@ -270,7 +272,7 @@ async fn global_limits(
             &tenants,
             options.access_log,
             options.throttle,
-            options.mode,
+            (options.mode, options.metrics_extra),
             &config,
         )
         .await?;
@@ -322,7 +324,7 @@ async fn fault_drill(
         options.tenants,
         options.access_log,
         options.throttle,
-        options.mode,
+        (options.mode, options.metrics_extra),
         &limits,
     )
     .await?;
@@ -419,6 +421,11 @@ async fn main() -> anyhow::Result<()> {
 
         let extra = scenario.reloads.as_ref().map_or(0, |r| r.extra_credentials);
         let tenants = proxy_process::tenants_file(scenario.users, extra);
+        let metrics_extra: String = scenario
+            .metrics_config
+            .iter()
+            .map(|(key, value)| format!("  {key}: {value}\n"))
+            .collect();
         let options = ProxyOptions {
             binary: binary.as_path(),
             upstream,
@@ -426,6 +433,7 @@ async fn main() -> anyhow::Result<()> {
             access_log: cli.access_log,
             throttle: scenario.guessing.is_some(),
             mode: scenario.metrics_mode,
+            metrics_extra: metrics_extra.as_str(),
         };
         let mut runs = vec![Alongside::Nothing];
         if scenario.guessing.is_some() {

@@ -127,14 +127,15 @@ impl ProxyProcess {
     /// (off otherwise, so argon2's full cost is measured). `extra_config`:
     /// more top-level sections (`tracing`, `limits`).
     /// `mode`: metrics label mode (PromQL and remote write rewritten) or
-    /// header mode (forwarded as they came, with the tenant header).
+    /// header mode (forwarded as they came, with the tenant header);
+    /// `metrics_extra`: more keys of the `metrics` section (YAML lines).
     pub async fn start(
         binary: &Path,
         upstream: SocketAddr,
         tenants: &str,
         access_log: bool,
         throttle: bool,
-        mode: MetricsMode,
+        (mode, metrics_extra): (MetricsMode, &str),
         extra_config: &str,
     ) -> anyhow::Result<Self> {
         // One directory per proxy: several may run at once.
@@ -150,7 +151,7 @@ impl ProxyProcess {
             dir.0.join("config.yaml"),
             format!(
                 "listen: {addr}\nadmin_listen: {admin}\ntenants_file: tenants.yaml\n\
-                 logs:\n  upstream: http://{upstream}\nmetrics:\n  upstream: http://{upstream}\n  mode: {}\n{}{extra_config}",
+                 logs:\n  upstream: http://{upstream}\nmetrics:\n  upstream: http://{upstream}\n  mode: {}\n{metrics_extra}{}{extra_config}",
                 match mode {
                     MetricsMode::Label => "label",
                     MetricsMode::Header => "header",

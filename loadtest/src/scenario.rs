@@ -18,6 +18,10 @@ pub struct Scenario {
     /// header: the pass-through reference of issue #19).
     #[serde(default)]
     pub metrics_mode: MetricsMode,
+    /// More keys of the proxy's `metrics` section, e.g.
+    /// `{otlp_forward_encoding: identity}`.
+    #[serde(default)]
+    pub metrics_config: std::collections::BTreeMap<String, String>,
     /// Connections (closed loop: one request in flight on each).
     #[serde(default = "defaults::connections")]
     pub connections: usize,

@@ -93,14 +93,41 @@ fn bench(c: &mut Criterion) {
         })
     });
     group.bench_function("rewrite_body_gzip", |b| {
-        b.iter(|| rewrite_body(Encoding::Gzip, black_box(&gzipped), &tenant, 1 << 26).unwrap())
+        b.iter(|| {
+            rewrite_body(
+                Encoding::Gzip,
+                Encoding::Gzip,
+                black_box(&gzipped),
+                &tenant,
+                1 << 26,
+            )
+            .unwrap()
+        })
     });
     group.bench_function("rewrite_body_identity", |b| {
-        b.iter(|| rewrite_body(Encoding::Identity, black_box(&raw), &tenant, 1 << 26).unwrap())
+        b.iter(|| {
+            rewrite_body(
+                Encoding::Identity,
+                Encoding::Identity,
+                black_box(&raw),
+                &tenant,
+                1 << 26,
+            )
+            .unwrap()
+        })
     });
     let labelled = rewrite(&raw, &tenant).unwrap().0;
     group.bench_function("rewrite_body_identity_already_scoped", |b| {
-        b.iter(|| rewrite_body(Encoding::Identity, black_box(&labelled), &tenant, 1 << 26).unwrap())
+        b.iter(|| {
+            rewrite_body(
+                Encoding::Identity,
+                Encoding::Identity,
+                black_box(&labelled),
+                &tenant,
+                1 << 26,
+            )
+            .unwrap()
+        })
     });
     group.finish();
     println!("raw {} bytes, gzip {} bytes", raw.len(), gzipped.len());

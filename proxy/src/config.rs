@@ -363,8 +363,23 @@ pub struct MetricsConfig {
     /// label names a value the tenant does not own.
     #[serde(default)]
     pub foreign_label: ForeignLabelPolicy,
+    /// Label mode, OTLP metrics: how a relabelled body is forwarded.
+    #[serde(default)]
+    pub otlp_forward_encoding: OtlpForwardEncoding,
     /// For an `https://` upstream (both `upstream` and `push_upstream`).
     pub tls: Option<UpstreamTls>,
+}
+
+/// How label mode forwards an OTLP metrics body it relabelled.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OtlpForwardEncoding {
+    /// gzip if the client sent gzip (recompressed), else uncompressed.
+    #[default]
+    AsReceived,
+    /// Uncompressed: gzip's recompression is about a third of the proxy's
+    /// CPU on this path; the upstream link carries ~5× the bytes.
+    Identity,
 }
 
 #[derive(Clone, Debug, Deserialize)]

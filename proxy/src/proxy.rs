@@ -28,7 +28,8 @@ use hyper_util::rt::TokioIo;
 use crate::admission::{Admission, Admitted, Kind};
 use crate::auth::Authenticator;
 use crate::config::{
-    Config, ForeignLabelPolicy, Limits, MetricsConfig, MetricsMode, Upstream, UpstreamTls,
+    Config, ForeignLabelPolicy, Limits, MetricsConfig, MetricsMode, OtlpForwardEncoding, Upstream,
+    UpstreamTls,
 };
 use crate::enforce::alertmanager::{self, TenantAlerts};
 use crate::enforce::otlp;
@@ -65,6 +66,8 @@ pub struct Target {
     pub tenant_label: Option<String>,
     /// Remote write in label mode: what to do with a foreign label value.
     pub foreign_label: ForeignLabelPolicy,
+    /// OTLP metrics in label mode: how a relabelled body is forwarded.
+    pub otlp_forward: OtlpForwardEncoding,
     /// Loki enforces `X-Prom-Label-Policy` (`logs.lbac`).
     pub enforces_label_policy: bool,
     /// This upstream's pooled client; swapped when its TLS files change.
@@ -175,6 +178,7 @@ impl AppState {
                 tenant_header: Some(X_SCOPE_ORGID),
                 tenant_label: None,
                 foreign_label: ForeignLabelPolicy::default(),
+                otlp_forward: OtlpForwardEncoding::default(),
                 enforces_label_policy: l.lbac,
                 client: client(l.tls.as_ref())?,
                 tls: l.tls.clone(),
@@ -197,6 +201,7 @@ impl AppState {
                     tenant_header,
                     tenant_label,
                     foreign_label: m.foreign_label,
+                    otlp_forward: m.otlp_forward_encoding,
                     enforces_label_policy: false,
                     client: client(m.tls.as_ref())?,
                     tls: m.tls.clone(),
@@ -212,6 +217,7 @@ impl AppState {
                     tenant_header,
                     tenant_label,
                     foreign_label: ForeignLabelPolicy::default(),
+                    otlp_forward: OtlpForwardEncoding::default(),
                     enforces_label_policy: false,
                     client: client(a.tls.as_ref())?,
                     tls: a.tls.clone(),
@@ -479,11 +485,16 @@ async fn proxy(
             let encoding =
                 otlp::read_headers(&parts.headers).map_err(|e| refused_otlp(state, &tenant, e))?;
             let received = body::read_bounded(body, state.limits.max_body_bytes).await?;
-            let rewritten = match rewrite_otlp(state, encoding, &received, &tenant)? {
-                Rewritten::Unchanged => received,
-                Rewritten::Body(body) => Bytes::from(body),
+            let forward = match target.otlp_forward {
+                OtlpForwardEncoding::AsReceived => encoding,
+                OtlpForwardEncoding::Identity => otlp::Encoding::Identity,
             };
-            otlp::set_upstream_headers(encoding, &mut parts.headers);
+            let (rewritten, sent_as) =
+                match rewrite_otlp(state, (encoding, forward), &received, &tenant)? {
+                    Rewritten::Unchanged => (received, encoding),
+                    Rewritten::Body(body) => (Bytes::from(body), forward),
+                };
+            otlp::set_upstream_headers(sent_as, &mut parts.headers);
             parts
                 .headers
                 .insert(header::CONTENT_LENGTH, HeaderValue::from(rewritten.len()));
@@ -791,9 +802,10 @@ fn rewrite_remote_write(
 }
 
 /// Rewrites an OTLP metrics body for the tenant and counts what happened.
+/// `(received, forward)`: the request's encoding, and a rewritten body's.
 fn rewrite_otlp(
     state: &AppState,
-    encoding: otlp::Encoding,
+    (encoding, forward): (otlp::Encoding, otlp::Encoding),
     received: &[u8],
     tenant: &TenantLabel<'_>,
 ) -> Result<Rewritten, ProxyError> {
@@ -806,7 +818,7 @@ fn rewrite_otlp(
         .get_or_create(&tenant_id)
         .inc_by(received.len() as u64);
     let max = state.limits.max_decompressed_bytes;
-    let (body, stats) = otlp::rewrite_body(encoding, received, tenant, max)
+    let (body, stats) = otlp::rewrite_body(encoding, forward, received, tenant, max)
         .map_err(|e| refused_otlp(state, tenant, e))?;
     metrics
         .otlp_data_points

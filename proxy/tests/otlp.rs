@@ -337,6 +337,54 @@ async fn otlp_metrics_in_label_mode_store_only_series_of_the_tenant() {
     assert!(metrics.contains(r#"tenant_proxy_requests_total{tenant="team-a",surface="metrics_otlp",status_class="2xx"} 2"#), "{metrics}");
 }
 
+/// `otlp_forward_encoding: identity`: a relabelled gzip body goes out
+/// uncompressed (no `Content-Encoding`), relabelled all the same; a body
+/// already scoped goes out as it came, gzip and all.
+#[tokio::test]
+async fn otlp_metrics_relabelled_from_gzip_are_forwarded_uncompressed_when_configured() {
+    let (prometheus, proxy) = label_mode("  otlp_forward_encoding: identity\n").await;
+    let alice = basic("alice", "alice-pw");
+    let headers = [
+        ("content-type", "application/x-protobuf"),
+        ("content-encoding", "gzip"),
+    ];
+    let foreign = gzip(&metrics_request(&[kv("k8s.namespace.name", "team-b")]).encode_to_vec());
+    let reply = post(&proxy, "/api/v1/otlp/v1/metrics", &alice, &headers, foreign).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    let seen = prometheus.last();
+    assert_eq!(seen.headers.get("content-encoding"), None);
+    assert_eq!(
+        seen.headers
+            .get("content-length")
+            .unwrap()
+            .to_str()
+            .unwrap(),
+        seen.body.len().to_string()
+    );
+    ExportMetricsServiceRequest::decode(&seen.body[..]).expect("uncompressed protobuf");
+    let series = prometheus.otlp_series();
+    assert_eq!(series.len(), 6, "{series:#?}");
+    assert!(series
+        .iter()
+        .all(|s| s.get("k8s_namespace_name").map(String::as_str) == Some("team-a")));
+
+    // Relabelled once, the forwarded body is already scoped: sent again
+    // gzipped, it is forwarded as it came.
+    let scoped = gzip(&seen.body);
+    let reply = post(
+        &proxy,
+        "/api/v1/otlp/v1/metrics",
+        &alice,
+        &headers,
+        scoped.clone(),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    let again = prometheus.last();
+    assert_eq!(again.headers.get("content-encoding").unwrap(), "gzip");
+    assert_eq!(again.body, scoped);
+}
+
 #[tokio::test]
 async fn otlp_metrics_that_cannot_be_checked_are_refused_in_otlp_shape_and_never_forwarded() {
     let (prometheus, proxy) = label_mode("  foreign_label: reject\n").await;

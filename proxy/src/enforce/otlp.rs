@@ -59,7 +59,8 @@ impl From<WireError> for OtlpError {
     }
 }
 
-/// How the request body is compressed; the forwarded body is the same.
+/// How a body is compressed: the request's, and the forwarded one's
+/// (the same unless `metrics.otlp_forward_encoding: identity`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Encoding {
     Identity,
@@ -150,16 +151,18 @@ thread_local! {
 /// Buffers above this are released after use rather than kept.
 const KEEP_SCRATCH_BYTES: usize = 4 * 1024 * 1024;
 
-/// Decompresses (bounded), rewrites and recompresses a body.
+/// Decompresses (bounded) a body in `encoding`, rewrites it and, if it
+/// changed, encodes it in `forward`.
 pub fn rewrite_body(
     encoding: Encoding,
+    forward: Encoding,
     body: &[u8],
     tenant: &TenantLabel<'_>,
     max_decompressed: u64,
 ) -> Result<(Rewritten, Stats), OtlpError> {
     SCRATCH.with(|scratch| {
         let scratch = &mut *scratch.borrow_mut();
-        let result = rewrite_in(encoding, body, tenant, max_decompressed, scratch);
+        let result = rewrite_in(encoding, forward, body, tenant, max_decompressed, scratch);
         for buffer in [&mut scratch.decompressed, &mut scratch.rewritten] {
             if buffer.capacity() > KEEP_SCRATCH_BYTES {
                 *buffer = Vec::new();
@@ -171,6 +174,7 @@ pub fn rewrite_body(
 
 fn rewrite_in(
     encoding: Encoding,
+    forward: Encoding,
     body: &[u8],
     tenant: &TenantLabel<'_>,
     limit: u64,
@@ -202,7 +206,7 @@ fn rewrite_in(
     if rewritten == message {
         return Ok((Rewritten::Unchanged, stats));
     }
-    let out = match encoding {
+    let out = match forward {
         Encoding::Identity => rewritten.clone(),
         Encoding::Gzip => compress(gzip, rewritten)?,
     };

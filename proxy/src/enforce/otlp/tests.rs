@@ -308,7 +308,7 @@ fn forwarded(
     body: &[u8],
     t: &TenantLabel<'_>,
 ) -> Result<(ExportMetricsServiceRequest, Rewritten), OtlpError> {
-    let (rewritten, _) = rewrite_body(encoding, body, t, 1 << 20)?;
+    let (rewritten, _) = rewrite_body(encoding, encoding, body, t, 1 << 20)?;
     let sent = match &rewritten {
         Rewritten::Unchanged => body,
         Rewritten::Body(out) => out.as_slice(),
@@ -339,19 +339,25 @@ fn bodies_round_trip_in_their_encoding_and_are_bounded() {
     // A gzip bomb stops at the limit, before the whole of it is inflated.
     let bomb = gzip(&vec![0u8; 8 << 20]);
     assert_eq!(
-        rewrite_body(Encoding::Gzip, &bomb, &t, 1 << 20),
+        rewrite_body(Encoding::Gzip, Encoding::Gzip, &bomb, &t, 1 << 20),
         Err(OtlpError::TooLarge { limit: 1 << 20 })
     );
     assert_eq!(
-        rewrite_body(Encoding::Identity, &raw, &t, 16),
+        rewrite_body(Encoding::Identity, Encoding::Identity, &raw, &t, 16),
         Err(OtlpError::TooLarge { limit: 16 })
     );
     assert!(matches!(
-        rewrite_body(Encoding::Gzip, &raw, &t, 1 << 20),
+        rewrite_body(Encoding::Gzip, Encoding::Gzip, &raw, &t, 1 << 20),
         Err(OtlpError::Malformed(_))
     ));
     assert!(matches!(
-        rewrite_body(Encoding::Identity, b"\xff\xff\xff", &t, 1 << 20),
+        rewrite_body(
+            Encoding::Identity,
+            Encoding::Identity,
+            b"\xff\xff\xff",
+            &t,
+            1 << 20
+        ),
         Err(OtlpError::Malformed(_))
     ));
 }
