@@ -281,7 +281,6 @@ fn show(metrics: &Metrics, tenant: &str, kind: Kind, limits: &RequestLimits) {
 
 impl TenantState {
     fn new(limits: RequestLimits) -> Self {
-        let sized_for = limits;
         let rate = limits.requests_per_second;
         let burst = match limits.burst {
             0 => rate.max(1.0),
@@ -289,7 +288,7 @@ impl TenantState {
         };
         let bytes = limits.bytes_per_second as f64;
         Self {
-            limits: sized_for,
+            limits,
             requests: (rate > 0.0).then(|| Mutex::new(Bucket::new(rate, burst))),
             in_flight: (limits.concurrency > 0)
                 .then(|| Arc::new(Semaphore::new(limits.concurrency as usize))),

@@ -601,11 +601,7 @@ async fn proxy(
         return Ok(Response::from_parts(parts, body::full(answer)));
     }
     if let (Operation::Filter(filter), StatusCode::OK) = (route.operation, parts.status) {
-        if parts.headers.contains_key(header::CONTENT_ENCODING) {
-            return Err(ProxyError::UpstreamUnavailable(
-                "upstream compressed a response that must be filtered".into(),
-            ));
-        }
+        refuse_compressed(&parts.headers)?;
         let matcher = target.tenant_matcher(&credential)?;
         let filtered = prometheus::filter_response(body, filter, matcher).await?;
         parts.headers.remove(header::CONTENT_LENGTH);
@@ -615,6 +611,17 @@ async fn proxy(
         parts,
         body.map_err(Into::into).boxed_unsync(),
     ))
+}
+
+/// An answer to be filtered must come as it was asked for: uncompressed
+/// (the request's `Accept-Encoding` was removed).
+fn refuse_compressed(headers: &http::HeaderMap) -> Result<(), ProxyError> {
+    match headers.contains_key(header::CONTENT_ENCODING) {
+        true => Err(ProxyError::UpstreamUnavailable(
+            "upstream compressed a response that must be filtered".into(),
+        )),
+        false => Ok(()),
+    }
 }
 
 /// Label mode's Alertmanager calls, before forwarding: the tenant's
@@ -710,10 +717,8 @@ async fn alertmanager_answer(
         call,
         AlertmanagerCall::Read(_) | AlertmanagerCall::ReadFiltered(_) | AlertmanagerCall::Silence
     );
-    if filtered && headers.contains_key(header::CONTENT_ENCODING) {
-        return Err(ProxyError::UpstreamUnavailable(
-            "upstream compressed a response that must be filtered".into(),
-        ));
+    if filtered {
+        refuse_compressed(headers)?;
     }
     let answer = prometheus::read_filtered_response(body).await?;
     match call {

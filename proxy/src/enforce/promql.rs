@@ -86,7 +86,7 @@ pub struct TenantMatcher {
 #[derive(Debug, Clone)]
 struct StandIn {
     /// (the regex matcher as printed, its sentinel matcher as printed)
-    swaps: Vec<(String, String)>,
+    swaps: Vec<client_regex::Swap>,
     /// The matchers with each regex one replaced by its sentinel.
     matchers: Vec<Matcher>,
 }
@@ -122,11 +122,7 @@ impl StandIn {
         {
             return None;
         }
-        let mut text = enforced.to_owned();
-        for (regex, sentinel) in &self.swaps {
-            text = text.replace(regex.as_str(), sentinel);
-        }
-        Some(text)
+        client_regex::swap_for_verification(enforced, &self.swaps)
     }
 }
 

@@ -175,8 +175,9 @@ fn skip_literal(
     None
 }
 
-/// A client regex matcher as printed, and the sentinel equality that
-/// stands in for it when the enforced text is parsed again.
+/// A regex matcher as printed, and the sentinel equality that stands in
+/// for it when the enforced text is parsed again (the client's here, the
+/// tenant's in `StandIn`).
 pub(super) type Swap = (String, String);
 
 /// Records each client regex matcher of a selector (one not among the
@@ -194,11 +195,11 @@ pub(super) fn collect(vs: &VectorSelector, tenant: &[Matcher], into: &mut Vec<Sw
     }
 }
 
-/// The enforced text with every client regex matcher swapped for its
+/// The enforced text with every matcher of `swaps` swapped for its
 /// sentinel equality; `None` (verify the text as it is) when one as printed
-/// does not end with the literal it opened. A swap only ever turns a client
-/// matcher into another matcher on the same label: the tenant's matchers
-/// are left as they were.
+/// does not end with the literal it opened. A swap only ever turns a
+/// matcher into another matcher on the same label; client swaps never
+/// produce one of the tenant's sentinels.
 pub(super) fn swap_for_verification(text: &str, swaps: &[Swap]) -> Option<String> {
     if !swaps.iter().all(|(printed, _)| closes_at_end(printed)) {
         return None;
