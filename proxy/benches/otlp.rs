@@ -92,6 +92,20 @@ fn bench(c: &mut Criterion) {
             gz.finish().unwrap()
         })
     });
+    // What gzip out could cost instead (issue #16): zlib-rs's other
+    // settings. Level 0 is stored blocks (gzip in name only), for scale.
+    for (name, level, window_bits) in [
+        ("gzip_level0_stored", 0, 15),
+        ("gzip_level1", 1, 15),
+        ("gzip_level1_window4k", 1, 12),
+        ("gzip_level2", 2, 15),
+    ] {
+        group.bench_function(name, |b| {
+            b.iter(|| gzip_with(black_box(&raw), level, window_bits))
+        });
+        let size = gzip_with(&raw, level, window_bits).len();
+        println!("{name}: {size} bytes");
+    }
     group.bench_function("rewrite_body_gzip", |b| {
         b.iter(|| {
             rewrite_body(
@@ -131,6 +145,17 @@ fn bench(c: &mut Criterion) {
     });
     group.finish();
     println!("raw {} bytes, gzip {} bytes", raw.len(), gzipped.len());
+}
+
+/// One gzip member of `raw` at `level` with a window of 2^`window_bits`.
+fn gzip_with(raw: &[u8], level: u32, window_bits: u8) -> Vec<u8> {
+    let mut gzip = flate2::Compress::new_gzip(flate2::Compression::new(level), window_bits);
+    let mut out = Vec::with_capacity(raw.len() + 1024);
+    let status = gzip
+        .compress_vec(raw, &mut out, flate2::FlushCompress::Finish)
+        .unwrap();
+    assert_eq!(status, flate2::Status::StreamEnd, "output buffer too small");
+    out
 }
 
 criterion_group!(benches, bench);
