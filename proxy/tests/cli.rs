@@ -182,6 +182,47 @@ fn runs_until_sigterm_then_exits_cleanly() {
 }
 
 #[test]
+fn text_logs_to_a_pipe_carry_no_colour_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        examples().join("tenants.yaml"),
+        dir.path().join("tenants.yaml"),
+    )
+    .unwrap();
+    let config = dir.path().join("c.yaml");
+    std::fs::write(&config, "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\ntenants_file: tenants.yaml\nlogs:\n  upstream: http://127.0.0.1:1\n").unwrap();
+    let mut child = Command::new(BIN)
+        .args(["--config", config.to_str().unwrap()])
+        .env("RUST_LOG", "info")
+        .env_remove("NO_COLOR")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut read = Vec::new();
+    let serving = loop {
+        let line = lines
+            .next()
+            .expect("the proxy logs that it serves")
+            .unwrap();
+        read.push(line.clone());
+        if line.contains("tenant-proxy serving") {
+            break line;
+        }
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        read.iter().all(|line| !line.contains('\u{1b}')),
+        "escape codes in a log written to a pipe: {read:?}"
+    );
+    assert!(
+        serving.contains(" INFO tenant_proxy: tenant-proxy serving listen=127.0.0.1:"),
+        "{serving}"
+    );
+}
+
+#[test]
 fn rewrite_prints_the_enforced_query_for_a_user_or_tenant() {
     let config = examples().join("config.yaml");
     let config = config.to_str().unwrap();

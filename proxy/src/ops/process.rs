@@ -1,12 +1,20 @@
 //! Process plumbing both binaries share: logging set-up and the shutdown
 //! signal.
 
+use std::io::IsTerminal;
+
 /// Logs to stderr, `text` or `json`; the level from `RUST_LOG` (default `info`).
 pub fn init_logging(format: &str) -> Result<(), String> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colours only for a person at a terminal: a log pipeline would store
+    // the escape codes as text (and writing them is a good part of the
+    // access log's cost).
+    let ansi = std::io::stderr().is_terminal()
+        && std::env::var_os("NO_COLOR").is_none_or(|value| value.is_empty());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     match format {
         "json" => builder.json().init(),
