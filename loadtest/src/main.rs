@@ -49,6 +49,12 @@ struct Cli {
     /// the 10-minute soak.
     #[arg(long)]
     only: Option<String>,
+    /// Run the proxied rows and the reference row this many times,
+    /// alternated (proxy, nginx, proxy, nginx, …), each with a fresh
+    /// process; the ratios per round and their median are printed after
+    /// the table. The machine's drift between rows then weighs on both.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+    rounds: u32,
 }
 
 fn loopback(value: &str) -> Result<SocketAddr, String> {
@@ -450,16 +456,23 @@ async fn main() -> anyhow::Result<()> {
         }
         runs.retain(|alongside| wanted(alongside.target()));
         let fresh = Arc::new(workload.with_fresh_queries());
-        for alongside in runs {
-            let workload = match alongside {
-                Alongside::FirstSeen => &fresh,
-                _ => &workload,
-            };
-            let row = proxied(&scenario, workload, &connections_opened, options, alongside);
-            rows.push(row.await?);
-        }
-        if let (Some(Reference::Nginx), true) = (scenario.reference, wanted("nginx")) {
-            rows.push(through_nginx(&scenario, &workload, upstream, cli.access_log).await?);
+        let round_of = |round| (cli.rounds > 1).then_some(round);
+        for round in 1..=cli.rounds {
+            for &alongside in &runs {
+                let workload = match alongside {
+                    Alongside::FirstSeen => &fresh,
+                    _ => &workload,
+                };
+                let row = proxied(&scenario, workload, &connections_opened, options, alongside);
+                let mut row = row.await?;
+                row.round = round_of(round);
+                rows.push(row);
+            }
+            if let (Some(Reference::Nginx), true) = (scenario.reference, wanted("nginx")) {
+                let mut row = through_nginx(&scenario, &workload, upstream, cli.access_log).await?;
+                row.round = round_of(round);
+                rows.push(row);
+            }
         }
         if let (Some(limits), true) = (&scenario.global_limits, wanted("global")) {
             rows.extend(global_limits(&scenario, &workload, options, limits).await?);
@@ -469,6 +482,7 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     print!("{}", report::table(&rows));
+    print!("{}", report::reference_ratios(&rows));
     if let Some(path) = cli.json {
         std::fs::write(path, serde_json::to_string_pretty(&rows)?)?;
     }

@@ -10,6 +10,8 @@ pub struct Row {
     pub scenario: String,
     /// `direct` (load generator → sink) or `proxy` (→ tenant-proxy → sink).
     pub target: &'static str,
+    /// Which of `--rounds` this row belongs to (rows run once have none).
+    pub round: Option<u32>,
     pub requests: u64,
     pub requests_per_second: f64,
     pub p50_ms: f64,
@@ -74,6 +76,7 @@ impl Row {
         Self {
             scenario: scenario.to_owned(),
             target,
+            round: None,
             requests,
             requests_per_second: requests as f64 / outcome.elapsed.as_secs_f64(),
             p50_ms: q(0.5),
@@ -101,6 +104,10 @@ pub fn table(rows: &[Row]) -> String {
          |---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|\n",
     );
     for r in rows {
+        let target = match r.round {
+            Some(round) => format!("{} #{round}", r.target),
+            None => r.target.to_owned(),
+        };
         let statuses: Vec<String> = r.statuses.iter().map(|(s, n)| format!("{s}×{n}")).collect();
         let mut errors = if r.transport_errors > 0 {
             format!(" err×{}", r.transport_errors)
@@ -133,7 +140,7 @@ pub fn table(rows: &[Row]) -> String {
         out.push_str(&format!(
             "| {} | {} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {}{} | {} | {} | {} |\n",
             r.scenario,
-            r.target,
+            target,
             r.requests,
             r.requests_per_second,
             r.p50_ms,
@@ -160,4 +167,67 @@ pub fn table(rows: &[Row]) -> String {
         }
     }
     out
+}
+
+/// The proxy's CPU per request against the reference gateway's, round by
+/// round: the ratio of each round (both measured back to back), their
+/// median, and the ratio of the two medians. Empty when no scenario had a
+/// reference row.
+pub fn reference_ratios(rows: &[Row]) -> String {
+    let mut out = String::new();
+    let mut scenarios: Vec<&str> = rows.iter().map(|r| r.scenario.as_str()).collect();
+    scenarios.dedup();
+    for scenario in scenarios {
+        let cpu_of = |target: &str| -> Vec<(Option<u32>, f64)> {
+            rows.iter()
+                .filter(|r| r.scenario == scenario && r.target == target)
+                .filter_map(|r| Some((r.round, r.proxy_cpu_us_per_request?)))
+                .collect()
+        };
+        let (proxy, reference) = (cpu_of("proxy"), cpu_of("nginx"));
+        let pairs: Vec<(f64, f64)> = proxy
+            .iter()
+            .filter_map(|(round, p)| {
+                let (_, n) = reference.iter().find(|(r, _)| r == round)?;
+                Some((*p, *n))
+            })
+            .collect();
+        if pairs.is_empty() {
+            continue;
+        }
+        if out.is_empty() {
+            out.push_str(
+                "\n| scenario | proxy CPU µs/req by round | nginx CPU µs/req by round | ratio by round | median ratio | ratio of medians |\n\
+                 |---|---|---|---|---:|---:|\n",
+            );
+        }
+        let list = |values: &mut dyn Iterator<Item = f64>, decimals: usize| {
+            values
+                .map(|v| format!("{v:.decimals$}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let ratios: Vec<f64> = pairs.iter().map(|(p, n)| p / n).collect();
+        let of_medians =
+            median(pairs.iter().map(|(p, _)| *p)) / median(pairs.iter().map(|(_, n)| *n));
+        out.push_str(&format!(
+            "| {scenario} | {} | {} | {} | {:.2}× | {of_medians:.2}× |\n",
+            list(&mut pairs.iter().map(|(p, _)| *p), 0),
+            list(&mut pairs.iter().map(|(_, n)| *n), 0),
+            list(&mut ratios.iter().copied(), 2),
+            median(ratios.iter().copied()),
+        ));
+    }
+    out
+}
+
+/// The middle value (the mean of the two middle ones for an even count).
+pub fn median(values: impl Iterator<Item = f64>) -> f64 {
+    let mut values: Vec<f64> = values.collect();
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
 }

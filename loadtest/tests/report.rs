@@ -1,0 +1,62 @@
+//! The reference-ratio summary printed after the table.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use loadtest::load::Outcome;
+use loadtest::report::{median, reference_ratios, Row};
+
+fn row(scenario: &str, target: &'static str, round: Option<u32>, cpu: f64) -> Row {
+    let outcome = Outcome {
+        elapsed: Duration::from_secs(1),
+        latency_us: Histogram::new(3).unwrap(),
+        statuses: BTreeMap::from([(200, 1000)]),
+        transport_errors: 0,
+    };
+    let mut row = Row::new(scenario, target, &outcome, None);
+    row.round = round;
+    row.proxy_cpu_us_per_request = Some(cpu);
+    row
+}
+
+#[test]
+fn medians_of_odd_and_even_counts() {
+    assert_eq!(median([3.0, 1.0, 2.0].into_iter()), 2.0);
+    assert_eq!(median([4.0, 1.0, 3.0, 2.0].into_iter()), 2.5);
+    assert!(median(std::iter::empty()).is_nan());
+}
+
+#[test]
+fn each_round_is_compared_with_the_reference_of_the_same_round() {
+    let rows = vec![
+        row("loki", "direct", None, 0.0),
+        row("loki", "proxy", Some(1), 60.0),
+        row("loki", "nginx", Some(1), 50.0),
+        row("loki", "proxy", Some(2), 40.0),
+        row("loki", "nginx", Some(2), 50.0),
+        row("loki", "proxy", Some(3), 55.0),
+        row("loki", "nginx", Some(3), 44.0),
+        row("promql", "proxy", None, 20.0),
+    ];
+    let summary = reference_ratios(&rows);
+    let lines: Vec<&str> = summary
+        .lines()
+        .filter(|l| l.starts_with("| loki"))
+        .collect();
+    // Ratios 1.20, 0.80, 1.25: median 1.20; medians 55 / 50 = 1.10.
+    assert_eq!(
+        lines,
+        ["| loki | 60, 40, 55 | 50, 50, 44 | 1.20, 0.80, 1.25 | 1.20× | 1.10× |"]
+    );
+    assert!(
+        !summary.contains("promql"),
+        "a scenario without a reference row has no ratio: {summary}"
+    );
+}
+
+#[test]
+fn no_reference_rows_no_summary() {
+    let rows = vec![row("promql", "proxy", None, 20.0)];
+    assert_eq!(reference_ratios(&rows), "");
+}
