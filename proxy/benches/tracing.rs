@@ -61,5 +61,44 @@ fn bench(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, bench);
+/// One access-log line as `proxy::handle` logs it, through the subscriber
+/// `ops::process::init_logging` sets up (text with and without colour
+/// codes, JSON), written to a sink.
+fn access_log(c: &mut Criterion) {
+    let peer: std::net::SocketAddr = "10.1.2.3:40000".parse().unwrap();
+    let emit = || {
+        tracing::info!(
+            target: "access",
+            method = %Method::GET,
+            path = "/loki/api/v1/query_range",
+            surface = "logs_query",
+            tenant = "team-a",
+            user = "grafana-a",
+            client = %peer.ip(),
+            status = 200u16,
+            duration_ms = black_box(1.234f64),
+        );
+    };
+    let builder = || {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
+            .with_writer(std::io::sink)
+    };
+    let text = |ansi: bool| builder().with_ansi(ansi).finish();
+    tracing::subscriber::with_default(text(true), || {
+        c.bench_function("access_log_text_coloured", |b| b.iter(emit))
+    });
+    tracing::subscriber::with_default(text(false), || {
+        c.bench_function("access_log_text", |b| b.iter(emit))
+    });
+    tracing::subscriber::with_default(builder().json().finish(), || {
+        c.bench_function("access_log_json", |b| b.iter(emit))
+    });
+    let off = builder()
+        .with_env_filter(tracing_subscriber::EnvFilter::new("info,access=off"))
+        .finish();
+    tracing::subscriber::with_default(off, || c.bench_function("access_log_off", |b| b.iter(emit)));
+}
+
+criterion_group!(benches, bench, access_log);
 criterion_main!(benches);
