@@ -11,6 +11,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use http::{HeaderMap, Method, StatusCode};
 use tenant_proxy::config::TracingConfig;
 use tenant_proxy::ops::otel::Tracing;
+use tenant_proxy::ops::process::subscriber;
 
 fn bench(c: &mut Criterion) {
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -61,9 +62,9 @@ fn bench(c: &mut Criterion) {
     }
 }
 
-/// One access-log line as `proxy::handle` logs it, through the subscriber
-/// `ops::process::init_logging` sets up (text with and without colour
-/// codes, JSON), written to a sink.
+/// One access-log line as `proxy::handle` logs it, through the proxy's
+/// log subscriber (text with and without colour codes, JSON, silenced),
+/// written to a sink.
 fn access_log(c: &mut Criterion) {
     let peer: std::net::SocketAddr = "10.1.2.3:40000".parse().unwrap();
     let emit = || {
@@ -79,25 +80,16 @@ fn access_log(c: &mut Criterion) {
             duration_ms = black_box(1.234f64),
         );
     };
-    let builder = || {
-        tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
-            .with_writer(std::io::sink)
-    };
-    let text = |ansi: bool| builder().with_ansi(ansi).finish();
-    tracing::subscriber::with_default(text(true), || {
-        c.bench_function("access_log_text_coloured", |b| b.iter(emit))
-    });
-    tracing::subscriber::with_default(text(false), || {
-        c.bench_function("access_log_text", |b| b.iter(emit))
-    });
-    tracing::subscriber::with_default(builder().json().finish(), || {
-        c.bench_function("access_log_json", |b| b.iter(emit))
-    });
-    let off = builder()
-        .with_env_filter(tracing_subscriber::EnvFilter::new("info,access=off"))
-        .finish();
-    tracing::subscriber::with_default(off, || c.bench_function("access_log_off", |b| b.iter(emit)));
+    for (name, format, ansi, filter) in [
+        ("access_log_text_coloured", "text", true, "info"),
+        ("access_log_text", "text", false, "info"),
+        ("access_log_json", "json", false, "info"),
+        ("access_log_off", "text", false, "info,access=off"),
+    ] {
+        let filter = tracing_subscriber::EnvFilter::new(filter);
+        let subscriber = subscriber(format, filter, ansi, std::io::sink).unwrap();
+        tracing::subscriber::with_default(subscriber, || c.bench_function(name, |b| b.iter(emit)));
+    }
 }
 
 criterion_group!(benches, bench, access_log);
