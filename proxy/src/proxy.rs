@@ -42,6 +42,7 @@ use crate::http::body::{self, ProxyBody};
 use crate::http::error::ProxyError;
 use crate::http::headers::{self, RW_SAMPLES_WRITTEN, X_PROM_LABEL_POLICY, X_SCOPE_ORGID};
 use crate::http::path;
+use crate::ops::access_log;
 use crate::ops::metrics::{
     self, Metrics, ReasonLabels, RequestLabels, SurfaceLabels, TenantActionLabels, TenantLabels,
 };
@@ -343,7 +344,7 @@ pub async fn handle(
         })
         .inc();
     tracing::info!(
-        target: "access",
+        target: access_log::TARGET,
         method = %method,
         path = outcome.path.as_deref().unwrap_or("-"),
         surface = outcome.surface.unwrap_or("none"),

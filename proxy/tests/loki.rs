@@ -601,6 +601,10 @@ async fn no_secret_reaches_logs_metrics_or_error_bodies() {
     proxy.stop().await;
     let logs = String::from_utf8_lossy(&support::captured_logs().lock().unwrap()).into_owned();
     assert!(logs.contains("tenants file loaded"), "logs were captured");
+    assert!(
+        logs.contains(r#""user":"alice","#) && logs.contains(r#""target":"access"}"#),
+        "access lines were captured"
+    );
     let token = |auth: &str| auth.trim_start_matches("Basic ").to_owned();
     let secrets = [
         "alice-pw".to_owned(),

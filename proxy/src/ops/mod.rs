@@ -2,6 +2,7 @@
 //! the admin listener (`/metrics`, `/healthz`, `/readyz`) and process
 //! figures.
 
+pub mod access_log;
 pub mod admin;
 pub mod metrics;
 pub mod otel;

@@ -4,6 +4,8 @@
 use std::io::IsTerminal;
 
 use tracing::Subscriber;
+
+use crate::ops::access_log::JsonWithFastAccess;
 use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::EnvFilter;
@@ -39,7 +41,12 @@ where
         .with_ansi(ansi)
         .with_writer(writer);
     match format {
-        "json" => Ok(Box::new(builder.json().finish())),
+        "json" => Ok(Box::new(
+            builder
+                .json()
+                .event_format(JsonWithFastAccess::default())
+                .finish(),
+        )),
         "text" => Ok(Box::new(builder.finish())),
         other => Err(format!("unknown log format {other:?} (text or json)")),
     }

@@ -353,11 +353,15 @@ pub fn captured_logs() -> &'static Mutex<Vec<u8>> {
     LOGS.get_or_init(|| {
         let buffer = Arc::new(Mutex::new(Vec::new()));
         let writer = CaptureWriter(buffer.clone());
-        let subscriber = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new("trace"))
-            .with_writer(move || writer.clone())
-            .with_ansi(false)
-            .finish();
+        // The binaries' own subscriber, in the manifests' format (JSON,
+        // whose access lines are written by the proxy's own code).
+        let subscriber = tenant_proxy::ops::process::subscriber(
+            "json",
+            tracing_subscriber::EnvFilter::new("trace"),
+            false,
+            move || writer.clone(),
+        )
+        .unwrap();
         tracing::subscriber::set_global_default(subscriber).unwrap();
         buffer
     })
