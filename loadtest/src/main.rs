@@ -12,7 +12,7 @@ use clap::Parser;
 use loadtest::faults::{Fault, FaultyUpstream};
 use loadtest::load::{self, Workload};
 use loadtest::nginx::NginxProcess;
-use loadtest::proxy_process::{self, ProcessStats, ProxyProcess};
+use loadtest::proxy_process::{self, Logging, ProcessStats, ProxyProcess};
 use loadtest::report::{self, Reloads, Row};
 use loadtest::scenario::{Faults, GlobalLimits, Reference, Scenario};
 use loadtest::{bodies, sink};
@@ -33,6 +33,9 @@ struct Cli {
     /// Keep the proxy's per-request access log on (the default config).
     #[arg(long)]
     access_log: bool,
+    /// The proxy's log format: `text` or `json` (the manifests' setting).
+    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
     /// Override every scenario's measured duration (e.g. `3s` for a smoke run).
     #[arg(long, value_parser = humantime_serde::re::humantime::parse_duration)]
     duration: Option<Duration>,
@@ -74,7 +77,7 @@ struct ProxyOptions<'a> {
     binary: &'a std::path::Path,
     upstream: SocketAddr,
     tenants: &'a str,
-    access_log: bool,
+    logging: Logging,
     throttle: bool,
     mode: MetricsMode,
     /// More keys of the `metrics` section, as YAML lines.
@@ -130,7 +133,7 @@ async fn proxied(
         options.binary,
         options.upstream,
         options.tenants,
-        options.access_log,
+        options.logging,
         options.throttle,
         (options.mode, options.metrics_extra),
         &extra_config,
@@ -276,7 +279,7 @@ async fn global_limits(
             options.binary,
             options.upstream,
             &tenants,
-            options.access_log,
+            options.logging,
             options.throttle,
             (options.mode, options.metrics_extra),
             &config,
@@ -328,7 +331,7 @@ async fn fault_drill(
         options.binary,
         relay.addr,
         options.tenants,
-        options.access_log,
+        options.logging,
         options.throttle,
         (options.mode, options.metrics_extra),
         &limits,
@@ -436,7 +439,10 @@ async fn main() -> anyhow::Result<()> {
             binary: binary.as_path(),
             upstream,
             tenants: tenants.as_str(),
-            access_log: cli.access_log,
+            logging: Logging {
+                access_log: cli.access_log,
+                json: cli.log_format == "json",
+            },
             throttle: scenario.guessing.is_some(),
             mode: scenario.metrics_mode,
             metrics_extra: metrics_extra.as_str(),

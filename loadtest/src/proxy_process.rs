@@ -122,6 +122,13 @@ pub fn tenants_file(users: usize, extra: usize) -> String {
     out
 }
 
+/// How a proxy logs: its access log on or off, text or JSON lines.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Logging {
+    pub access_log: bool,
+    pub json: bool,
+}
+
 impl ProxyProcess {
     /// `throttle`: keep the proxy's failure throttles at their defaults
     /// (off otherwise, so argon2's full cost is measured). `extra_config`:
@@ -133,7 +140,7 @@ impl ProxyProcess {
         binary: &Path,
         upstream: SocketAddr,
         tenants: &str,
-        access_log: bool,
+        logging: Logging,
         throttle: bool,
         (mode, metrics_extra): (MetricsMode, &str),
         extra_config: &str,
@@ -159,7 +166,7 @@ impl ProxyProcess {
                 if throttle { "" } else { "auth:\n  max_failures_per_client: 0\n  max_failures_per_user: 0\n" }
             ),
         )?;
-        let log = if access_log {
+        let log = if logging.access_log {
             "info"
         } else {
             "info,access=off"
@@ -168,6 +175,10 @@ impl ProxyProcess {
             .arg("--config")
             .arg(dir.0.join("config.yaml"))
             .env("RUST_LOG", log)
+            .env(
+                "TENANT_PROXY_LOG_FORMAT",
+                if logging.json { "json" } else { "text" },
+            )
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
