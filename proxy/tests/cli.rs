@@ -21,6 +21,22 @@ fn run(args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+/// The proxy with the example tenants, free ports and upstreams nobody
+/// listens on, configured in a temporary directory (kept while it runs).
+fn proxy_on_free_ports() -> (tempfile::TempDir, Command) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        examples().join("tenants.yaml"),
+        dir.path().join("tenants.yaml"),
+    )
+    .unwrap();
+    let config = dir.path().join("c.yaml");
+    std::fs::write(&config, "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\ntenants_file: tenants.yaml\nlogs:\n  upstream: http://127.0.0.1:1\nmetrics:\n  upstream: http://127.0.0.1:1\n").unwrap();
+    let mut command = Command::new(BIN);
+    command.arg("--config").arg(&config);
+    (dir, command)
+}
+
 #[test]
 fn hash_password_prints_a_verifiable_argon2id_hash() {
     let mut child = Command::new(BIN)
@@ -107,16 +123,9 @@ fn missing_config_flag_is_a_clear_error() {
 
 #[test]
 fn runs_until_sigterm_then_exits_cleanly() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::copy(
-        examples().join("tenants.yaml"),
-        dir.path().join("tenants.yaml"),
-    )
-    .unwrap();
-    let config = dir.path().join("c.yaml");
-    std::fs::write(&config, "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\ntenants_file: tenants.yaml\nlogs:\n  upstream: http://127.0.0.1:1\nmetrics:\n  upstream: http://127.0.0.1:1\n").unwrap();
-    let mut child = Command::new(BIN)
-        .args(["--config", config.to_str().unwrap(), "--log-format", "json"])
+    let (_dir, mut proxy) = proxy_on_free_ports();
+    let mut child = proxy
+        .args(["--log-format", "json"])
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -183,16 +192,8 @@ fn runs_until_sigterm_then_exits_cleanly() {
 
 #[test]
 fn text_logs_to_a_pipe_carry_no_colour_codes() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::copy(
-        examples().join("tenants.yaml"),
-        dir.path().join("tenants.yaml"),
-    )
-    .unwrap();
-    let config = dir.path().join("c.yaml");
-    std::fs::write(&config, "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\ntenants_file: tenants.yaml\nlogs:\n  upstream: http://127.0.0.1:1\n").unwrap();
-    let mut child = Command::new(BIN)
-        .args(["--config", config.to_str().unwrap()])
+    let (_dir, mut proxy) = proxy_on_free_ports();
+    let mut child = proxy
         .env("RUST_LOG", "info")
         .env_remove("NO_COLOR")
         .stderr(Stdio::piped())
