@@ -71,18 +71,26 @@ struct Fields<'a, 'w> {
 }
 
 impl Fields<'_, '_> {
+    /// Writes `"name":value`, after a comma unless it is the first; once a
+    /// write failed, nothing more (`Visit` cannot return the error).
     fn entry(&mut self, field: &Field, value: impl FnOnce(&mut Writer<'_>) -> fmt::Result) {
-        if self.result.is_err() {
-            return;
+        if self.result.is_ok() {
+            self.result = self.write_entry(field, value);
         }
-        let separator = if self.first { "" } else { "," };
+    }
+
+    fn write_entry(
+        &mut self,
+        field: &Field,
+        value: impl FnOnce(&mut Writer<'_>) -> fmt::Result,
+    ) -> fmt::Result {
+        if !self.first {
+            self.writer.write_char(',')?;
+        }
         self.first = false;
-        self.result = (|| {
-            self.writer.write_str(separator)?;
-            write_string(self.writer, field.name())?;
-            self.writer.write_char(':')?;
-            value(self.writer)
-        })();
+        write_string(self.writer, field.name())?;
+        self.writer.write_char(':')?;
+        value(self.writer)
     }
 }
 

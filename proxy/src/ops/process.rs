@@ -4,11 +4,11 @@
 use std::io::IsTerminal;
 
 use tracing::Subscriber;
-
-use crate::ops::access_log::JsonWithFastAccess;
 use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::EnvFilter;
+
+use crate::ops::access_log::JsonWithFastAccess;
 
 /// Logs to stderr, `text` or `json`; the level from `RUST_LOG` (default `info`).
 pub fn init_logging(format: &str) -> Result<(), String> {
