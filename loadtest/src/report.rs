@@ -184,12 +184,12 @@ pub fn reference_ratios(rows: &[Row]) -> String {
                 .filter_map(|r| Some((r.round, r.proxy_cpu_us_per_request?)))
                 .collect()
         };
-        let (proxy, reference) = (cpu_of("proxy"), cpu_of("nginx"));
-        let pairs: Vec<(f64, f64)> = proxy
-            .iter()
+        let nginx = cpu_of("nginx");
+        let pairs: Vec<(f64, f64)> = cpu_of("proxy")
+            .into_iter()
             .filter_map(|(round, p)| {
-                let (_, n) = reference.iter().find(|(r, _)| r == round)?;
-                Some((*p, *n))
+                let (_, n) = nginx.iter().find(|(r, _)| *r == round)?;
+                Some((p, *n))
             })
             .collect();
         if pairs.is_empty() {
@@ -201,29 +201,27 @@ pub fn reference_ratios(rows: &[Row]) -> String {
                  |---|---|---|---|---:|---:|\n",
             );
         }
-        let list = |values: &mut dyn Iterator<Item = f64>, decimals: usize| {
-            values
-                .map(|v| format!("{v:.decimals$}"))
-                .collect::<Vec<_>>()
-                .join(", ")
+        let (proxy, reference): (Vec<f64>, Vec<f64>) = pairs.into_iter().unzip();
+        let ratios: Vec<f64> = proxy.iter().zip(&reference).map(|(p, n)| p / n).collect();
+        let list = |values: &[f64], decimals: usize| {
+            let shown: Vec<String> = values.iter().map(|v| format!("{v:.decimals$}")).collect();
+            shown.join(", ")
         };
-        let ratios: Vec<f64> = pairs.iter().map(|(p, n)| p / n).collect();
-        let of_medians =
-            median(pairs.iter().map(|(p, _)| *p)) / median(pairs.iter().map(|(_, n)| *n));
         out.push_str(&format!(
-            "| {scenario} | {} | {} | {} | {:.2}× | {of_medians:.2}× |\n",
-            list(&mut pairs.iter().map(|(p, _)| *p), 0),
-            list(&mut pairs.iter().map(|(_, n)| *n), 0),
-            list(&mut ratios.iter().copied(), 2),
-            median(ratios.iter().copied()),
+            "| {scenario} | {} | {} | {} | {:.2}× | {:.2}× |\n",
+            list(&proxy, 0),
+            list(&reference, 0),
+            list(&ratios, 2),
+            median(&ratios),
+            median(&proxy) / median(&reference),
         ));
     }
     out
 }
 
 /// The middle value (the mean of the two middle ones for an even count).
-pub fn median(values: impl Iterator<Item = f64>) -> f64 {
-    let mut values: Vec<f64> = values.collect();
+pub fn median(values: &[f64]) -> f64 {
+    let mut values = values.to_vec();
     values.sort_by(f64::total_cmp);
     match values.len() {
         0 => f64::NAN,
