@@ -53,7 +53,7 @@ use crate::routes::{
 };
 use crate::tenants::reload::Tenants;
 use crate::tenants::{Credential, Tenant};
-use crate::upstream::{self, HttpClient};
+use crate::upstream::{self, HttpClient, UpstreamBody};
 
 /// Where one signal's requests go and how the tenant travels there.
 #[derive(Debug)]
@@ -711,7 +711,7 @@ async fn check_silence_owner(
 async fn alertmanager_answer(
     call: AlertmanagerCall,
     headers: &http::HeaderMap,
-    body: Incoming,
+    body: UpstreamBody,
     tenant: &TenantAlerts<'_>,
 ) -> Result<Bytes, ProxyError> {
     let filtered = matches!(

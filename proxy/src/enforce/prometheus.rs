@@ -118,7 +118,7 @@ pub enum ResponseFilter {
 /// the tenant label with one of the tenant's values. A response that cannot
 /// be read or understood is refused (502), never passed through unfiltered.
 pub async fn filter_response(
-    body: hyper::body::Incoming,
+    body: crate::upstream::UpstreamBody,
     filter: ResponseFilter,
     tenant: &TenantMatcher,
 ) -> Result<Bytes, ProxyError> {
@@ -127,7 +127,9 @@ pub async fn filter_response(
 
 /// Reads an upstream answer that is to be filtered or checked, whole, up
 /// to `MAX_FILTERED_RESPONSE_BYTES` (502 beyond, or if it breaks off).
-pub async fn read_filtered_response(body: hyper::body::Incoming) -> Result<Bytes, ProxyError> {
+pub async fn read_filtered_response(
+    body: crate::upstream::UpstreamBody,
+) -> Result<Bytes, ProxyError> {
     Ok(Limited::new(body, MAX_FILTERED_RESPONSE_BYTES)
         .collect()
         .await

@@ -1,17 +1,17 @@
 //! The upstream client and the header hygiene of a forwarded request.
 
+mod client;
 pub mod tls;
+
+pub use client::{HttpClient, UpstreamBody, UpstreamError};
 
 use std::net::IpAddr;
 use std::time::Duration;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response};
-use hyper::body::Incoming;
-use hyper_rustls::{FixedServerNameResolver, HttpsConnector, HttpsConnectorBuilder};
+use hyper_rustls::{FixedServerNameResolver, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use rustls_pki_types::ServerName;
 
 use crate::config::UpstreamTls;
@@ -19,11 +19,8 @@ use crate::http::body::ProxyBody;
 use crate::http::error::ProxyError;
 use crate::http::headers::{IDENTITY_HEADERS, KEEP_ALIVE, PROXY_CONNECTION, X_FORWARDED_FOR};
 
-pub type HttpClient = Client<HttpsConnector<HttpConnector>, ProxyBody>;
-
-/// A pooled client for one upstream: connections are reused across
-/// requests and tenants (the tenant travels in a header, not the
-/// connection). `http://` upstreams need no `tls`; `https://` ones use it,
+/// A client for the upstreams: connections are reused across requests and
+/// tenants (the tenant travels in a header, not the connection). `http://` upstreams need no `tls`; `https://` ones use it,
 /// or the system's roots without it.
 pub fn client(tls: Option<&UpstreamTls>) -> Result<HttpClient, String> {
     let mut http = HttpConnector::new();
@@ -44,10 +41,7 @@ pub fn client(tls: Option<&UpstreamTls>) -> Result<HttpClient, String> {
         None => builder,
     };
     let connector = builder.enable_http1().wrap_connector(http);
-    Ok(Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(90))
-        .pool_max_idle_per_host(256)
-        .build(connector))
+    Ok(HttpClient::new(connector))
 }
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1) that never cross the proxy, besides
@@ -128,7 +122,7 @@ pub async fn send(
     request: Request<ProxyBody>,
     timeout: Duration,
     body_limit: u64,
-) -> Result<Response<Incoming>, ProxyError> {
+) -> Result<Response<UpstreamBody>, ProxyError> {
     match tokio::time::timeout(timeout, client.request(request)).await {
         Err(_) => Err(ProxyError::UpstreamTimeout),
         Ok(Ok(response)) => Ok(response),

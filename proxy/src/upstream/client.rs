@@ -1,0 +1,439 @@
+//! The upstream client: HTTP/1.1 connections kept open between requests,
+//! each driven by the task whose request it carries.
+//!
+//! Why not hyper-util's pooled client: it runs every upstream connection as
+//! a task of its own, so a request crosses between two tasks several times
+//! (the request, the answer's head, its body, readiness for the next one)
+//! and pays a pool checkout, a spawned return-to-pool future and a connect
+//! race besides. Here the task serving the client writes the request, reads
+//! the answer and streams its body itself; an idle connection is parked
+//! untouched and checked when it is taken again (docs/benchmarks.md, "A
+//! client of our own").
+
+use std::future::{poll_fn, Future};
+use std::pin::{pin, Pin};
+use std::sync::{Arc, Mutex, Weak};
+use std::task::{ready, Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::uri::{Authority, Scheme};
+use http::{Request, Response, Uri};
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::client::conn::http1;
+use hyper_rustls::{HttpsConnector, MaybeHttpsStream};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use tower_service::Service;
+
+use crate::http::body::{BoxError, ProxyBody};
+
+/// How long a parked connection may wait for its next request. Shorter
+/// than the idle timeouts upstreams commonly use (Loki's 120 s), so the
+/// proxy, not the upstream, usually closes it.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// Parked connections kept per upstream; a burst beyond it closes the rest.
+const MAX_IDLE: usize = 256;
+
+type Connection = http1::Connection<MaybeHttpsStream<TokioIo<TcpStream>>, ProxyBody>;
+
+/// A client for the upstreams of one TLS setting. Cloning shares its
+/// parked connections.
+#[derive(Clone)]
+pub struct HttpClient {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    connector: HttpsConnector<HttpConnector>,
+    /// Parked connections per upstream (scheme and authority); a proxy has
+    /// a handful of upstreams, so a list is the cheapest map.
+    parked: Mutex<Vec<Parking>>,
+}
+
+struct Parking {
+    key: Key,
+    /// Oldest first; taken from the back, so the warmest is reused.
+    links: Vec<(Box<Link>, Instant)>,
+}
+
+#[derive(Clone, PartialEq, Eq)]
+struct Key {
+    scheme: Scheme,
+    authority: Authority,
+}
+
+/// Why an upstream exchange failed.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    #[error("upstream URI {0:?} has no scheme or authority")]
+    Uri(Uri),
+    #[error("cannot connect to the upstream: {0}")]
+    Connect(#[source] BoxError),
+    #[error("upstream exchange failed: {0}")]
+    Http(#[source] hyper::Error),
+}
+
+impl std::fmt::Debug for HttpClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpClient").finish_non_exhaustive()
+    }
+}
+
+impl HttpClient {
+    pub fn new(connector: HttpsConnector<HttpConnector>) -> Self {
+        let shared = Arc::new(Shared {
+            connector,
+            parked: Mutex::new(Vec::new()),
+        });
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(close_expired(Arc::downgrade(&shared)));
+        }
+        Self { shared }
+    }
+
+    /// Sends `request` (an absolute URI) and returns the answer once its
+    /// head has arrived; the body streams from the same connection.
+    pub async fn request(
+        &self,
+        mut request: Request<ProxyBody>,
+    ) -> Result<Response<UpstreamBody>, UpstreamError> {
+        let key = Key::of(request.uri())?;
+        prepare(&mut request, &key);
+        // The rare paths are boxed: their futures would otherwise make every
+        // request's state, moved around with it, several times larger.
+        if request.headers().contains_key(header::UPGRADE) {
+            return Box::pin(self.upgrade(&key, request)).await;
+        }
+        let mut request = request;
+        loop {
+            let (mut link, reused) = match self.shared.take(&key).await {
+                Some(link) => (link, true),
+                None => (Box::pin(self.connect(&key)).await?, false),
+            };
+            match link.exchange(request).await {
+                Ok(response) => return Ok(self.shared.follow(key, link, response).await),
+                // A parked connection that closed before the request was
+                // written: the request is intact, try it on another one.
+                Err(mut failed) if reused && failed.message().is_some() => {
+                    request = failed.take_message().expect("checked above");
+                }
+                Err(failed) => return Err(UpstreamError::Http(failed.into_error())),
+            }
+        }
+    }
+
+    async fn connect(&self, key: &Key) -> Result<Box<Link>, UpstreamError> {
+        let (sender, connection) = self.open(key).await?;
+        Ok(Box::new(Link {
+            sender,
+            connection: Some(connection),
+        }))
+    }
+
+    async fn open(
+        &self,
+        key: &Key,
+    ) -> Result<(http1::SendRequest<ProxyBody>, Connection), UpstreamError> {
+        let io = self
+            .shared
+            .connector
+            .clone()
+            .call(key.origin())
+            .await
+            .map_err(UpstreamError::Connect)?;
+        http1::handshake(io).await.map_err(UpstreamError::Http)
+    }
+
+    /// A protocol switch (Loki's live tail) takes a connection of its own,
+    /// run as a task until the switch hands it over.
+    async fn upgrade(
+        &self,
+        key: &Key,
+        request: Request<ProxyBody>,
+    ) -> Result<Response<UpstreamBody>, UpstreamError> {
+        let (mut sender, connection) = self.open(key).await?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.with_upgrades().await {
+                tracing::debug!(error = %e, "upstream connection for a protocol switch failed");
+            }
+        });
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(UpstreamError::Http)?;
+        Ok(response.map(|incoming| UpstreamBody {
+            incoming,
+            link: None,
+        }))
+    }
+}
+
+impl Key {
+    fn of(uri: &Uri) -> Result<Self, UpstreamError> {
+        match (uri.scheme(), uri.authority()) {
+            (Some(scheme), Some(authority)) => Ok(Self {
+                scheme: scheme.clone(),
+                authority: authority.clone(),
+            }),
+            _ => Err(UpstreamError::Uri(uri.clone())),
+        }
+    }
+
+    fn origin(&self) -> Uri {
+        Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query("/")
+            .build()
+            .expect("scheme and authority came from a URI")
+    }
+}
+
+/// Puts the request in the form an origin server expects on HTTP/1.1: the
+/// path and query on the request line, the authority in `Host` (without
+/// the scheme's default port).
+fn prepare(request: &mut Request<ProxyBody>, key: &Key) {
+    if !request.headers().contains_key(header::HOST) {
+        let default_port = match key.scheme.as_str() {
+            "https" => 443,
+            _ => 80,
+        };
+        let host = match key.authority.port_u16() {
+            Some(port) if port != default_port => HeaderValue::from_str(key.authority.as_str()),
+            _ => HeaderValue::from_str(key.authority.host()),
+        };
+        if let Ok(host) = host {
+            request.headers_mut().insert(header::HOST, host);
+        }
+    }
+    let path = request.uri().path_and_query().cloned();
+    let mut parts = http::uri::Parts::default();
+    parts.path_and_query = path;
+    if let Ok(uri) = Uri::from_parts(parts) {
+        *request.uri_mut() = uri;
+    }
+}
+
+impl Shared {
+    /// A parked connection to `key` that is still open and ready, if any.
+    async fn take(&self, key: &Key) -> Option<Box<Link>> {
+        loop {
+            let (mut link, _) = {
+                let mut parked = self.parked.lock().expect("parking lock");
+                let parking = parked.iter_mut().find(|p| p.key == *key)?;
+                let newest = parking.links.pop()?;
+                if newest.1.elapsed() >= IDLE_TIMEOUT {
+                    // The rest are older still: all of them close, once the
+                    // lock is released.
+                    let expired = std::mem::take(&mut parking.links);
+                    drop(parked);
+                    drop(expired);
+                    return None;
+                }
+                newest
+            };
+            // Polling it notices a close or stray bytes that arrived while
+            // it was parked, and lets it say it is ready for a request.
+            let usable = poll_fn(|cx| Poll::Ready(link.usable(cx))).await;
+            if usable {
+                return Some(link);
+            }
+        }
+    }
+
+    /// Parks `link` for the next request to `key`.
+    fn park(&self, key: Key, link: Box<Link>) {
+        if link.ended() || link.sender.is_closed() {
+            return;
+        }
+        let mut parked = self.parked.lock().expect("parking lock");
+        let index = match parked.iter().position(|p| p.key == key) {
+            Some(index) => index,
+            None => {
+                parked.push(Parking {
+                    key,
+                    links: Vec::new(),
+                });
+                parked.len() - 1
+            }
+        };
+        let links = &mut parked[index].links;
+        if links.len() >= MAX_IDLE {
+            links.remove(0);
+        }
+        links.push((link, Instant::now()));
+    }
+
+    /// The answer, its body carrying the connection until it has been read
+    /// through; an answer without a body frees the connection at once.
+    async fn follow(
+        self: &Arc<Self>,
+        key: Key,
+        mut link: Box<Link>,
+        response: Response<Incoming>,
+    ) -> Response<UpstreamBody> {
+        let link = if response.body().is_end_stream() {
+            poll_fn(|cx| {
+                link.drive(cx);
+                Poll::Ready(())
+            })
+            .await;
+            self.park(key, link);
+            None
+        } else {
+            Some(Following {
+                link,
+                key,
+                shared: Arc::downgrade(self),
+            })
+        };
+        response.map(|incoming| UpstreamBody { incoming, link })
+    }
+
+    fn close_expired(&self) {
+        let mut expired = Vec::new();
+        let mut parked = self.parked.lock().expect("parking lock");
+        for parking in parked.iter_mut() {
+            // Oldest first: the expired ones are a prefix.
+            let stale = parking
+                .links
+                .partition_point(|(_, since)| since.elapsed() >= IDLE_TIMEOUT);
+            expired.extend(parking.links.drain(..stale));
+        }
+        drop(parked);
+        drop(expired);
+    }
+}
+
+/// Closes connections parked too long, so that an upstream that went
+/// quiet does not keep sockets open; ends with the client.
+async fn close_expired(shared: Weak<Shared>) {
+    let mut every = tokio::time::interval(IDLE_TIMEOUT / 3);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        match shared.upgrade() {
+            Some(shared) => shared.close_expired(),
+            None => return,
+        }
+    }
+}
+
+/// One upstream connection: where requests go in, and the I/O that moves
+/// them, polled by whoever holds it. Boxed wherever it goes: it holds the
+/// connection's buffers and state, too large to move by value on every
+/// hand-over.
+struct Link {
+    sender: http1::SendRequest<ProxyBody>,
+    /// `None` once the connection has finished (closed or failed): dropped
+    /// at once, so that a request still queued on it comes back unsent.
+    connection: Option<Connection>,
+}
+
+impl Link {
+    /// Moves the connection's I/O as far as it can go now.
+    fn drive(&mut self, cx: &mut Context<'_>) {
+        let Some(connection) = &mut self.connection else {
+            return;
+        };
+        if let Poll::Ready(result) = Pin::new(connection).poll(cx) {
+            self.connection = None;
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "upstream connection failed");
+            }
+        }
+    }
+
+    fn usable(&mut self, cx: &mut Context<'_>) -> bool {
+        self.drive(cx);
+        !self.ended() && self.sender.is_ready()
+    }
+
+    fn ended(&self) -> bool {
+        self.connection.is_none()
+    }
+
+    /// Writes the request and reads the answer's head.
+    async fn exchange(
+        &mut self,
+        request: Request<ProxyBody>,
+    ) -> Result<Response<Incoming>, hyper::client::conn::TrySendError<Request<ProxyBody>>> {
+        let mut answer = pin!(self.sender.try_send_request(request));
+        poll_fn(|cx| {
+            // The connection first: it writes the request and reads the
+            // answer, which the second poll then picks up.
+            self.drive(cx);
+            answer.as_mut().poll(cx)
+        })
+        .await
+    }
+}
+
+/// An upstream answer's body. While it streams it drives the connection it
+/// arrives on; read through, it parks that connection for the next request,
+/// dropped early, it closes it.
+pub struct UpstreamBody {
+    incoming: Incoming,
+    link: Option<Following>,
+}
+
+struct Following {
+    link: Box<Link>,
+    key: Key,
+    shared: Weak<Shared>,
+}
+
+impl UpstreamBody {
+    fn finished(&mut self, cx: &mut Context<'_>) {
+        if let Some(mut following) = self.link.take() {
+            // Lets the connection take in the answer's end and turn idle.
+            following.link.drive(cx);
+            if let Some(shared) = following.shared.upgrade() {
+                shared.park(following.key, following.link);
+            }
+        }
+    }
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        let frame = match Pin::new(&mut this.incoming).poll_frame(cx) {
+            Poll::Ready(frame) => frame,
+            Poll::Pending => match &mut this.link {
+                None => return Poll::Pending,
+                Some(following) => {
+                    // The body has asked for more above; now the connection
+                    // can read it and the second poll take it.
+                    following.link.drive(cx);
+                    ready!(Pin::new(&mut this.incoming).poll_frame(cx))
+                }
+            },
+        };
+        match &frame {
+            Some(Err(_)) => this.link = None,
+            // A reader that knows the length stops at the last byte and
+            // never asks for the end: finish there.
+            _ if this.incoming.is_end_stream() => this.finished(cx),
+            _ => {}
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.incoming.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.incoming.size_hint()
+    }
+}

@@ -1,0 +1,249 @@
+//! The upstream client's connections: reused while they can be, never once
+//! they cannot. The upstream is written by hand so that each test decides
+//! exactly what it answers and when it closes, and reports what it saw.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use http::{Method, Request, StatusCode};
+use http_body_util::BodyExt;
+use tenant_proxy::http::body;
+use tenant_proxy::upstream::{self, HttpClient};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, Notify};
+
+#[derive(Debug, PartialEq, Eq)]
+enum Seen {
+    /// A connection was accepted (numbered from 1).
+    Accepted(usize),
+    /// A request head arrived on connection n.
+    Request(usize, String),
+    /// Connection n was closed by the proxy.
+    ClosedByProxy(usize),
+    /// The upstream closed connection n after answering.
+    ClosedByUpstream(usize),
+}
+
+/// When the upstream closes a connection.
+#[derive(Clone)]
+enum Close {
+    Never,
+    AfterAnswer,
+    /// When told, between requests (as an idle timeout would).
+    WhenTold(Arc<Notify>),
+}
+
+/// Answers every request with `answer`, closing connections as `close`
+/// says. Requests carry no body.
+async fn upstream(
+    answer: &'static str,
+    close: Close,
+) -> (SocketAddr, mpsc::UnboundedReceiver<Seen>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (seen, events) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut connections = 0;
+        while let Ok((mut stream, _)) = listener.accept().await {
+            connections += 1;
+            let (n, seen, close) = (connections, seen.clone(), close.clone());
+            let _ = seen.send(Seen::Accepted(n));
+            tokio::spawn(async move {
+                let mut buffer = Vec::new();
+                loop {
+                    let mut chunk = [0; 4096];
+                    let read = match &close {
+                        Close::WhenTold(told) => tokio::select! {
+                            read = stream.read(&mut chunk) => read.unwrap_or(0),
+                            () = told.notified() => {
+                                drop(stream);
+                                let _ = seen.send(Seen::ClosedByUpstream(n));
+                                return;
+                            }
+                        },
+                        _ => stream.read(&mut chunk).await.unwrap_or(0),
+                    };
+                    if read == 0 {
+                        let _ = seen.send(Seen::ClosedByProxy(n));
+                        return;
+                    }
+                    buffer.extend_from_slice(&chunk[..read]);
+                    while let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+                        let head: Vec<u8> = buffer.drain(..end + 4).collect();
+                        let _ = seen.send(Seen::Request(n, String::from_utf8(head).unwrap()));
+                        stream.write_all(answer.as_bytes()).await.unwrap();
+                        if let Close::AfterAnswer = close {
+                            drop(stream);
+                            let _ = seen.send(Seen::ClosedByUpstream(n));
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (addr, events)
+}
+
+async fn get(client: &HttpClient, addr: SocketAddr, method: Method) -> (StatusCode, String) {
+    let request = Request::builder()
+        .method(method)
+        .uri(format!(
+            "http://{addr}/loki/api/v1/query_range?query=%7Bapp%3D%22a%22%7D"
+        ))
+        .body(body::empty())
+        .unwrap();
+    let response = client.request(request).await.unwrap();
+    let status = response.status();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8(body.to_vec()).unwrap())
+}
+
+/// The events up to and including the one `until` accepts.
+async fn events_until(
+    events: &mut mpsc::UnboundedReceiver<Seen>,
+    until: impl Fn(&Seen) -> bool,
+) -> Vec<Seen> {
+    let mut seen = Vec::new();
+    loop {
+        let event = events.recv().await.expect("the upstream is running");
+        let done = until(&event);
+        seen.push(event);
+        if done {
+            return seen;
+        }
+    }
+}
+
+/// Everything the upstream reported so far (its reports for a finished
+/// exchange are sent before the answer's bytes).
+fn drain(events: &mut mpsc::UnboundedReceiver<Seen>) -> Vec<Seen> {
+    std::iter::from_fn(|| events.try_recv().ok()).collect()
+}
+
+const HELLO: &str = "HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello";
+
+#[tokio::test]
+async fn sequential_requests_share_one_connection_in_origin_form() {
+    let (addr, mut events) = upstream(HELLO, Close::Never).await;
+    let client = upstream::client(None).unwrap();
+    for _ in 0..5 {
+        assert_eq!(
+            get(&client, addr, Method::GET).await,
+            (StatusCode::OK, "hello".into())
+        );
+    }
+    let seen = drain(&mut events);
+    assert_eq!(
+        seen.iter()
+            .filter(|e| matches!(e, Seen::Accepted(_)))
+            .count(),
+        1,
+        "{seen:?}"
+    );
+    let requests: Vec<&String> = seen
+        .iter()
+        .filter_map(|e| match e {
+            Seen::Request(1, head) => Some(head),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(requests.len(), 5, "{seen:?}");
+    let head = requests[0].to_ascii_lowercase();
+    assert!(
+        head.starts_with("get /loki/api/v1/query_range?query=%7bapp%3d%22a%22%7d http/1.1\r\n"),
+        "{head}"
+    );
+    assert!(head.contains(&format!("\r\nhost: {addr}\r\n")), "{head}");
+}
+
+#[tokio::test]
+async fn an_answer_without_a_body_frees_its_connection_at_once() {
+    let (addr, mut events) = upstream("HTTP/1.1 204 No Content\r\n\r\n", Close::Never).await;
+    let client = upstream::client(None).unwrap();
+    for method in [Method::GET, Method::HEAD, Method::GET] {
+        assert_eq!(
+            get(&client, addr, method).await,
+            (StatusCode::NO_CONTENT, String::new())
+        );
+    }
+    let seen = drain(&mut events);
+    assert_eq!(
+        seen.iter()
+            .filter(|e| matches!(e, Seen::Accepted(_)))
+            .count(),
+        1,
+        "{seen:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_connection_the_upstream_closes_is_not_used_again() {
+    // Announced: `connection: close`.
+    let (addr, mut events) = upstream(
+        "HTTP/1.1 200 OK\r\ncontent-length: 5\r\nconnection: close\r\n\r\nhello",
+        Close::AfterAnswer,
+    )
+    .await;
+    let client = upstream::client(None).unwrap();
+    for _ in 0..3 {
+        assert_eq!(
+            get(&client, addr, Method::GET).await,
+            (StatusCode::OK, "hello".into())
+        );
+    }
+    let seen = drain(&mut events);
+    assert_eq!(
+        seen.iter()
+            .filter(|e| matches!(e, Seen::Accepted(_)))
+            .count(),
+        3,
+        "{seen:?}"
+    );
+
+    // Unannounced, while the connection is parked (an upstream's idle
+    // timeout). A round trip to another upstream lets the proxy's event
+    // loop take in the close before the next request is sent.
+    let idle_timeout = Arc::new(Notify::new());
+    let (addr, mut events) = upstream(HELLO, Close::WhenTold(idle_timeout.clone())).await;
+    let (elsewhere, _) = upstream(HELLO, Close::Never).await;
+    assert_eq!(
+        get(&client, addr, Method::GET).await,
+        (StatusCode::OK, "hello".into())
+    );
+    idle_timeout.notify_one();
+    events_until(&mut events, |e| *e == Seen::ClosedByUpstream(1)).await;
+    assert_eq!(
+        get(&client, elsewhere, Method::GET).await,
+        (StatusCode::OK, "hello".into())
+    );
+    assert_eq!(
+        get(&client, addr, Method::GET).await,
+        (StatusCode::OK, "hello".into())
+    );
+    let seen = drain(&mut events);
+    assert!(seen.contains(&Seen::Accepted(2)), "{seen:?}");
+}
+
+#[tokio::test]
+async fn an_answer_dropped_before_its_end_closes_its_connection() {
+    let (addr, mut events) = upstream(
+        "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n",
+        Close::Never,
+    )
+    .await;
+    let client = upstream::client(None).unwrap();
+    let request = Request::get(format!("http://{addr}/"))
+        .body(body::empty())
+        .unwrap();
+    let response = client.request(request).await.unwrap();
+    let mut body = response.into_body();
+    let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+    assert_eq!(&first[..], b"hello");
+    // The rest of the answer never came: the connection cannot carry
+    // another request, and dropping the body closes it.
+    drop(body);
+    let seen = events_until(&mut events, |e| *e == Seen::ClosedByProxy(1)).await;
+    assert!(seen.contains(&Seen::Accepted(1)), "{seen:?}");
+}
