@@ -68,8 +68,8 @@ struct Key {
 /// Why an upstream exchange failed.
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
-    #[error("upstream URI {0:?} has no scheme or authority")]
-    Uri(Uri),
+    #[error("upstream URI has no scheme or authority")]
+    Uri,
     #[error("cannot connect to the upstream: {0}")]
     Connect(#[source] BoxError),
     #[error("upstream exchange failed: {0}")]
@@ -178,7 +178,7 @@ impl Key {
                 scheme: scheme.clone(),
                 authority: authority.clone(),
             }),
-            _ => Err(UpstreamError::Uri(uri.clone())),
+            _ => Err(UpstreamError::Uri),
         }
     }
 
