@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
@@ -94,10 +95,16 @@ async fn get(client: &HttpClient, addr: SocketAddr, method: Method) -> (StatusCo
         ))
         .body(body::empty())
         .unwrap();
-    let response = client.request(request).await.unwrap();
-    let status = response.status();
-    let body = response.into_body().collect().await.unwrap().to_bytes();
-    (status, String::from_utf8(body.to_vec()).unwrap())
+    let exchange = async {
+        let response = client.request(request).await.unwrap();
+        let status = response.status();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8(body.to_vec()).unwrap())
+    };
+    // A lost wake-up shows as a failure, not a test that never ends.
+    tokio::time::timeout(Duration::from_secs(10), exchange)
+        .await
+        .expect("the exchange completed")
 }
 
 /// The events up to and including the one `until` accepts.
@@ -246,4 +253,50 @@ async fn an_answer_dropped_before_its_end_closes_its_connection() {
     drop(body);
     let seen = events_until(&mut events, |e| *e == Seen::ClosedByProxy(1)).await;
     assert!(seen.contains(&Seen::Accepted(1)), "{seen:?}");
+}
+
+#[tokio::test]
+async fn an_answer_whose_rest_comes_later_wakes_its_reader() {
+    // Half the body, then the rest only once the reader has the first half:
+    // the reader must be woken by the connection it waits on.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let first_half_read = Arc::new(Notify::new());
+    let told = first_half_read.clone();
+    let (seen, mut events) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut connections = 0;
+        while let Ok((mut stream, _)) = listener.accept().await {
+            connections += 1;
+            let _ = seen.send(Seen::Accepted(connections));
+            let mut head = [0; 4096];
+            while stream.read(&mut head).await.unwrap_or(0) > 0 {
+                stream
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n6\r\nhello \r\n",
+                    )
+                    .await
+                    .unwrap();
+                told.notified().await;
+                stream.write_all(b"5\r\nworld\r\n0\r\n\r\n").await.unwrap();
+            }
+        }
+    });
+    let client = upstream::client(None).unwrap();
+    for _ in 0..2 {
+        let request = Request::get(format!("http://{addr}/"))
+            .body(body::empty())
+            .unwrap();
+        let mut body = client.request(request).await.unwrap().into_body();
+        let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(&first[..], b"hello ");
+        first_half_read.notify_one();
+        let rest = tokio::time::timeout(Duration::from_secs(10), body.collect())
+            .await
+            .expect("the reader was woken for the rest")
+            .unwrap()
+            .to_bytes();
+        assert_eq!(&rest[..], b"world");
+    }
+    assert_eq!(drain(&mut events), vec![Seen::Accepted(1)]);
 }

@@ -13,7 +13,7 @@
 use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};
 use std::sync::{Arc, Mutex, Weak};
-use std::task::{ready, Context, Poll};
+use std::task::{ready, Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -109,7 +109,7 @@ impl HttpClient {
         }
         let mut request = request;
         loop {
-            let (mut link, reused) = match self.shared.take(&key).await {
+            let (mut link, reused) = match self.shared.take(&key) {
                 Some(link) => (link, true),
                 None => (Box::pin(self.connect(&key)).await?, false),
             };
@@ -219,7 +219,7 @@ fn prepare(request: &mut Request<ProxyBody>, key: &Key) {
 
 impl Shared {
     /// A parked connection to `key` that is still open and ready, if any.
-    async fn take(&self, key: &Key) -> Option<Box<Link>> {
+    fn take(&self, key: &Key) -> Option<Box<Link>> {
         loop {
             let (mut link, _) = {
                 let mut parked = self.parked.lock().expect("parking lock");
@@ -235,10 +235,7 @@ impl Shared {
                 }
                 newest
             };
-            // Polling it notices a close or stray bytes that arrived while
-            // it was parked, and lets it say it is ready for a request.
-            let usable = poll_fn(|cx| Poll::Ready(link.usable(cx))).await;
-            if usable {
+            if link.usable() {
                 return Some(link);
             }
         }
@@ -276,11 +273,8 @@ impl Shared {
         response: Response<Incoming>,
     ) -> Response<UpstreamBody> {
         let link = if response.body().is_end_stream() {
-            poll_fn(|cx| {
-                link.drive(cx);
-                Poll::Ready(())
-            })
-            .await;
+            // Lets the connection take in the answer's end and turn idle.
+            link.drive(&mut quiet());
             self.park(key, link);
             None
         } else {
@@ -347,8 +341,29 @@ impl Link {
         }
     }
 
-    fn usable(&mut self, cx: &mut Context<'_>) -> bool {
+    /// Polls `step`, which only this connection can move on, driving the
+    /// connection first. It is driven with the task's waker only when
+    /// `step` has to wait, and otherwise with none (see `quiet`).
+    fn drive_then<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        mut step: impl FnMut() -> Poll<T>,
+    ) -> Poll<T> {
+        self.drive(&mut quiet());
+        if let Poll::Ready(value) = step() {
+            return Poll::Ready(value);
+        }
         self.drive(cx);
+        let value = ready!(step());
+        self.drive(&mut quiet());
+        Poll::Ready(value)
+    }
+
+    /// Whether a parked connection can take a request: polling it notices
+    /// a close or stray bytes that arrived while it was parked, and lets it
+    /// say it is ready.
+    fn usable(&mut self) -> bool {
+        self.drive(&mut quiet());
         !self.ended() && self.sender.is_ready()
     }
 
@@ -362,14 +377,20 @@ impl Link {
         request: Request<ProxyBody>,
     ) -> Result<Response<Incoming>, hyper::client::conn::TrySendError<Request<ProxyBody>>> {
         let mut answer = pin!(self.sender.try_send_request(request));
-        poll_fn(|cx| {
-            // The connection first: it writes the request and reads the
-            // answer, which the second poll then picks up.
-            self.drive(cx);
-            answer.as_mut().poll(cx)
-        })
-        .await
+        poll_fn(|cx| self.drive_then(cx, || answer.as_mut().poll(&mut quiet()))).await
     }
+}
+
+/// The context for polling without a waker. What a connection moves on
+/// (the answer's head, its body's channel) is polled with it, since the
+/// task polls it again right after driving the connection; and the
+/// connection itself is driven with it unless the task is about to wait.
+/// Otherwise hyper's wake-ups inside the connection (its body's flow
+/// control) would wake the task that is running, which tokio then queues
+/// anew and, on a quiet runtime, announces to an idle worker thread: two
+/// more system calls and a wake-up per request, for nothing.
+fn quiet() -> Context<'static> {
+    Context::from_waker(Waker::noop())
 }
 
 /// An upstream answer's body. While it streams it drives the connection it
@@ -387,10 +408,10 @@ struct Following {
 }
 
 impl UpstreamBody {
-    fn finished(&mut self, cx: &mut Context<'_>) {
+    fn finished(&mut self) {
         if let Some(mut following) = self.link.take() {
             // Lets the connection take in the answer's end and turn idle.
-            following.link.drive(cx);
+            following.link.drive(&mut quiet());
             if let Some(shared) = following.shared.upgrade() {
                 shared.park(following.key, following.link);
             }
@@ -407,24 +428,22 @@ impl Body for UpstreamBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = self.get_mut();
-        let frame = match Pin::new(&mut this.incoming).poll_frame(cx) {
-            Poll::Ready(frame) => frame,
-            Poll::Pending => match &mut this.link {
-                None => return Poll::Pending,
-                Some(following) => {
-                    // The body has asked for more above; now the connection
-                    // can read it and the second poll take it.
-                    following.link.drive(cx);
-                    ready!(Pin::new(&mut this.incoming).poll_frame(cx))
-                }
-            },
+        let incoming = &mut this.incoming;
+        let frame = match &mut this.link {
+            Some(following) => ready!(following
+                .link
+                .drive_then(cx, || Pin::new(&mut *incoming).poll_frame(&mut quiet()))),
+            // The connection runs as a task of its own (a protocol switch),
+            // or the answer is complete.
+            None => ready!(Pin::new(incoming).poll_frame(cx)),
         };
         match &frame {
+            None => this.finished(),
             Some(Err(_)) => this.link = None,
             // A reader that knows the length stops at the last byte and
             // never asks for the end: finish there.
-            _ if this.incoming.is_end_stream() => this.finished(cx),
-            _ => {}
+            Some(Ok(_)) if this.incoming.is_end_stream() => this.finished(),
+            Some(Ok(_)) => {}
         }
         Poll::Ready(frame)
     }
