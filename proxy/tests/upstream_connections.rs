@@ -129,6 +129,13 @@ fn drain(events: &mut mpsc::UnboundedReceiver<Seen>) -> Vec<Seen> {
     std::iter::from_fn(|| events.try_recv().ok()).collect()
 }
 
+/// How many connections the upstream accepted.
+fn connections(seen: &[Seen]) -> usize {
+    seen.iter()
+        .filter(|e| matches!(e, Seen::Accepted(_)))
+        .count()
+}
+
 const HELLO: &str = "HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello";
 
 #[tokio::test]
@@ -142,13 +149,7 @@ async fn sequential_requests_share_one_connection_in_origin_form() {
         );
     }
     let seen = drain(&mut events);
-    assert_eq!(
-        seen.iter()
-            .filter(|e| matches!(e, Seen::Accepted(_)))
-            .count(),
-        1,
-        "{seen:?}"
-    );
+    assert_eq!(connections(&seen), 1, "{seen:?}");
     let requests: Vec<&String> = seen
         .iter()
         .filter_map(|e| match e {
@@ -176,13 +177,7 @@ async fn an_answer_without_a_body_frees_its_connection_at_once() {
         );
     }
     let seen = drain(&mut events);
-    assert_eq!(
-        seen.iter()
-            .filter(|e| matches!(e, Seen::Accepted(_)))
-            .count(),
-        1,
-        "{seen:?}"
-    );
+    assert_eq!(connections(&seen), 1, "{seen:?}");
 }
 
 #[tokio::test]
@@ -201,13 +196,7 @@ async fn a_connection_the_upstream_closes_is_not_used_again() {
         );
     }
     let seen = drain(&mut events);
-    assert_eq!(
-        seen.iter()
-            .filter(|e| matches!(e, Seen::Accepted(_)))
-            .count(),
-        3,
-        "{seen:?}"
-    );
+    assert_eq!(connections(&seen), 3, "{seen:?}");
 
     // Unannounced, while the connection is parked (an upstream's idle
     // timeout). A round trip to another upstream lets the proxy's event

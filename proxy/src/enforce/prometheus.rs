@@ -13,6 +13,7 @@ use serde_json::Value;
 use crate::enforce::params::{Params, MATCH};
 use crate::enforce::promql::{EnforceError, Memo, TenantMatcher};
 use crate::http::error::ProxyError;
+use crate::upstream::UpstreamBody;
 
 /// `metadata` takes no selector, so upstream it would list every tenant's
 /// metric names and help texts. Grafana calls it and copes with empty data.
@@ -118,7 +119,7 @@ pub enum ResponseFilter {
 /// the tenant label with one of the tenant's values. A response that cannot
 /// be read or understood is refused (502), never passed through unfiltered.
 pub async fn filter_response(
-    body: crate::upstream::UpstreamBody,
+    body: UpstreamBody,
     filter: ResponseFilter,
     tenant: &TenantMatcher,
 ) -> Result<Bytes, ProxyError> {
@@ -127,9 +128,7 @@ pub async fn filter_response(
 
 /// Reads an upstream answer that is to be filtered or checked, whole, up
 /// to `MAX_FILTERED_RESPONSE_BYTES` (502 beyond, or if it breaks off).
-pub async fn read_filtered_response(
-    body: crate::upstream::UpstreamBody,
-) -> Result<Bytes, ProxyError> {
+pub async fn read_filtered_response(body: UpstreamBody) -> Result<Bytes, ProxyError> {
     Ok(Limited::new(body, MAX_FILTERED_RESPONSE_BYTES)
         .collect()
         .await

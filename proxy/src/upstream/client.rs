@@ -114,7 +114,7 @@ impl HttpClient {
                 None => (Box::pin(self.connect(&key)).await?, false),
             };
             match link.exchange(request).await {
-                Ok(response) => return Ok(self.shared.follow(key, link, response).await),
+                Ok(response) => return Ok(self.shared.follow(key, link, response)),
                 // A parked connection that closed before the request was
                 // written: the request is intact, try it on another one.
                 Err(mut failed) if reused && failed.message().is_some() => {
@@ -266,7 +266,7 @@ impl Shared {
 
     /// The answer, its body carrying the connection until it has been read
     /// through; an answer without a body frees the connection at once.
-    async fn follow(
+    fn follow(
         self: &Arc<Self>,
         key: Key,
         mut link: Box<Link>,

@@ -20,8 +20,9 @@ use crate::http::error::ProxyError;
 use crate::http::headers::{IDENTITY_HEADERS, KEEP_ALIVE, PROXY_CONNECTION, X_FORWARDED_FOR};
 
 /// A client for the upstreams: connections are reused across requests and
-/// tenants (the tenant travels in a header, not the connection). `http://` upstreams need no `tls`; `https://` ones use it,
-/// or the system's roots without it.
+/// tenants (the tenant travels in a header, not the connection).
+/// `http://` upstreams need no `tls`; `https://` ones use it, or the
+/// system's roots without it.
 pub fn client(tls: Option<&UpstreamTls>) -> Result<HttpClient, String> {
     let mut http = HttpConnector::new();
     http.set_nodelay(true);
