@@ -616,10 +616,16 @@ impl Upstream {
 
     /// The absolute URI for a normalised path and an optional query.
     pub fn uri_for(&self, path: &str, query: Option<&str>) -> Result<Uri, http::Error> {
-        let path_and_query = match query {
-            Some(q) => format!("{}{path}?{q}", self.path_prefix),
-            None => format!("{}{path}", self.path_prefix),
-        };
+        // Concatenated by hand: `format!`'s machinery was half of this
+        // function's cost per request on the Loki path (perf).
+        let length = self.path_prefix.len() + path.len() + query.map_or(0, |q| q.len() + 1);
+        let mut path_and_query = String::with_capacity(length);
+        path_and_query.push_str(&self.path_prefix);
+        path_and_query.push_str(path);
+        if let Some(q) = query {
+            path_and_query.push('?');
+            path_and_query.push_str(q);
+        }
         Uri::builder()
             .scheme(self.scheme.clone())
             .authority(self.authority.clone())

@@ -438,6 +438,34 @@ pub const LOKI_ROUTES: &[Route] = &[
 #[derive(Debug)]
 pub struct RouteTable {
     routes: Vec<Route>,
+    /// Each route's `Shape`, by index: most routes are ruled out on it
+    /// without comparing a segment.
+    shapes: Vec<Shape>,
+}
+
+/// What a path must have for a pattern to match it: as many `/`, and, for a
+/// pattern without `{}`, its exact length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Shape {
+    slashes: usize,
+    length: Option<usize>,
+}
+
+impl Shape {
+    fn of_pattern(pattern: &str) -> Self {
+        Shape {
+            slashes: slashes(pattern),
+            length: (!pattern.contains("{}")).then_some(pattern.len()),
+        }
+    }
+
+    fn admits(self, path_slashes: usize, path_length: usize) -> bool {
+        self.slashes == path_slashes && self.length.is_none_or(|length| length == path_length)
+    }
+}
+
+fn slashes(path: &str) -> usize {
+    path.bytes().filter(|&b| b == b'/').count()
 }
 
 impl RouteTable {
@@ -485,14 +513,19 @@ impl RouteTable {
             }
             None => {}
         }
-        Self { routes }
+        let shapes = routes
+            .iter()
+            .map(|r| Shape::of_pattern(r.pattern))
+            .collect();
+        Self { routes, shapes }
     }
 
     /// `path` must already be normalised (see `path::normalise`).
     pub fn classify(&self, method: &Method, path: &str) -> Result<&Route, ProxyError> {
         let mut path_matched = false;
-        for route in &self.routes {
-            if route.matches_path(path) {
+        let (path_slashes, path_length) = (slashes(path), path.len());
+        for (route, shape) in self.routes.iter().zip(&self.shapes) {
+            if shape.admits(path_slashes, path_length) && route.matches_path(path) {
                 if route.methods.contains(method) {
                     return Ok(route);
                 }
@@ -601,6 +634,23 @@ mod tests {
             header.classify(&Method::POST, "/otlp/v1/logs").is_err(),
             "no logs upstream"
         );
+    }
+
+    /// The shape filter never hides a route: in every configuration, each
+    /// route's own path (wildcards filled in) and methods classify to a
+    /// route with the same pattern.
+    #[test]
+    fn every_route_is_reachable_by_its_own_path() {
+        for metrics in [None, Some(MetricsMode::Label), Some(MetricsMode::Header)] {
+            let table = RouteTable::new(true, metrics, true);
+            for route in &table.routes {
+                let path = route.pattern.replace("{}", "x-1");
+                for method in route.methods {
+                    let found = table.classify(method, &path).unwrap();
+                    assert_eq!(found.pattern, route.pattern, "{method} {path}");
+                }
+            }
+        }
     }
 
     #[test]
