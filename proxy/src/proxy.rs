@@ -267,13 +267,23 @@ impl AppState {
 struct Outcome {
     path: Option<String>,
     surface: Option<&'static str>,
-    tenant: Option<String>,
-    username: Option<String>,
+    /// Once authenticated: the tenant and the username (shared, not copied).
+    credential: Option<Arc<Credential>>,
     /// Counts the request as in flight until its response body is done.
     admitted: Option<Admitted>,
     /// An OTLP route: errors are OTLP `Status` messages, JSON when the
     /// request was JSON (`Some(true)`), protobuf otherwise.
     otlp_json: Option<bool>,
+}
+
+impl Outcome {
+    fn tenant(&self) -> Option<&str> {
+        self.credential.as_ref().map(|c| c.tenant.id.as_str())
+    }
+
+    fn username(&self) -> Option<&str> {
+        self.credential.as_ref().map(|c| c.username.as_str())
+    }
 }
 
 pub async fn handle(
@@ -316,11 +326,9 @@ pub async fn handle(
                 tracing::warn!(error = %cause, "upstream request failed");
             }
             if let ProxyError::TenantLimited(refusal) = &error {
-                state.metrics.count_limited(
-                    outcome.tenant.as_deref(),
-                    outcome.surface,
-                    refusal.limit(),
-                );
+                state
+                    .metrics
+                    .count_limited(outcome.tenant(), outcome.surface, refusal.limit());
             }
             if let ProxyError::Overloaded = &error {
                 state
@@ -338,7 +346,7 @@ pub async fn handle(
         .metrics
         .requests
         .get_or_create(&RequestLabels {
-            tenant: outcome.tenant.clone().unwrap_or_default(),
+            tenant: outcome.tenant().unwrap_or_default().to_owned(),
             surface: outcome.surface.unwrap_or("none"),
             status_class: metrics::status_class(status),
         })
@@ -348,8 +356,8 @@ pub async fn handle(
         method = %method,
         path = outcome.path.as_deref().unwrap_or("-"),
         surface = outcome.surface.unwrap_or("none"),
-        tenant = outcome.tenant.as_deref().unwrap_or("-"),
-        user = outcome.username.as_deref().unwrap_or("-"),
+        tenant = outcome.tenant().unwrap_or("-"),
+        user = outcome.username().unwrap_or("-"),
         client = %peer.ip(),
         status = status.as_u16(),
         duration_ms = started.elapsed().as_secs_f64() * 1000.0,
@@ -360,7 +368,7 @@ pub async fn handle(
     let span_end = span.record(
         outcome.path.as_deref(),
         outcome.surface,
-        outcome.tenant.as_deref(),
+        outcome.tenant(),
         status,
         failure,
     );
@@ -393,8 +401,7 @@ async fn proxy(
         .current()
         .ok_or(ProxyError::TenantsNotLoaded)?;
     let credential = authenticate(state, &store, &request, peer).await?;
-    outcome.tenant = Some(credential.tenant.id.to_string());
-    outcome.username = Some(credential.username.clone());
+    outcome.credential = Some(credential.clone());
     if !credential.scopes.contains(route.scope) {
         return Err(ProxyError::MissingScope(route.scope));
     }

@@ -42,16 +42,27 @@ use crate::config::AuthConfig;
 use crate::http::error::ProxyError;
 use crate::tenants::{Credential, TenantStore};
 
-/// What a client presented. `Debug` never prints the password.
+/// What a client presented: the decoded `user:password`, split at the
+/// first `:`. `Debug` never prints the password.
 pub struct BasicCredentials {
-    pub username: String,
-    password: String,
+    decoded: String,
+    colon: usize,
+}
+
+impl BasicCredentials {
+    pub fn username(&self) -> &str {
+        &self.decoded[..self.colon]
+    }
+
+    fn password(&self) -> &str {
+        &self.decoded[self.colon + 1..]
+    }
 }
 
 impl fmt::Debug for BasicCredentials {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BasicCredentials")
-            .field("username", &self.username)
+            .field("username", &self.username())
             .field("password", &"**REDACTED**")
             .finish()
     }
@@ -107,13 +118,8 @@ pub fn parse_basic(headers: &HeaderMap) -> Result<BasicCredentials, AuthFailure>
         .map_err(|_| AuthFailure::MalformedHeader)?;
     let decoded = String::from_utf8(decoded).map_err(|_| AuthFailure::MalformedHeader)?;
     // RFC 7617: the user-id ends at the first ':'; the password may contain ':'.
-    let (username, password) = decoded
-        .split_once(':')
-        .ok_or(AuthFailure::MalformedHeader)?;
-    Ok(BasicCredentials {
-        username: username.to_owned(),
-        password: password.to_owned(),
-    })
+    let colon = decoded.find(':').ok_or(AuthFailure::MalformedHeader)?;
+    Ok(BasicCredentials { decoded, colon })
 }
 
 // === impl Authenticator ===
@@ -171,7 +177,7 @@ impl Authenticator {
     ) -> Result<Arc<Credential>, AuthFailure> {
         let presented = parse_basic(headers)?;
         let digest = self.digest(&presented);
-        let credential = store.credential(&presented.username).cloned();
+        let credential = store.credential(presented.username()).cloned();
 
         if let Some(credential) = &credential {
             if self.cached_fingerprint(&digest) == Some(credential.fingerprint) {
@@ -181,13 +187,13 @@ impl Authenticator {
 
         let now = Instant::now();
         self.per_user
-            .check(&presented.username, now)
+            .check(presented.username(), now)
             .and_then(|()| self.per_client.check(&client, now))
             .map_err(AuthFailure::Throttled)?;
 
         let key = (digest, credential.as_ref().map(|c| c.fingerprint));
         let accepted = self
-            .verify_once(key, credential.clone(), presented.password)
+            .verify_once(key, credential.clone(), presented.password().to_owned())
             .await?;
         match credential {
             Some(credential) if accepted => {
@@ -196,7 +202,8 @@ impl Authenticator {
             }
             known => {
                 let now = Instant::now();
-                self.per_user.record_failure(presented.username, now);
+                self.per_user
+                    .record_failure(presented.username().to_owned(), now);
                 self.per_client.record_failure(client, now);
                 Err(if known.is_some() {
                     AuthFailure::WrongPassword
@@ -262,9 +269,8 @@ impl Authenticator {
     fn digest(&self, presented: &BasicCredentials) -> [u8; 32] {
         let mut hasher = blake3::Hasher::new_keyed(&self.digest_key);
         // Length prefix: ("ab","c") and ("a","bc") must not collide.
-        hasher.update(&(presented.username.len() as u64).to_le_bytes());
-        hasher.update(presented.username.as_bytes());
-        hasher.update(presented.password.as_bytes());
+        hasher.update(&(presented.colon as u64).to_le_bytes());
+        hasher.update(presented.decoded.as_bytes());
         *hasher.finalize().as_bytes()
     }
 
@@ -343,7 +349,7 @@ mod tests {
     #[test]
     fn parses_basic_with_colon_in_password() {
         let c = parse_basic(&basic("u", "p:w")).unwrap();
-        assert_eq!((c.username.as_str(), c.password.as_str()), ("u", "p:w"));
+        assert_eq!((c.username(), c.password()), ("u", "p:w"));
         assert!(!format!("{c:?}").contains("p:w"));
     }
 

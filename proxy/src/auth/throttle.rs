@@ -1,6 +1,7 @@
 //! Counting failed authentications per key (username, client address) in a
 //! fixed window, so a password-guessing client cannot keep argon2 busy.
 
+use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::Mutex;
@@ -33,7 +34,11 @@ impl<K: Hash + Eq> FailureThrottle<K> {
     }
 
     /// `Err(retry_after)` when `key` has used up its failures in this window.
-    pub fn check(&self, key: &K, now: Instant) -> Result<(), Duration> {
+    pub fn check<Q>(&self, key: &Q, now: Instant) -> Result<(), Duration>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         if self.limit == 0 {
             return Ok(());
         }

@@ -30,14 +30,21 @@ pub fn empty() -> ProxyBody {
 /// as they pass, if one applies.
 pub struct Guarded<B> {
     inner: B,
-    deadline: Pin<Box<tokio::time::Sleep>>,
+    /// `None` for a body known to be empty (most queries): nothing to wait
+    /// for, so no timer is set up and torn down for it.
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     meter: Option<ByteMeter>,
 }
 
-pub fn guarded<B>(inner: B, timeout: Duration, meter: Option<ByteMeter>) -> Guarded<B> {
+pub fn guarded<B: hyper::body::Body>(
+    inner: B,
+    timeout: Duration,
+    meter: Option<ByteMeter>,
+) -> Guarded<B> {
+    let deadline = (!inner.is_end_stream()).then(|| Box::pin(tokio::time::sleep(timeout)));
     Guarded {
         inner,
-        deadline: Box::pin(tokio::time::sleep(timeout)),
+        deadline,
         meter,
     }
 }
@@ -60,8 +67,10 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
-        if this.deadline.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(Some(Err(Box::new(BodyTimeout))));
+        if let Some(deadline) = &mut this.deadline {
+            if deadline.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Some(Err(Box::new(BodyTimeout))));
+            }
         }
         let frame = ready!(Pin::new(&mut this.inner).poll_frame(cx));
         if let (Some(meter), Some(Ok(frame))) = (&this.meter, &frame) {
