@@ -55,6 +55,12 @@ enum Command {
     },
 }
 
+/// musl's allocator is the slow part of a musl build (the container image);
+/// see `[target.'cfg(target_env = "musl")'.dependencies]` in Cargo.toml.
+#[cfg(target_env = "musl")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     tenant_proxy::ops::process::init_logging(&cli.log_format).map_err(anyhow::Error::msg)?;
