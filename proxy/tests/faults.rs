@@ -4,7 +4,8 @@
 //! (502 on queries, 503 on pushes so senders retry, 504 for a stall; a
 //! truncated body is never passed off as complete: a query's ends in an
 //! error, a push's becomes a 503) and, once the upstream
-//! behaves again, serves normally without a restart.
+//! behaves again, serves normally without a restart. A client that hangs
+//! up mid-query has its upstream request cancelled.
 
 mod support;
 
@@ -193,4 +194,45 @@ async fn an_answer_cut_off_by_the_upstream_is_never_passed_off_as_complete() {
     upstream.set(Fault::Healthy);
     assert_eq!(query(&proxy).await, StatusCode::OK);
     assert_eq!(push(&proxy).await, StatusCode::OK);
+}
+
+/// A client that hangs up while its query waits for the upstream (Grafana
+/// cancelling a panel's query): the proxy notices and closes its upstream
+/// connection, so the backend can stop working on the query.
+#[tokio::test]
+async fn a_client_that_hangs_up_mid_query_has_its_upstream_request_cancelled() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (arrived_tx, arrived) = tokio::sync::oneshot::channel();
+    let (closed_tx, closed) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        let mut buf = vec![0; 64 * 1024];
+        let _ = stream.read(&mut buf).await;
+        let _ = arrived_tx.send(());
+        // Never answers: the next read ends only when the proxy closes.
+        let read = stream.read(&mut buf).await;
+        let _ = closed_tx.send(matches!(read, Ok(0) | Err(_)));
+    });
+    let mut options = ProxyOptions::new(format!("http://{addr}"));
+    // Far beyond the test's bounds: a close can only come from the hang-up.
+    options.limits = "  upstream_timeout: 300s\n";
+    let proxy = RunningProxy::start(options).await;
+
+    let mut client = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let head = format!(
+        "GET {QUERY} HTTP/1.1\r\nhost: proxy\r\nauthorization: {}\r\n\r\n",
+        basic("alice", "alice-pw")
+    );
+    client.write_all(head.as_bytes()).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), arrived)
+        .await
+        .expect("the query reaches the upstream")
+        .unwrap();
+    drop(client);
+    let closed = tokio::time::timeout(Duration::from_secs(10), closed)
+        .await
+        .expect("the upstream connection is closed once the client has hung up")
+        .unwrap();
+    assert!(closed, "closed, with nothing more sent");
 }
