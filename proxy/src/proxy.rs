@@ -382,9 +382,11 @@ async fn proxy(
     outcome: &mut Outcome,
     span: Option<&RequestSpan>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
-    let path = path::normalise(request.uri().path()).map_err(ProxyError::BadPath)?;
-    outcome.path = Some(path.clone());
-    let route = state.routes.classify(request.method(), &path)?;
+    // Kept once, in the outcome (for the access log), and borrowed from there.
+    let path: &str = outcome
+        .path
+        .insert(path::normalise(request.uri().path()).map_err(ProxyError::BadPath)?);
+    let route = state.routes.classify(request.method(), path)?;
     outcome.surface = Some(route.surface());
     if route.operation.is_otlp() {
         let content_type = request.headers().get(header::CONTENT_TYPE);
@@ -486,7 +488,7 @@ async fn proxy(
         }
         Operation::Alertmanager(call) => {
             let tenant = target.alerts_tenant(&credential.tenant)?;
-            alertmanager_request(state, target, call, &path, &mut parts, body, &tenant).await?
+            alertmanager_request(state, target, call, path, &mut parts, body, &tenant).await?
         }
         Operation::OtlpMetrics => {
             let tenant = target.remote_write_label(&credential.tenant)?;
@@ -518,18 +520,27 @@ async fn proxy(
         // The response is parsed to be filtered: ask for it uncompressed.
         parts.headers.remove(header::ACCEPT_ENCODING);
     }
-    parts.uri = target
-        .upstream_for(route.operation)
-        .uri_for(target.upstream_path(route, &path), query.as_deref())
+    let upstream = target.upstream_for(route.operation);
+    parts.uri = upstream
+        .uri_reusing(
+            target.upstream_path(route, path),
+            query.as_deref(),
+            &parts.uri,
+        )
         .map_err(|e| ProxyError::Internal(format!("cannot build upstream URI: {e}")))?;
     parts.version = http::Version::HTTP_11;
-    let tenant_id = credential.tenant.id.as_str();
     upstream::prepare_request_headers(
         &mut parts.headers,
         peer.ip(),
-        target.tenant_header.as_ref().map(|name| (name, tenant_id)),
+        target
+            .tenant_header
+            .as_ref()
+            .map(|name| (name, credential.tenant.header_value())),
         upgrade,
     )?;
+    if let Some(host) = &upstream.host {
+        parts.headers.insert(header::HOST, host.clone());
+    }
     if let Some(policy) = label_policy {
         parts.headers.insert(X_PROM_LABEL_POLICY, policy);
     }

@@ -1,6 +1,7 @@
 //! Header names the proxy reads, strips or sets, in one place.
 
-use http::header::HeaderName;
+use http::header::{HeaderName, HeaderValue};
+use http::uri::{Authority, Scheme};
 
 /// The tenant header of Loki, Mimir and Cortex. Always stripped from the
 /// client's request and set from the authenticated credential.
@@ -47,8 +48,34 @@ pub fn label_policy(tenant: &str, selector: &str) -> http::HeaderValue {
     http::HeaderValue::from_str(&format!("{tenant}:{encoded}")).expect("an ASCII header value")
 }
 
+/// The `Host` an origin server expects for `scheme://authority`: the
+/// authority without the scheme's default port. `None` if it cannot be a
+/// header value.
+pub fn host_value(scheme: &Scheme, authority: &Authority) -> Option<HeaderValue> {
+    let default_port = if *scheme == Scheme::HTTPS { 443 } else { 80 };
+    let host = match authority.port_u16() {
+        Some(port) if port != default_port => authority.as_str(),
+        _ => authority.host(),
+    };
+    HeaderValue::from_str(host).ok()
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn host_drops_only_the_schemes_default_port() {
+        let host = |uri: &str| {
+            let uri: http::Uri = uri.parse().unwrap();
+            super::host_value(uri.scheme().unwrap(), uri.authority().unwrap()).unwrap()
+        };
+        assert_eq!(host("http://loki:80/"), "loki");
+        assert_eq!(host("http://loki/"), "loki");
+        assert_eq!(host("http://loki:3100/"), "loki:3100");
+        assert_eq!(host("https://loki:443/"), "loki");
+        assert_eq!(host("https://loki:80/"), "loki:80");
+        assert_eq!(host("http://[::1]:3100/"), "[::1]:3100");
+    }
+
     #[test]
     fn label_policy_is_tenant_colon_percent_encoded_selector() {
         let value = super::label_policy("team-a", r#"{app="pay ments", env=~"a|b"}"#);

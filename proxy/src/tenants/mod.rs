@@ -9,6 +9,8 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
+use http::HeaderValue;
+
 use crate::auth::password::Verifier;
 use crate::config::TenantLimitsOverride;
 use crate::enforce::promql::{CredentialSelector, TenantMatcher};
@@ -45,6 +47,10 @@ impl TenantId {
 
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    fn header_value(&self) -> HeaderValue {
+        HeaderValue::from_str(&self.0).expect("a tenant id's characters are all valid in a header")
     }
 }
 
@@ -216,6 +222,9 @@ pub struct Tenant {
     /// Built on first use: a multi-value matcher compiles a regex (~100 µs),
     /// which must not happen per request.
     metrics_matcher: OnceLock<TenantMatcher>,
+    /// `id` as the tenant header's value, built on first use: once per
+    /// tenant that sends requests, not once per request.
+    header_value: OnceLock<HeaderValue>,
 }
 
 impl Tenant {
@@ -225,7 +234,13 @@ impl Tenant {
             namespaces,
             limits: None,
             metrics_matcher: OnceLock::new(),
+            header_value: OnceLock::new(),
         }
+    }
+
+    /// The tenant header's value (`X-Scope-OrgID` and the like).
+    pub fn header_value(&self) -> &HeaderValue {
+        self.header_value.get_or_init(|| self.id.header_value())
     }
 
     /// The label-mode matcher for this tenant. `label` is the process-wide
@@ -351,6 +366,16 @@ impl TenantStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_tenant_id_is_its_own_header_value() {
+        let every_allowed: String = (0..=127u8)
+            .map(char::from)
+            .filter(|c| is_tenant_id_char(*c))
+            .collect();
+        let tenant = Tenant::new(TenantId::parse(&every_allowed).unwrap(), vec![]);
+        assert_eq!(tenant.header_value().as_bytes(), every_allowed.as_bytes());
+    }
 
     #[test]
     fn tenant_id_rejects_multi_tenant_and_metadata_separators() {

@@ -17,7 +17,7 @@ use std::task::{ready, Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::header::{self, HeaderValue};
+use http::header;
 use http::uri::{Authority, Scheme};
 use http::{Request, Response, Uri};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
@@ -29,6 +29,7 @@ use tokio::net::TcpStream;
 use tower_service::Service;
 
 use crate::http::body::{BoxError, ProxyBody};
+use crate::http::headers;
 
 /// How long a parked connection may wait for its next request. Shorter
 /// than the idle timeouts upstreams commonly use (Loki's 120 s), so the
@@ -197,15 +198,7 @@ impl Key {
 /// the scheme's default port).
 fn prepare(request: &mut Request<ProxyBody>, key: &Key) {
     if !request.headers().contains_key(header::HOST) {
-        let default_port = match key.scheme.as_str() {
-            "https" => 443,
-            _ => 80,
-        };
-        let host = match key.authority.port_u16() {
-            Some(port) if port != default_port => HeaderValue::from_str(key.authority.as_str()),
-            _ => HeaderValue::from_str(key.authority.host()),
-        };
-        if let Ok(host) = host {
+        if let Some(host) = headers::host_value(&key.scheme, &key.authority) {
             request.headers_mut().insert(header::HOST, host);
         }
     }
