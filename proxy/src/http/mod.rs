@@ -7,4 +7,5 @@ pub mod error;
 pub mod headers;
 pub mod path;
 pub mod server;
+pub mod timer;
 pub mod tls;

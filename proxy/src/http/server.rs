@@ -19,6 +19,7 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::config::Limits;
 use crate::http::body::ProxyBody;
+use crate::http::timer::ReusingTimer;
 use crate::http::tls::CurrentTls;
 
 /// A shutdown signal many tasks can wait on.
@@ -61,7 +62,8 @@ pub async fn serve_connections<H, F>(
     // buffer per request (docs/benchmarks.md); the cancellation is worth it.
     builder
         .http1()
-        .timer(TokioTimer::new())
+        // Reused timers: hyper arms one per request head (http/timer.rs).
+        .timer(ReusingTimer)
         .header_read_timeout(limits.header_read_timeout)
         .max_buf_size(limits.max_header_bytes)
         .max_headers(limits.max_header_count);

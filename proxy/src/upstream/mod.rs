@@ -5,7 +5,10 @@ pub mod tls;
 
 pub use client::{HttpClient, UpstreamBody, UpstreamError};
 
+use std::future::{poll_fn, Future};
 use std::net::IpAddr;
+use std::pin::{pin, Pin};
+use std::task::Poll;
 use std::time::Duration;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -18,6 +21,7 @@ use crate::config::UpstreamTls;
 use crate::http::body::ProxyBody;
 use crate::http::error::ProxyError;
 use crate::http::headers::{IDENTITY_HEADERS, KEEP_ALIVE, PROXY_CONNECTION, X_FORWARDED_FOR};
+use crate::http::timer::{ReusedSleep, Wait};
 
 /// A client for the upstreams: connections are reused across requests and
 /// tenants (the tenant travels in a header, not the connection).
@@ -152,10 +156,19 @@ pub async fn send(
     timeout: Duration,
     body_limit: u64,
 ) -> Result<Response<UpstreamBody>, ProxyError> {
-    match tokio::time::timeout(timeout, client.request(request)).await {
-        Err(_) => Err(ProxyError::UpstreamTimeout),
-        Ok(Ok(response)) => Ok(response),
-        Ok(Err(e)) => Err(client_body_fault(&e, body_limit)
+    // `tokio::time::timeout` with a reused timer (http/timer.rs): the
+    // answer is polled first, then the deadline.
+    let mut deadline = ReusedSleep::until(Wait::Upstream, tokio::time::Instant::now() + timeout);
+    let mut answered = pin!(client.request(request));
+    let answered = poll_fn(|cx| match answered.as_mut().poll(cx) {
+        Poll::Ready(answered) => Poll::Ready(Some(answered)),
+        Poll::Pending => Pin::new(&mut deadline).poll(cx).map(|()| None),
+    })
+    .await;
+    match answered {
+        None => Err(ProxyError::UpstreamTimeout),
+        Some(Ok(response)) => Ok(response),
+        Some(Err(e)) => Err(client_body_fault(&e, body_limit)
             .unwrap_or_else(|| ProxyError::UpstreamUnavailable(Box::new(e)))),
     }
 }
