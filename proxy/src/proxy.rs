@@ -44,7 +44,7 @@ use crate::http::headers::{self, RW_SAMPLES_WRITTEN, X_PROM_LABEL_POLICY, X_SCOP
 use crate::http::path;
 use crate::ops::access_log;
 use crate::ops::metrics::{
-    self, Metrics, ReasonLabels, RequestLabels, SurfaceLabels, TenantActionLabels, TenantLabels,
+    self, Metrics, ReasonLabels, SurfaceLabels, TenantActionLabels, TenantLabels,
 };
 use crate::ops::otel::{RequestSpan, Tracing};
 use crate::routes::{
@@ -342,15 +342,14 @@ pub async fn handle(
         }
     };
     let status = response.status();
-    state
-        .metrics
-        .requests
-        .get_or_create(&RequestLabels {
-            tenant: outcome.tenant().unwrap_or_default().to_owned(),
-            surface: outcome.surface.unwrap_or("none"),
-            status_class: metrics::status_class(status),
-        })
-        .inc();
+    state.metrics.count_request(
+        outcome
+            .credential
+            .as_ref()
+            .map(|c| (c.tenant.id.as_str(), &c.tenant.request_counters)),
+        outcome.surface.unwrap_or("none"),
+        metrics::status_class(status),
+    );
     tracing::info!(
         target: access_log::TARGET,
         method = %method,

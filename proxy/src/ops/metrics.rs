@@ -3,6 +3,7 @@
 //! reason, kind): never a username, path or query.
 
 use std::sync::atomic::AtomicU64;
+use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -305,7 +306,47 @@ impl Default for Metrics {
     }
 }
 
+/// One tenant's series of `requests`, by surface and status class, kept
+/// once used (with the tenant, `Tenant::request_counters`). Looking the
+/// label set up in the family hashes the tenant's name on every request,
+/// about 1.5 % of a Loki request's instructions (callgrind); the family
+/// never drops a series, so a kept counter is the one exported.
+#[derive(Debug, Default)]
+pub struct TenantRequestCounters(Mutex<Vec<(&'static str, &'static str, Counter)>>);
+
 impl Metrics {
+    /// Counts a finished request; `tenant` once it was authenticated.
+    pub fn count_request(
+        &self,
+        tenant: Option<(&str, &TenantRequestCounters)>,
+        surface: &'static str,
+        status_class: &'static str,
+    ) {
+        let labels = |tenant: &str| RequestLabels {
+            tenant: tenant.to_owned(),
+            surface,
+            status_class,
+        };
+        let Some((tenant, kept)) = tenant else {
+            self.requests.get_or_create(&labels("")).inc();
+            return;
+        };
+        let mut kept = kept.0.lock().unwrap_or_else(|e| e.into_inner());
+        match kept
+            .iter()
+            .find(|(s, c, _)| *s == surface && *c == status_class)
+        {
+            Some((_, _, counter)) => {
+                counter.inc();
+            }
+            None => {
+                let counter = self.requests.get_or_create(&labels(tenant)).clone();
+                counter.inc();
+                kept.push((surface, status_class, counter));
+            }
+        }
+    }
+
     pub fn count_limited(
         &self,
         tenant: Option<&str>,
@@ -351,5 +392,34 @@ pub fn status_class(status: http::StatusCode) -> &'static str {
         300..=399 => "3xx",
         400..=499 => "4xx",
         _ => "5xx",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tenants_kept_counters_count_into_the_exported_series() {
+        let metrics = Metrics::default();
+        let (a, b) = (
+            TenantRequestCounters::default(),
+            TenantRequestCounters::default(),
+        );
+        for _ in 0..3 {
+            metrics.count_request(Some(("team-a", &a)), "logs_query", "2xx");
+        }
+        metrics.count_request(Some(("team-a", &a)), "logs_query", "5xx");
+        metrics.count_request(Some(("team-b", &b)), "logs_query", "2xx");
+        metrics.count_request(None, "none", "4xx");
+        let text = metrics.encode();
+        for series in [
+            r#"tenant_proxy_requests_total{tenant="team-a",surface="logs_query",status_class="2xx"} 3"#,
+            r#"tenant_proxy_requests_total{tenant="team-a",surface="logs_query",status_class="5xx"} 1"#,
+            r#"tenant_proxy_requests_total{tenant="team-b",surface="logs_query",status_class="2xx"} 1"#,
+            r#"tenant_proxy_requests_total{tenant="",surface="none",status_class="4xx"} 1"#,
+        ] {
+            assert!(text.contains(series), "{series} in\n{text}");
+        }
     }
 }

@@ -14,6 +14,7 @@ use http::HeaderValue;
 use crate::auth::password::Verifier;
 use crate::config::TenantLimitsOverride;
 use crate::enforce::promql::{CredentialSelector, TenantMatcher};
+use crate::ops::metrics::TenantRequestCounters;
 
 // === impl TenantId ===
 
@@ -225,6 +226,8 @@ pub struct Tenant {
     /// `id` as the tenant header's value, built on first use: once per
     /// tenant that sends requests, not once per request.
     header_value: OnceLock<HeaderValue>,
+    /// This tenant's request counters, once used.
+    pub request_counters: TenantRequestCounters,
 }
 
 impl Tenant {
@@ -235,6 +238,7 @@ impl Tenant {
             limits: None,
             metrics_matcher: OnceLock::new(),
             header_value: OnceLock::new(),
+            request_counters: TenantRequestCounters::default(),
         }
     }
 
