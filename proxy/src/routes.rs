@@ -441,30 +441,17 @@ pub const LOKI_ROUTES: &[Route] = &[
 #[derive(Debug)]
 pub struct RouteTable {
     routes: Vec<Route>,
-    /// Each route's `Shape`, by index: most routes are ruled out on it
-    /// without comparing a segment.
-    shapes: Vec<Shape>,
+    /// At index `n`, the routes whose pattern has `n` slashes, in table
+    /// order (the first match wins): a path is compared only with those.
+    by_slashes: Vec<Vec<Candidate>>,
 }
 
-/// What a path must have for a pattern to match it: as many `/`, and, for a
-/// pattern without `{}`, its exact length.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Shape {
-    slashes: usize,
+/// A route a path of the right number of slashes may match, and, for a
+/// pattern without `{}`, the length the path must have.
+#[derive(Clone, Copy, Debug)]
+struct Candidate {
+    route: usize,
     length: Option<usize>,
-}
-
-impl Shape {
-    fn of_pattern(pattern: &str) -> Self {
-        Shape {
-            slashes: slashes(pattern),
-            length: (!pattern.contains("{}")).then_some(pattern.len()),
-        }
-    }
-
-    fn admits(self, path_slashes: usize, path_length: usize) -> bool {
-        self.slashes == path_slashes && self.length.is_none_or(|length| length == path_length)
-    }
 }
 
 fn slashes(path: &str) -> usize {
@@ -516,19 +503,35 @@ impl RouteTable {
             }
             None => {}
         }
-        let shapes = routes
-            .iter()
-            .map(|r| Shape::of_pattern(r.pattern))
-            .collect();
-        Self { routes, shapes }
+        let mut by_slashes: Vec<Vec<Candidate>> = Vec::new();
+        for (index, route) in routes.iter().enumerate() {
+            let n = slashes(route.pattern);
+            if by_slashes.len() <= n {
+                by_slashes.resize_with(n + 1, Vec::new);
+            }
+            by_slashes[n].push(Candidate {
+                route: index,
+                length: (!route.pattern.contains("{}")).then_some(route.pattern.len()),
+            });
+        }
+        Self { routes, by_slashes }
     }
 
     /// `path` must already be normalised (see `path::normalise`).
     pub fn classify(&self, method: &Method, path: &str) -> Result<&Route, ProxyError> {
         let mut path_matched = false;
-        let (path_slashes, path_length) = (slashes(path), path.len());
-        for (route, shape) in self.routes.iter().zip(&self.shapes) {
-            if shape.admits(path_slashes, path_length) && route.matches_path(path) {
+        let candidates = self
+            .by_slashes
+            .get(slashes(path))
+            .map_or(&[][..], Vec::as_slice);
+        for candidate in candidates {
+            let route = &self.routes[candidate.route];
+            let matches = match candidate.length {
+                // No `{}`: the segments match exactly when the strings do.
+                Some(length) => length == path.len() && route.pattern == path,
+                None => route.matches_path(path),
+            };
+            if matches {
                 if route.methods.contains(method) {
                     return Ok(route);
                 }
@@ -642,6 +645,33 @@ mod tests {
     /// The shape filter never hides a route: in every configuration, each
     /// route's own path (wildcards filled in) and methods classify to a
     /// route with the same pattern.
+    /// Which route a path matches never depends on the table's order, so
+    /// the lookup may visit candidates in any order it likes.
+    #[test]
+    fn no_path_matches_two_routes_of_one_configuration() {
+        let overlap = |a: &str, b: &str| {
+            let (a, b): (Vec<_>, Vec<_>) = (a.split('/').collect(), b.split('/').collect());
+            a.len() == b.len()
+                && a.iter()
+                    .zip(&b)
+                    .all(|(x, y)| x == y || *x == "{}" || *y == "{}")
+        };
+        for metrics in [None, Some(MetricsMode::Label), Some(MetricsMode::Header)] {
+            let table = RouteTable::new(true, metrics, true);
+            for (i, a) in table.routes.iter().enumerate() {
+                for b in &table.routes[i + 1..] {
+                    let shared_method = a.methods.iter().any(|m| b.methods.contains(m));
+                    assert!(
+                        !(shared_method && overlap(a.pattern, b.pattern)),
+                        "{} and {} ({metrics:?})",
+                        a.pattern,
+                        b.pattern
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn every_route_is_reachable_by_its_own_path() {
         for metrics in [None, Some(MetricsMode::Label), Some(MetricsMode::Header)] {
