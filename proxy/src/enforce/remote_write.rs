@@ -172,6 +172,10 @@ pub struct Stats {
 struct Scratch {
     decompressed: Vec<u8>,
     rewritten: Vec<u8>,
+    /// The encoder's output, sized for the worst case: a fresh zeroed
+    /// buffer per request cost more than compressing into it (snappy
+    /// writes only into initialised memory).
+    recompressed: Vec<u8>,
     /// Keeps its hash table between requests.
     encoder: snap::raw::Encoder,
 }
@@ -180,6 +184,7 @@ thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch {
         decompressed: Vec::new(),
         rewritten: Vec::new(),
+        recompressed: Vec::new(),
         encoder: snap::raw::Encoder::new(),
     });
 }
@@ -212,7 +217,11 @@ pub fn rewrite_body(
     SCRATCH.with(|scratch| {
         let scratch = &mut *scratch.borrow_mut();
         let result = rewrite_in(version, compressed, size as usize, tenant, scratch);
-        for buffer in [&mut scratch.decompressed, &mut scratch.rewritten] {
+        for buffer in [
+            &mut scratch.decompressed,
+            &mut scratch.rewritten,
+            &mut scratch.recompressed,
+        ] {
             if buffer.capacity() > KEEP_SCRATCH_BYTES {
                 *buffer = Vec::new();
             }
@@ -243,13 +252,15 @@ fn rewrite_in(
     if scratch.rewritten == scratch.decompressed[..n] {
         return Ok((Rewritten::Unchanged, stats));
     }
-    let mut recompressed = vec![0; snap::raw::max_compress_len(scratch.rewritten.len())];
+    let bound = snap::raw::max_compress_len(scratch.rewritten.len());
+    if scratch.recompressed.len() < bound {
+        scratch.recompressed.resize(bound, 0);
+    }
     let n = scratch
         .encoder
-        .compress(&scratch.rewritten, &mut recompressed)
+        .compress(&scratch.rewritten, &mut scratch.recompressed[..bound])
         .map_err(snappy)?;
-    recompressed.truncate(n);
-    Ok((Rewritten::Body(recompressed), stats))
+    Ok((Rewritten::Body(scratch.recompressed[..n].to_vec()), stats))
 }
 
 /// Rewrites a decompressed message.
