@@ -41,6 +41,7 @@ pub fn fields(message: &[u8]) -> Fields<'_> {
 impl<'a> Iterator for Fields<'a> {
     type Item = Result<Field<'a>, WireError>;
 
+    #[inline]
     fn next(&mut self) -> Option<Self::Item> {
         if self.rest.is_empty() || self.failed {
             return None;
@@ -52,7 +53,31 @@ impl<'a> Iterator for Fields<'a> {
 }
 
 impl<'a> Fields<'a> {
+    #[inline]
     fn read_field(&mut self) -> Result<Field<'a>, WireError> {
+        // Most fields of a batch are short strings and messages (labels,
+        // attributes) with a one-byte key and a one-byte length: read
+        // those without the general path's varint loops.
+        if let [key, len, ref payload @ ..] = *self.rest {
+            let len = usize::from(len);
+            if key & 0x87 == LEN && key >= 0x08 && len < 0x80 && payload.len() >= len {
+                let (raw, rest) = self.rest.split_at(2 + len);
+                self.rest = rest;
+                return Ok(Field {
+                    tag: u32::from(key >> 3),
+                    wire_type: LEN,
+                    payload: &raw[2..],
+                    raw,
+                });
+            }
+        }
+        self.read_any_field()
+    }
+
+    /// The general path, kept out of line so that the short one above
+    /// inlines into the loops that call it.
+    #[inline(never)]
+    fn read_any_field(&mut self) -> Result<Field<'a>, WireError> {
         let start = self.rest;
         let key = read_varint(&mut self.rest)?;
         let tag = u32::try_from(key >> 3).map_err(|_| WireError("field number out of range"))?;
@@ -266,5 +291,49 @@ mod tests {
         assert_eq!(label_name(&trailing), Ok(&b"namespace"[..]));
         let value_first = label(&[(2, b"v"), (1, b"namespace")]);
         assert_eq!(label_name(&value_first), Ok(&b"namespace"[..]));
+    }
+
+    /// The fields of `message` as the general path alone reads them.
+    fn read_the_long_way(message: &[u8]) -> Vec<Result<Field<'_>, WireError>> {
+        let mut fields = fields(message);
+        let mut read = Vec::new();
+        while !fields.rest.is_empty() {
+            let field = fields.read_any_field();
+            let failed = field.is_err();
+            read.push(field);
+            if failed {
+                break;
+            }
+        }
+        read
+    }
+
+    /// Bytes that are mostly fields, short and long, with some noise: the
+    /// short path's edges (field 0, a key of two bytes, a length of 127 or
+    /// 128, a payload a byte short) come up often.
+    fn message_like() -> impl proptest::strategy::Strategy<Value = Vec<u8>> {
+        use proptest::prelude::*;
+        let key = prop_oneof![
+            Just(0x02u8), // field 0
+            Just(0x0a),
+            Just(0x7a), // field 15, the last one-byte key
+            Just(0x82), // the first byte of a two-byte key
+            0x08..0x80u8,
+            any::<u8>(),
+        ];
+        let len = prop_oneof![0..0x80u8, Just(0x7f), Just(0x80), Just(0x81), any::<u8>()];
+        let field = (key, len, -2i16..=2, any::<u8>()).prop_map(|(key, len, slack, fill)| {
+            let payload = (i16::from(len & 0x7f) + slack).max(0) as usize;
+            [vec![key, len], vec![fill; payload]].concat()
+        });
+        prop::collection::vec(field, 0..6).prop_map(|fields| fields.concat())
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_short_path_reads_what_the_general_path_reads(message in message_like()) {
+            let short: Vec<_> = fields(&message).collect();
+            proptest::prop_assert_eq!(short, read_the_long_way(&message));
+        }
     }
 }
