@@ -58,9 +58,10 @@ impl<'a> Fields<'a> {
         // Most fields of a batch are short strings and messages (labels,
         // attributes) with a one-byte key and a one-byte length: read
         // those without the general path's varint loops.
-        if let [key, len, ref payload @ ..] = *self.rest {
+        if let [key, len, ref after @ ..] = *self.rest {
             let len = usize::from(len);
-            if key & 0x87 == LEN && key >= 0x08 && len < 0x80 && payload.len() >= len {
+            // Bit 7 clear: the key is one byte; wire type LEN; field >= 1.
+            if key & 0x87 == LEN && key >= 0x08 && len < 0x80 && after.len() >= len {
                 let (raw, rest) = self.rest.split_at(2 + len);
                 self.rest = rest;
                 return Ok(Field {
