@@ -24,6 +24,7 @@
 //! still answers 2xx. Labels leave sorted by name.
 
 use std::cell::RefCell;
+use std::cmp::Ordering;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
@@ -444,10 +445,15 @@ fn rewrite_series_v1<'m>(
     let ours: &[u8] = &scratch.encoded[owned_index];
 
     // Senders sort labels; sort only when one did not, then insert ours.
-    if !scratch.labels.is_sorted_by(|a, b| a.0 <= b.0) {
-        scratch.labels.sort_by(|a, b| a.0.cmp(b.0));
+    if !scratch
+        .labels
+        .is_sorted_by(|a, b| name_order(a.0, b.0).is_le())
+    {
+        scratch.labels.sort_by(|a, b| name_order(a.0, b.0));
     }
-    let at = scratch.labels.partition_point(|l| l.0 < name);
+    let at = scratch
+        .labels
+        .partition_point(|l| name_order(l.0, name).is_lt());
 
     let size: usize = scratch.labels.iter().map(|l| l.1.len()).sum::<usize>()
         + protowire::len_field_size(ours.len())
@@ -460,6 +466,24 @@ fn rewrite_series_v1<'m>(
         out.extend_from_slice(raw);
     }
     Ok(())
+}
+
+/// The byte order of two label names (`<[u8]>::cmp`), deciding most pairs
+/// by their first eight bytes as one integer: the sort check compares every
+/// neighbouring pair of every series, and a `memcmp` call per pair was a
+/// tenth of the rewrite.
+#[inline]
+fn name_order(a: &[u8], b: &[u8]) -> Ordering {
+    // Zero-padded: a name that is a prefix of the other within eight bytes
+    // compares equal or less here, and equal goes to the full comparison.
+    let head = |name: &[u8]| match name.first_chunk::<8>() {
+        Some(eight) => u64::from_be_bytes(*eight),
+        None => name
+            .iter()
+            .enumerate()
+            .fold(0, |head, (i, &b)| head | u64::from(b) << (56 - 8 * i)),
+    };
+    head(a).cmp(&head(b)).then_with(|| a.cmp(b))
 }
 
 /// Copies label fields verbatim, adjacent ones in a single copy: a sorted

@@ -854,7 +854,26 @@ fn piece() -> impl Strategy<Value = Piece> {
 
 // === properties ===
 
+/// Label names that often share a prefix, reach eight bytes and beyond,
+/// and hold the bytes zero padding could be confused with.
+fn label_name_bytes() -> impl Strategy<Value = Vec<u8>> {
+    let byte = prop_oneof![Just(0u8), Just(b'a'), Just(b'b'), Just(0xff), any::<u8>()];
+    (
+        prop::sample::select(vec![&b""[..], b"label_", b"namespac", b"__name__"]),
+        prop::collection::vec(byte, 0..6),
+    )
+        .prop_map(|(prefix, rest)| [prefix, &rest].concat())
+}
+
 proptest! {
+    /// The shortcut the sort check uses orders names as the byte-wise
+    /// comparison it replaces.
+    #[test]
+    fn label_names_order_as_their_bytes(a in label_name_bytes(), b in label_name_bytes()) {
+        prop_assert_eq!(name_order(&a, &b), a.cmp(&b));
+        prop_assert_eq!(name_order(&a, &a), std::cmp::Ordering::Equal);
+    }
+
     /// Any bytes: an error or a body whose every series carries exactly one
     /// owned tenant label, with labels sorted. Never a panic.
     #[test]
