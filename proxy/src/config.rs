@@ -739,6 +739,15 @@ impl Config {
                     metrics.label
                 ));
             }
+            // Prometheus reserves `__` names for itself (`__name__`), and
+            // an OTLP receiver passes `__…__` attribute names through
+            // its own rules.
+            if metrics.label.starts_with("__") {
+                return Err(format!(
+                    "metrics.label {:?} starts with `__`, which Prometheus reserves",
+                    metrics.label
+                ));
+            }
             HeaderName::from_bytes(metrics.header.as_bytes())
                 .map_err(|_| format!("metrics.header {:?} is not a header name", metrics.header))?;
         }
@@ -849,9 +858,19 @@ mod tests {
 
     #[test]
     fn metrics_section_is_validated() {
-        let bad =
-            format!("{MINIMAL}metrics:\n  upstream: http://127.0.0.1:9090\n  label: \"1x\"\n");
-        assert!(Config::parse(&bad).unwrap_err().contains("label"));
+        let label = |name: &str| {
+            Config::parse(&format!(
+                "{MINIMAL}metrics:\n  upstream: http://127.0.0.1:9090\n  label: \"{name}\"\n"
+            ))
+        };
+        assert!(label("1x").unwrap_err().contains("not a valid label name"));
+        for reserved in ["__name__", "__tenant"] {
+            assert!(
+                label(reserved).unwrap_err().contains("reserves"),
+                "{reserved}"
+            );
+        }
+        assert_eq!(label("_tenant").unwrap().metrics.unwrap().label, "_tenant");
         let header = format!("{MINIMAL}metrics:\n  upstream: http://127.0.0.1:9090\n  mode: header\n  header: THANOS-TENANT\n");
         assert_eq!(
             Config::parse(&header).unwrap().metrics.unwrap().mode,
