@@ -748,6 +748,14 @@ impl Config {
                     metrics.label
                 ));
             }
+            if SET_BY_THE_RECEIVER.contains(&metrics.label.as_str()) {
+                return Err(format!(
+                    "metrics.label {:?} is a label Prometheus sets itself (histogram \
+                     buckets, summary quantiles, OTLP scope fields), which a tenant could \
+                     not be held to",
+                    metrics.label
+                ));
+            }
             HeaderName::from_bytes(metrics.header.as_bytes())
                 .map_err(|_| format!("metrics.header {:?} is not a header name", metrics.header))?;
         }
@@ -787,6 +795,19 @@ impl Config {
         self.tenant_limits.validate()
     }
 }
+
+/// Labels a Prometheus receiver writes from a series' own fields rather
+/// than from what the pusher labels: `le` and `quantile` on histogram
+/// buckets and summary quantiles, and the OTLP scope's name, version and
+/// schema URL (`promote_scope_metadata`), none of which the label rule
+/// rewrites.
+const SET_BY_THE_RECEIVER: [&str; 5] = [
+    "le",
+    "quantile",
+    "otel_scope_name",
+    "otel_scope_version",
+    "otel_scope_schema_url",
+];
 
 fn is_label_name(name: &str) -> bool {
     let mut chars = name.chars();
@@ -869,6 +890,9 @@ mod tests {
                 label(reserved).unwrap_err().contains("reserves"),
                 "{reserved}"
             );
+        }
+        for own in ["le", "quantile", "otel_scope_name"] {
+            assert!(label(own).unwrap_err().contains("sets itself"), "{own}");
         }
         assert_eq!(label("_tenant").unwrap().metrics.unwrap().label, "_tenant");
         let header = format!("{MINIMAL}metrics:\n  upstream: http://127.0.0.1:9090\n  mode: header\n  header: THANOS-TENANT\n");
