@@ -809,7 +809,7 @@ const SET_BY_THE_RECEIVER: [&str; 5] = [
     "otel_scope_schema_url",
 ];
 
-fn is_label_name(name: &str) -> bool {
+pub(crate) fn is_label_name(name: &str) -> bool {
     let mut chars = name.chars();
     matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')

@@ -232,10 +232,7 @@ mod tests {
 
     /// A label the proxy accepts: a Prometheus label name, not `__`-led.
     fn configurable(label: &str) -> bool {
-        let mut chars = label.chars();
-        matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
-            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-            && !label.starts_with("__")
+        crate::config::is_label_name(label) && !label.starts_with("__")
     }
 
     proptest! {
