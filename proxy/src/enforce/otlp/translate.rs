@@ -94,10 +94,11 @@ fn translates(key: &str, label: &str) -> bool {
 }
 
 /// Whether the sanitised `name` becomes `label`: as it is, or behind the
-/// prefix a translator puts before a leading digit (`key_`) or a leading
-/// `_` (`key`: always in 3.0-3.5, only for a single `_` in some versions,
-/// never with `label_name_underscore_sanitization: false`). Every variant
-/// is a match, so whichever the receiver runs is covered.
+/// prefix a translator puts before a leading digit (`key_`, always) or a
+/// leading `_` (`key`: before a single `_` in 3.0-3.5 and with
+/// `label_name_underscore_sanitization`, before any in one later version,
+/// never with that setting off). Every variant is a match, so whichever the
+/// receiver runs is covered.
 fn spelled_as<I: Iterator<Item = char>>(name: impl Fn() -> I, label: &str) -> bool {
     let prefix = match name().next() {
         Some(c) if c.is_ascii_digit() => "key_",
