@@ -23,7 +23,9 @@ use tenant_proxy::enforce::tenant_label::TenantLabel;
 fuzz_target!(|data: &[u8]| {
     let owned = vec!["team-a".to_string(), "team-a-2".to_string()];
     let decodes = ExportMetricsServiceRequest::decode(data).is_ok();
-    for label in ["namespace", "k8s_namespace_name"] {
+    // `_ns` and `key_ns` reach the readings where translators part ways
+    // (the `key` prefix before a leading `_`, runs of `_` collapsed first).
+    for label in ["namespace", "k8s_namespace_name", "_ns", "key_ns"] {
         for policy in [ForeignLabelPolicy::Overwrite, ForeignLabelPolicy::Reject] {
             let tenant = TenantLabel {
                 name: label,
