@@ -15,7 +15,8 @@ pub enum Level {
 /// receiver, under any of its name translations: kept as UTF-8, or
 /// sanitised to `[a-zA-Z0-9_]` (each other character to `_`, `key_` before
 /// a leading digit, `key` before a leading `_` or not), with or without runs
-/// of `_` collapsed; at resource level also `service.name` and
+/// of `_` collapsed (throughout, or inside the `__` of a name wrapped in
+/// them); at resource level also `service.name` and
 /// `service.namespace` (→ `job`) and `service.instance.id` (→ `instance`);
 /// at scope level behind the `otel_scope_` prefix, translated with the name
 /// or added after it.
@@ -80,17 +81,28 @@ fn translates(key: &str, label: &str) -> bool {
     // Compared character by character, without allocating. Translators
     // differ in whether runs of `_` collapse (newer ones do by default,
     // `label_name_preserve_multiple_underscores` keeps them): both
-    // spellings are tried.
+    // spellings are tried. A collapsing one keeps the `__` around a name
+    // wrapped in them (`__a..b__` → `__a_b__`), and collapses inside.
     let sanitised = || key.chars().map(sanitise);
-    let collapsed = || {
-        let mut previous = None;
-        sanitised().filter(move |&c| {
-            let repeat = c == '_' && previous == Some('_');
-            previous = Some(c);
-            !repeat
-        })
+    let collapsed = || collapse(key);
+    let wrapped = key.len() >= 4 && key.starts_with("__") && key.ends_with("__");
+    let collapsed_inside = || {
+        let inner = if wrapped { &key[2..key.len() - 2] } else { "" };
+        "__".chars().chain(collapse(inner)).chain("__".chars())
     };
-    spelled_as(sanitised, label) || spelled_as(collapsed, label)
+    spelled_as(sanitised, label)
+        || spelled_as(collapsed, label)
+        || (wrapped && spelled_as(collapsed_inside, label))
+}
+
+/// `name` sanitised, each run of `_` left as one.
+fn collapse(name: &str) -> impl Iterator<Item = char> + '_ {
+    let mut previous = None;
+    name.chars().map(sanitise).filter(move |&c| {
+        let repeat = c == '_' && previous == Some('_');
+        previous = Some(c);
+        !repeat
+    })
 }
 
 /// Whether the sanitised `name` becomes `label`: as it is, or behind the
@@ -201,15 +213,17 @@ mod tests {
     #[test]
     fn every_translator_variant_is_a_reading() {
         for (key, label) in [
-            (".ns", "_ns"),      // no `key` before a single `_`
-            (".ns", "key_ns"),   // `key` before it
-            ("..ns", "key_ns"),  // collapsed first, then prefixed
-            ("..ns", "key__ns"), // prefixed, not collapsed
-            ("_.ns", "_ns"),     // collapsed, no prefix
-            ("a_.b", "a_b"),     // `_` and an invalid rune, one run
-            ("a__b", "a_b"),     // a run of `_` alone
-            ("1.x", "key_1_x"),  // a leading digit, always prefixed
-            ("é.ns", "_ns"),     // a non-ASCII rune is one `_`
+            (".ns", "_ns"),         // no `key` before a single `_`
+            (".ns", "key_ns"),      // `key` before it
+            ("..ns", "key_ns"),     // collapsed first, then prefixed
+            ("..ns", "key__ns"),    // prefixed, not collapsed
+            ("_.ns", "_ns"),        // collapsed, no prefix
+            ("a_.b", "a_b"),        // `_` and an invalid rune, one run
+            ("a__b", "a_b"),        // a run of `_` alone
+            ("1.x", "key_1_x"),     // a leading digit, always prefixed
+            ("é.ns", "_ns"),        // a non-ASCII rune is one `_`
+            ("______", "key_____"), // `__` kept around a collapsed `__`
+            ("__a..b__", "key__a_b__"),
         ] {
             assert!(
                 readings(key).iter().any(|r| r == label),
