@@ -24,6 +24,9 @@ use promql_parser::label::{MatchOp, Matcher};
 use promql_parser::parser::{self, Expr, VectorSelector};
 
 mod client_regex;
+mod shape;
+
+use shape::Shape;
 
 /// Longest query accepted. Large regex alternations from dashboards fit.
 pub const MAX_QUERY_BYTES: usize = 128 * 1024;
@@ -249,31 +252,51 @@ fn quote_meta(value: &str) -> String {
 
 // === enforcement ===
 
+/// What an input to enforce is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Input {
+    /// A PromQL expression (the `query` parameter).
+    Query,
+    /// One series selector (a `match[]` value).
+    Selector,
+}
+
 /// Enforces a PromQL expression (the `query` parameter).
 pub fn enforce_query(query: &str, tenant: &TenantMatcher) -> Result<String, EnforceError> {
-    enforce(query, |expr, client_regexes| {
-        for_each_selector(expr, &mut |vs| {
-            client_regex::collect(vs, &tenant.matchers, client_regexes);
-            inject(vs, tenant)
-        })
-    })
-    .and_then(|enforced| enforced.verified(tenant))
+    enforce_unverified(query, Input::Query, tenant).and_then(|enforced| enforced.verified(tenant))
 }
 
 /// Enforces one series selector (a `match[]` value).
 pub fn enforce_selector(selector: &str, tenant: &TenantMatcher) -> Result<String, EnforceError> {
-    enforce(selector, |expr, client_regexes| match expr {
-        Expr::VectorSelector(vs) if vs.offset.is_none() && vs.at.is_none() => {
-            client_regex::collect(vs, &tenant.matchers, client_regexes);
-            inject(vs, tenant)
-        }
-        _ => Err(EnforceError::NotASelector),
-    })
-    .and_then(|enforced| enforced.verified(tenant))
+    enforce_unverified(selector, Input::Selector, tenant)
+        .and_then(|enforced| enforced.verified(tenant))
+}
+
+fn enforce_unverified(
+    text: &str,
+    input: Input,
+    tenant: &TenantMatcher,
+) -> Result<Enforced, EnforceError> {
+    match input {
+        Input::Query => enforce(text, |expr, client_regexes| {
+            for_each_selector(expr, &mut |vs| {
+                client_regex::collect(vs, &tenant.matchers, client_regexes);
+                inject(vs, tenant)
+            })
+        }),
+        Input::Selector => enforce(text, |expr, client_regexes| match expr {
+            Expr::VectorSelector(vs) if vs.offset.is_none() && vs.at.is_none() => {
+                client_regex::collect(vs, &tenant.matchers, client_regexes);
+                inject(vs, tenant)
+            }
+            _ => Err(EnforceError::NotASelector),
+        }),
+    }
 }
 
 /// An enforced text before its verification, with the client's regex
-/// matchers as printed in it.
+/// matchers as printed in it. For a shape (`shape`), its template.
+#[derive(Debug)]
 struct Enforced {
     text: String,
     client_regexes: Vec<client_regex::Swap>,
@@ -400,8 +423,9 @@ fn nesting_tokens(query: &str) -> usize {
     let mut quote: Option<char> = None;
     let mut escaped = false;
     let mut in_matchers = false;
-    let mut word = String::new();
-    for c in query.chars() {
+    // Where the word being read started (letters, digits, `_`).
+    let mut word: Option<usize> = None;
+    for (at, c) in query.char_indices() {
         if let Some(q) = quote {
             match c {
                 _ if escaped => escaped = false,
@@ -420,11 +444,12 @@ fn nesting_tokens(query: &str) -> usize {
             continue;
         }
         if c.is_alphanumeric() || c == '_' {
-            word.push(c);
+            word.get_or_insert(at);
             continue;
         }
-        count += keyword_operator(&word);
-        word.clear();
+        if let Some(start) = word.take() {
+            count += keyword_operator(&query[start..at]);
+        }
         match c {
             '"' | '\'' | '`' => quote = Some(c),
             '{' => {
@@ -435,14 +460,12 @@ fn nesting_tokens(query: &str) -> usize {
             _ => {}
         }
     }
-    count + keyword_operator(&word)
+    count + word.map_or(0, |start| keyword_operator(&query[start..]))
 }
 
 fn keyword_operator(word: &str) -> usize {
-    usize::from(matches!(
-        word.to_ascii_lowercase().as_str(),
-        "and" | "or" | "unless" | "atan2"
-    ))
+    let keywords = ["and", "or", "unless", "atan2"];
+    usize::from(keywords.iter().any(|k| word.eq_ignore_ascii_case(k)))
 }
 
 /// Calls `f` on every vector selector, including those inside matrix
@@ -484,27 +507,79 @@ fn for_each_selector(
 // === impl Memo ===
 
 /// Remembers enforcement results: dashboards send the same queries on every
-/// refresh, and parsing (which compiles every regex, twice with the check)
-/// dominates the query path. Keyed by the tenant matcher's printed form, so
-/// a tenant whose namespaces change never gets a stale rewrite.
+/// refresh, and parsing dominates the query path. Keyed by the tenant
+/// matcher's printed form, so a tenant whose namespaces change never gets a
+/// stale rewrite. A query seen for the first time whose shape was seen
+/// before (the same query with other matcher values, `shape`) is enforced
+/// from the shape's template and verified.
 #[derive(Debug)]
 pub struct Memo {
-    entries: RwLock<HashMap<MemoKey, Result<Arc<str>, EnforceError>>>,
-    capacity: usize,
+    entries: Cache<Result<Arc<str>, EnforceError>>,
+    /// `None`: the shape could not be enforced as a template.
+    templates: Cache<Option<Arc<Enforced>>>,
 }
 
 #[derive(Debug, PartialEq, Eq, Hash)]
 struct MemoKey {
     tenant: Arc<str>,
-    selector_only: bool,
-    input: Box<str>,
+    input: Input,
+    text: Box<str>,
+}
+
+impl MemoKey {
+    fn new(tenant: &TenantMatcher, input: Input, text: &str) -> Self {
+        Self {
+            tenant: tenant.printed.clone(),
+            input,
+            text: text.into(),
+        }
+    }
+}
+
+/// A map that starts over when full instead of growing.
+#[derive(Debug)]
+struct Cache<V> {
+    entries: RwLock<HashMap<MemoKey, V>>,
+    capacity: usize,
+}
+
+impl<V: Clone> Cache<V> {
+    fn new(capacity: usize) -> Self {
+        Self {
+            entries: RwLock::new(HashMap::new()),
+            capacity,
+        }
+    }
+
+    fn get(&self, key: &MemoKey) -> Option<V> {
+        let entries = self.entries.read().unwrap_or_else(|e| e.into_inner());
+        entries.get(key).cloned()
+    }
+
+    fn insert(&self, key: MemoKey, value: V) {
+        // Inputs longer than this are rare and would crowd the memo out.
+        if key.text.len() > 4096 || self.capacity == 0 {
+            return;
+        }
+        let mut entries = self.entries.write().unwrap_or_else(|e| e.into_inner());
+        if entries.len() >= self.capacity {
+            entries.clear();
+        }
+        entries.insert(key, value);
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.entries.read().unwrap().len()
+    }
 }
 
 impl Memo {
     pub fn new(capacity: usize) -> Self {
         Self {
-            entries: RwLock::new(HashMap::new()),
-            capacity,
+            entries: Cache::new(capacity),
+            // Dashboards hold far fewer shapes than queries.
+            templates: Cache::new(capacity / 4),
         }
     }
 
@@ -513,7 +588,7 @@ impl Memo {
         query: &str,
         tenant: &TenantMatcher,
     ) -> Result<Arc<str>, EnforceError> {
-        self.remember(query, tenant, false, || enforce_query(query, tenant))
+        self.enforce(query, Input::Query, tenant)
     }
 
     pub fn enforce_selector(
@@ -521,41 +596,49 @@ impl Memo {
         selector: &str,
         tenant: &TenantMatcher,
     ) -> Result<Arc<str>, EnforceError> {
-        self.remember(selector, tenant, true, || {
-            enforce_selector(selector, tenant)
-        })
+        self.enforce(selector, Input::Selector, tenant)
     }
 
-    fn remember(
+    fn enforce(
         &self,
-        input: &str,
+        text: &str,
+        input: Input,
         tenant: &TenantMatcher,
-        selector_only: bool,
-        enforce: impl FnOnce() -> Result<String, EnforceError>,
     ) -> Result<Arc<str>, EnforceError> {
-        let key = MemoKey {
-            tenant: tenant.printed.clone(),
-            selector_only,
-            input: input.into(),
-        };
-        if let Some(hit) = self
-            .entries
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&key)
-        {
-            return hit.clone();
+        let key = MemoKey::new(tenant, input, text);
+        if let Some(hit) = self.entries.get(&key) {
+            return hit;
         }
-        // Inputs longer than this are rare and would crowd the memo out.
-        let result = enforce().map(Arc::from);
-        if input.len() <= 4096 && self.capacity > 0 {
-            let mut entries = self.entries.write().unwrap_or_else(|e| e.into_inner());
-            if entries.len() >= self.capacity {
-                entries.clear();
-            }
-            entries.insert(key, result.clone());
+        let result = match self.enforce_by_shape(text, input, tenant) {
+            Some(enforced) => Ok(enforced),
+            None => enforce_unverified(text, input, tenant)
+                .and_then(|enforced| enforced.verified(tenant)),
         }
+        .map(Arc::from);
+        self.entries.insert(key, result.clone());
         result
+    }
+
+    /// The text enforced from its shape's template, verified; `None` when
+    /// it has no shape, or anything is unexpected (then it is enforced the
+    /// full way, which also gives the error a client should see).
+    fn enforce_by_shape(&self, text: &str, input: Input, tenant: &TenantMatcher) -> Option<String> {
+        check_bounds(text).ok()?;
+        let shape = Shape::of(text, tenant)?;
+        let key = MemoKey::new(tenant, input, &shape.text);
+        let template = match self.templates.get(&key) {
+            Some(template) => template,
+            None => {
+                let template = enforce_unverified(&shape.text, input, tenant)
+                    .ok()
+                    .map(Arc::new);
+                self.templates.insert(key, template.clone());
+                template
+            }
+        }?;
+        let (filled, client_regexes) = shape.fill(&template)?;
+        verify(&filled, tenant, &client_regexes).ok()?;
+        Some(filled)
     }
 }
 

@@ -160,7 +160,7 @@ const ESCAPES: &str = r"abfnrtv\01234567xuU";
 /// Skips a string literal as promql-parser's lexer reads it: `\` escapes the
 /// next character (in every quote style), the quote ends it. Returns the
 /// byte offset just past the closing quote; `None` if it never closes.
-fn skip_literal(
+pub(super) fn skip_literal(
     quote: char,
     chars: &mut std::iter::Peekable<std::str::CharIndices<'_>>,
 ) -> Option<usize> {

@@ -362,7 +362,7 @@ fn a_full_memo_starts_over_instead_of_growing() {
     for i in 0..10 {
         memo.enforce_query(&format!("metric_{i}"), &one()).unwrap();
     }
-    assert!(memo.entries.read().unwrap().len() <= 2);
+    assert!(memo.entries.len() <= 2);
 }
 
 /// The verifying re-parse swaps the tenant's printed regex for a sentinel
@@ -619,4 +619,175 @@ fn an_invalid_client_regex_is_left_to_the_upstream() {
         enforce_query(query, &one()).as_deref(),
         Ok(r#"x{a=~"(unclosed",namespace="team-a"}"#)
     );
+}
+
+// === shapes (shape.rs) ===
+
+/// The shape of `query` for `tenant`: the text with placeholders, and how
+/// many there are. Filling the text alone gives the query back (with its
+/// literals in double quotes).
+fn shape_of(query: &str, tenant: &TenantMatcher) -> Option<(String, usize)> {
+    let shape = shape::Shape::of(query, tenant)?;
+    let itself = Enforced {
+        text: shape.text.clone(),
+        client_regexes: Vec::new(),
+    };
+    let (filled, _) = shape.fill(&itself).expect("the shape fills itself");
+    assert_eq!(filled, query.replace(['\'', '`'], "\""));
+    let placeholders = shape.text.matches("\"tenant-proxy-shape-").count();
+    Some((shape.text, placeholders))
+}
+
+#[test]
+fn a_shape_replaces_plain_matcher_values_only() {
+    let tenant = one();
+    let (text, placeholders) = shape_of(
+        r#"sum by (code) (rate(http_requests_total{job="api", instance=~"web-1.*"}[5m]))"#,
+        &tenant,
+    )
+    .unwrap();
+    assert_eq!(
+        text,
+        r#"sum by (code) (rate(http_requests_total{job="tenant-proxy-shape-0", instance=~"tenant-proxy-shape-1"}[5m]))"#
+    );
+    assert_eq!(placeholders, 2);
+    // Left as written: an empty value, an escape, non-ASCII, the tenant's
+    // own value, a quoted label name, a function's string argument, a
+    // string compared with `==`, a comment.
+    let (text, _) = shape_of(
+        "x{a=\"\", b=\"q\\\"\", c=\"é\", namespace=\"team-a\", \"d.e\"!='v', f!~`w.+`} # g=\"h\"\n\
+         + label_replace(y{i=\"j\"}, \"k\", \"$1\", \"l\", \"(.*)\") == \"m\"",
+        &tenant,
+    )
+    .unwrap();
+    assert_eq!(
+        text,
+        "x{a=\"\", b=\"q\\\"\", c=\"é\", namespace=\"team-a\", \"d.e\"!=\"tenant-proxy-shape-0\", \
+         f!~\"tenant-proxy-shape-1\"} # g=\"h\"\n\
+         + label_replace(y{i=\"tenant-proxy-shape-2\"}, \"k\", \"$1\", \"l\", \"(.*)\") == \"m\""
+    );
+    // `<=` and `>=` compare.
+    let (text, _) = shape_of(r#"x{a="b"} <= "c" >= "d""#, &tenant).unwrap();
+    assert_eq!(text, r#"x{a="tenant-proxy-shape-0"} <= "c" >= "d""#);
+}
+
+#[test]
+fn no_shape_where_the_query_is_not_lexed_with_certainty() {
+    for query in [
+        // nothing plain to replace
+        "up",
+        r#"up{namespace="team-a"}"#,
+        // a placeholder or a sentinel written by the client
+        r#"x{a="b", c="tenant-proxy-shape-0"}"#,
+        r#"x{a="b"} # tenant-proxy-verify-0"#,
+        // an escape the lexer does not know, a literal that never closes
+        r#"x{a="b", c="\q"}"#,
+        r#"x{a="b}"#,
+    ] {
+        assert!(shape::Shape::of(query, &one()).is_none(), "{query}");
+    }
+    // A tenant whose value holds the prefix: no shape either.
+    let odd = TenantMatcher::new("namespace", &["tenant-proxy-shape-0".into()]).unwrap();
+    assert!(shape::Shape::of(r#"x{a="b"}"#, &odd).is_none());
+}
+
+#[test]
+fn a_template_is_filled_only_where_each_placeholder_stands_once() {
+    let shape = shape::Shape::of(r#"x{a="b", c=~"d.*"}"#, &one()).unwrap();
+    let template = |text: &str| Enforced {
+        text: text.into(),
+        client_regexes: vec![(
+            r#"c=~"tenant-proxy-shape-1""#.into(),
+            r#"c="tenant-proxy-verify-client""#.into(),
+        )],
+    };
+    let (filled, swaps) = shape
+        .fill(&template(
+            r#"x{a="tenant-proxy-shape-0",c=~"tenant-proxy-shape-1",namespace="team-a"}"#,
+        ))
+        .unwrap();
+    assert_eq!(filled, r#"x{a="b",c=~"d.*",namespace="team-a"}"#);
+    assert_eq!(swaps[0].0, r#"c=~"d.*""#);
+    for wrong in [
+        // one missing, one twice, one unknown, one not a whole literal
+        r#"x{a="tenant-proxy-shape-0"}"#,
+        r#"x{a="tenant-proxy-shape-0",c=~"tenant-proxy-shape-1",d="tenant-proxy-shape-1"}"#,
+        r#"x{a="tenant-proxy-shape-0",c=~"tenant-proxy-shape-1",d="tenant-proxy-shape-2"}"#,
+        r#"x{a="tenant-proxy-shape-0",c=~"tenant-proxy-shape-1x"}"#,
+    ] {
+        assert!(shape.fill(&template(wrong)).is_none(), "{wrong}");
+    }
+}
+
+#[test]
+fn queries_of_one_shape_share_a_template_and_enforce_as_the_full_way() {
+    let memo = Memo::new(100);
+    let tenant = two();
+    for pod in ["web-1", "web-2", "api-7"] {
+        let query = format!(
+            r#"sum(rate(container_cpu_usage_seconds_total{{container!="", pod=~"{pod}-.*"}}[5m])) / sum(kube_pod_container_resource_requests{{resource="cpu", pod=~"{pod}-.*"}})"#
+        );
+        let shaped = memo.enforce_query(&query, &tenant).unwrap();
+        assert_eq!(
+            parser::parse(&shaped).unwrap().to_string(),
+            enforce_query(&query, &tenant).unwrap(),
+            "{query}"
+        );
+    }
+    assert_eq!(memo.entries.len(), 3);
+    assert_eq!(memo.templates.len(), 1, "one shape");
+    // A selector (`match[]`) of one shape likewise, kept apart from queries.
+    for job in ["api", "web"] {
+        let selector = format!(r#"up{{job="{job}"}}"#);
+        let shaped = memo.enforce_selector(&selector, &tenant).unwrap();
+        assert_eq!(
+            parser::parse(&shaped).unwrap().to_string(),
+            enforce_selector(&selector, &tenant).unwrap()
+        );
+    }
+    assert_eq!(memo.templates.len(), 2);
+    // A shape the enforcement refuses is refused for every query of it,
+    // with the error the full way gives.
+    for job in ["api", "web"] {
+        let query = format!(r#"info(up{{job="{job}"}})"#);
+        assert_eq!(
+            memo.enforce_query(&query, &tenant),
+            Err(EnforceError::InfoFunction)
+        );
+    }
+}
+
+/// A shape's text, when there is one, is the one the full way gives, but
+/// for the order of matchers within a selector: the printer sorts them as
+/// printed, so a template's order follows its placeholders. Printed again
+/// (sorted), it is the full way's byte for byte.
+fn shaped_as_the_full_way(query: &str, tenant: &TenantMatcher) -> Result<(), TestCaseError> {
+    let memo = Memo::new(100);
+    if let Some(shaped) = memo.enforce_by_shape(query, Input::Query, tenant) {
+        let sorted = parser::parse(&shaped).map(|expr| expr.to_string());
+        prop_assert_eq!(
+            sorted,
+            enforce_query(query, tenant).map_err(|e| e.to_string()),
+            "{}",
+            query
+        );
+    }
+    Ok(())
+}
+
+proptest! {
+    #[test]
+    fn shaped_queries_enforce_exactly_as_the_full_way(query in expression()) {
+        for tenant in [one(), two()] {
+            shaped_as_the_full_way(&query, &tenant)?;
+        }
+    }
+
+    #[test]
+    fn shaped_tricky_queries_enforce_exactly_as_the_full_way(query in tricky_query()) {
+        let narrowed = two().narrowed(&CredentialSelector::parse(r#"{app=~"pay.*", job="api"}"#).unwrap());
+        for tenant in [one(), narrowed] {
+            shaped_as_the_full_way(&query, &tenant)?;
+        }
+    }
 }
