@@ -5,14 +5,16 @@
 # It counts user space only: the kernel's half of the proxy's CPU (the same
 # system calls per request) is not in it. See docs/benchmarks.md.
 #
-#   loadtest/instructions.sh [PROXY_BINARY] [SCENARIO]
+#   loadtest/instructions.sh [PROXY_BINARY] [SCENARIO] [ROW]
 #
-# defaults: target/release/tenant-proxy, loki-query-range. Needs valgrind
+# defaults: target/release/tenant-proxy, loki-query-range, proxy (ROW is
+# loadtest's --only, e.g. proxy+first-seen). Needs valgrind
 # (Debian: apt-get install valgrind) and `cargo build --release -p loadtest`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 binary=$(realpath "${1:-target/release/tenant-proxy}")
 scenario=${2:-loki-query-range}
+row=${3:-proxy}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
@@ -28,7 +30,7 @@ chmod +x "$work/proxy"
 run() {
   rm -f "$work/counts"
   timeout 300 target/release/loadtest "loadtest/scenarios/$scenario.yaml" \
-    --proxy-bin "$work/proxy" --only proxy --duration "$1" > /dev/null 2> "$work/loadtest.err" ||
+    --proxy-bin "$work/proxy" --only "$row" --duration "$1" > /dev/null 2> "$work/loadtest.err" ||
     { cat "$work/loadtest.err" >&2; return 1; }
   callgrind_annotate --tree=caller --threshold=100 "$work/counts" 2> /dev/null | awk '
     /PROGRAM TOTALS/ && !total { total = $1; gsub(",", "", total) }
@@ -46,5 +48,5 @@ run() {
 # its 19 MiB of zeroed memory) cancels out in the difference.
 read -r short_total short_requests < <(run 2s)
 read -r long_total long_requests < <(run 6s)
-echo "scenario=$scenario requests=$short_requests,$long_requests" \
+echo "scenario=$scenario row=$row requests=$short_requests,$long_requests" \
   "instructions_per_request=$(((long_total - short_total) / (long_requests - short_requests)))"
