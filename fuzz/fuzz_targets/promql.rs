@@ -3,12 +3,18 @@
 //! (enforcing it again changes nothing); and, read by promql-parser on its
 //! own (its regexes compiled, none of the proxy's shortcuts), every
 //! selector of what would be forwarded carries the tenant's matcher.
+//!
+//! The memo, as the proxy serves queries, is driven too: an input holding
+//! a NUL byte is two queries, sent one after the other, so the second may
+//! be enforced from the shape of the first. What the memo answers obeys
+//! the same invariant, and is the text the full way gives but for the
+//! order of matchers within a selector (printed again, it is that text).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use promql_parser::label::Matcher;
 use promql_parser::parser::{self, Expr, VectorSelector};
-use tenant_proxy::enforce::promql::{enforce_query, enforce_selector, TenantMatcher};
+use tenant_proxy::enforce::promql::{enforce_query, enforce_selector, Memo, TenantMatcher};
 
 fuzz_target!(|data: &[u8]| {
     // libfuzzer-sys aborts on any panic, even one the proxy catches:
@@ -26,6 +32,18 @@ fuzz_target!(|data: &[u8]| {
     ];
     for tenant in &tenants {
         let ours = tenant_matcher(tenant);
+        let memo = Memo::new(16);
+        let (first, second) = text.split_once('\0').unwrap_or((text, text));
+        for query in [first, second] {
+            if let Ok(remembered) = memo.enforce_query(query, tenant) {
+                assert_every_selector_carries(&remembered, &ours, query);
+                // Unless promql-parser refuses it (see below).
+                let printed = std::panic::catch_unwind(|| parser::parse(&remembered));
+                if let (Ok(full), Ok(Ok(expr))) = (enforce_query(query, tenant), printed) {
+                    assert_eq!(expr.to_string(), full, "{query:?}");
+                }
+            }
+        }
         if let Ok(enforced) = enforce_query(text, tenant) {
             assert_eq!(
                 enforce_query(&enforced, tenant).as_deref(),
