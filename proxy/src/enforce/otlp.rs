@@ -19,14 +19,13 @@
 //! takes them), gzip out; a body every point of which was already scoped
 //! leaves as it came.
 
+mod gzip;
 mod splice;
 mod translate;
 
 use std::cell::RefCell;
-use std::io::Read;
 
-use flate2::read::MultiGzDecoder;
-use flate2::{Compress, Compression, FlushCompress, Status};
+use flate2::{Compress, Compression};
 use http::header::{self, HeaderMap, HeaderValue};
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{any_value, KeyValue};
@@ -187,13 +186,7 @@ fn rewrite_in(
     let message = match encoding {
         Encoding::Identity => body,
         Encoding::Gzip => {
-            decompressed.clear();
-            // Every member, as Go's gzip reader (the receiver's) reads a
-            // body of several; stopped one byte past the limit.
-            MultiGzDecoder::new(body)
-                .take(limit + 1)
-                .read_to_end(decompressed)
-                .map_err(|e| OtlpError::Malformed(format!("gzip: {e}")))?;
+            gzip::inflate_members(body, limit, decompressed)?;
             decompressed.as_slice()
         }
     };
@@ -208,25 +201,9 @@ fn rewrite_in(
     }
     let out = match forward {
         Encoding::Identity => rewritten.clone(),
-        Encoding::Gzip => compress(gzip, rewritten)?,
+        Encoding::Gzip => gzip::deflate_member(gzip, rewritten)?,
     };
     Ok((Rewritten::Body(out), stats))
-}
-
-/// One gzip member of `input`, with a reused compressor.
-fn compress(gzip: &mut Compress, input: &[u8]) -> Result<Vec<u8>, OtlpError> {
-    gzip.reset();
-    let mut out = Vec::with_capacity(input.len() / 4 + 64);
-    loop {
-        let consumed = gzip.total_in() as usize;
-        let status = gzip
-            .compress_vec(&input[consumed..], &mut out, FlushCompress::Finish)
-            .map_err(|e| OtlpError::Malformed(format!("gzip: {e}")))?;
-        match status {
-            Status::StreamEnd => return Ok(out),
-            _ => out.reserve(out.capacity().max(4096)),
-        }
-    }
 }
 
 /// Rewrites a decompressed `ExportMetricsServiceRequest`.

@@ -1,5 +1,6 @@
 use super::*;
 use crate::config::ForeignLabelPolicy;
+use flate2::read::MultiGzDecoder;
 use flate2::write::GzEncoder;
 use opentelemetry_proto::tonic::common::v1::AnyValue;
 use opentelemetry_proto::tonic::common::v1::InstrumentationScope;
@@ -11,6 +12,7 @@ use opentelemetry_proto::tonic::metrics::v1::{
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use proptest::prelude::*;
 use prost::Message;
+use std::io::Read;
 
 const LABEL: &str = "k8s_namespace_name";
 
