@@ -63,14 +63,7 @@ impl SetAside {
         let mut chars = query.char_indices().peekable();
         while let Some((at, c)) = chars.next() {
             match c {
-                // A comment runs to the end of the line.
-                '#' => {
-                    for (_, c) in chars.by_ref() {
-                        if c == '\n' {
-                            break;
-                        }
-                    }
-                }
+                '#' => skip_comment(&mut chars),
                 '"' | '\'' | '`' => {
                     skip_literal(c, &mut chars)?;
                 }
@@ -152,6 +145,15 @@ impl SetAside {
 /// reach, such as a metric name): then the query is parsed as sent.
 pub(super) fn holds_placeholder(text: &str) -> bool {
     text.contains(PLACEHOLDER)
+}
+
+/// Skips a comment, which runs to the end of the line.
+pub(super) fn skip_comment(chars: &mut std::iter::Peekable<std::str::CharIndices<'_>>) {
+    for (_, c) in chars.by_ref() {
+        if c == '\n' {
+            break;
+        }
+    }
 }
 
 /// What may follow `\` in a literal (promql-parser 0.11's lexer).

@@ -25,7 +25,7 @@
 //! tenant matcher holding `tenant-proxy-` (every placeholder's and
 //! sentinel's prefix) has no shape.
 
-use super::client_regex::{skip_literal, Swap};
+use super::client_regex::{skip_comment, skip_literal, Swap};
 use super::{Enforced, TenantMatcher};
 
 /// What every placeholder value starts with: `tenant-proxy-shape-<n>`.
@@ -59,13 +59,8 @@ impl<'q> Shape<'q> {
         let mut chars = query.char_indices().peekable();
         while let Some((at, c)) = chars.next() {
             match c {
-                // A comment runs to the end of the line.
                 '#' => {
-                    for (_, c) in chars.by_ref() {
-                        if c == '\n' {
-                            break;
-                        }
-                    }
+                    skip_comment(&mut chars);
                     after_operator = false;
                 }
                 '"' | '\'' | '`' => {
