@@ -4,8 +4,8 @@
 //! (`pod=~"web-1.*"`, then `pod=~"web-2.*"`): each string is new to the
 //! memo, but its shape is not. The shape is the query with each plain
 //! matcher value replaced by a numbered placeholder ([`Shape::of`]). The
-//! shape is enforced once (parsed, injected, printed: [`Template`]) and the
-//! client's values are written back into the printed text
+//! shape is enforced once (parsed, injected, printed: its template, an
+//! `Enforced` text) and the client's values are written back into it
 //! ([`Shape::fill`]). The caller then verifies the filled text the full
 //! way, as every enforced text is: a shape saves the first parse and the
 //! printing, never the check.
@@ -14,7 +14,8 @@
 //! reading of the text nor the enforcement can depend on it:
 //! - printable ASCII without `"` or `\`: written back between double
 //!   quotes it is one literal holding exactly it, as the printer writes it
-//!   (promql-parser escapes `\`, `"` and control characters only);
+//!   (promql-parser escapes `\`, `"`, newline, carriage return and tab
+//!   only);
 //! - not empty: the parser refuses a selector whose every matcher matches
 //!   the empty string, and must judge the real value;
 //! - not the value of one of the tenant's matchers: a client matcher equal
