@@ -536,24 +536,45 @@ impl MemoKey {
     }
 }
 
-/// A map that starts over when full instead of growing.
+/// A map that starts over when full instead of growing: at `capacity`
+/// entries, or when the text it holds would pass `max_bytes` (what a
+/// tenant sending long queries could otherwise make it hold).
 #[derive(Debug)]
 struct Cache<V> {
-    entries: RwLock<HashMap<MemoKey, V>>,
+    entries: RwLock<Entries<V>>,
     capacity: usize,
+    max_bytes: usize,
+    /// The bytes of text a value holds.
+    weigh: fn(&V) -> usize,
 }
 
+#[derive(Debug)]
+struct Entries<V> {
+    map: HashMap<MemoKey, V>,
+    /// The text held: every key's and value's.
+    bytes: usize,
+}
+
+/// The text one entry may hold on average before the memo starts over
+/// sooner than its count says (dashboard queries hold a few hundred bytes).
+const BYTES_PER_ENTRY: usize = 3 * 1024;
+
 impl<V: Clone> Cache<V> {
-    fn new(capacity: usize) -> Self {
+    fn new(capacity: usize, weigh: fn(&V) -> usize) -> Self {
         Self {
-            entries: RwLock::new(HashMap::new()),
+            entries: RwLock::new(Entries {
+                map: HashMap::new(),
+                bytes: 0,
+            }),
             capacity,
+            max_bytes: capacity.saturating_mul(BYTES_PER_ENTRY),
+            weigh,
         }
     }
 
     fn get(&self, key: &MemoKey) -> Option<V> {
         let entries = self.entries.read().unwrap_or_else(|e| e.into_inner());
-        entries.get(key).cloned()
+        entries.map.get(key).cloned()
     }
 
     fn insert(&self, key: MemoKey, value: V) {
@@ -561,25 +582,45 @@ impl<V: Clone> Cache<V> {
         if key.text.len() > 4096 || self.capacity == 0 {
             return;
         }
+        let weight = key.text.len() + (self.weigh)(&value);
         let mut entries = self.entries.write().unwrap_or_else(|e| e.into_inner());
-        if entries.len() >= self.capacity {
-            entries.clear();
+        if entries.map.len() >= self.capacity || entries.bytes + weight > self.max_bytes {
+            entries.map.clear();
+            entries.bytes = 0;
         }
-        entries.insert(key, value);
+        if entries.map.insert(key, value).is_none() {
+            entries.bytes += weight;
+        }
     }
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.entries.read().unwrap().len()
+        self.entries.read().unwrap().map.len()
+    }
+
+    #[cfg(test)]
+    fn bytes(&self) -> usize {
+        self.entries.read().unwrap().bytes
     }
 }
 
 impl Memo {
     pub fn new(capacity: usize) -> Self {
         Self {
-            entries: Cache::new(capacity),
+            entries: Cache::new(capacity, |result| {
+                result.as_ref().map_or(0, |text| text.len())
+            }),
             // Dashboards hold far fewer shapes than queries.
-            templates: Cache::new(capacity / 4),
+            templates: Cache::new(capacity / 4, |template| {
+                template.as_ref().map_or(0, |t| {
+                    let swaps: usize = t
+                        .client_regexes
+                        .iter()
+                        .map(|(a, b)| a.len() + b.len())
+                        .sum();
+                    t.text.len() + swaps
+                })
+            }),
         }
     }
 

@@ -365,6 +365,32 @@ fn a_full_memo_starts_over_instead_of_growing() {
     assert!(memo.entries.len() <= 2);
 }
 
+#[test]
+fn a_memo_of_long_queries_starts_over_at_its_byte_bound() {
+    let memo = Memo::new(100);
+    let budget = 100 * BYTES_PER_ENTRY;
+    // About 3 KiB in and out each: the count alone would keep 100 of them.
+    let long = |i: usize| format!("metric_{i}{{job=\"{}\"}}", "x".repeat(3000));
+    for i in 0..100 {
+        let query = long(i);
+        assert!(query.len() < 4096);
+        memo.enforce_query(&query, &one()).unwrap();
+        assert!(
+            memo.entries.bytes() <= budget,
+            "{} bytes",
+            memo.entries.bytes()
+        );
+    }
+    let kept = memo.entries.len();
+    assert!((1..100).contains(&kept), "{kept} entries");
+    // What it keeps still answers.
+    let last = long(99);
+    assert_eq!(
+        memo.enforce_query(&last, &one()).as_deref(),
+        enforce_query(&last, &one()).as_deref()
+    );
+}
+
 /// The verifying re-parse swaps the tenant's printed regex for a sentinel
 /// equality instead of compiling it again; it must still refuse every text
 /// in which a selector lacks the tenant's matcher, including texts built to
