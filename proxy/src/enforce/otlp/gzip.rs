@@ -4,7 +4,9 @@
 //! reads a body of several members as one stream, and refuses a body that
 //! ends inside a member, holds anything but another member after one, or
 //! fails a member's CRC-32 or length: so does [`inflate_members`], with
-//! zlib's gzip mode checking each member's header and trailer.
+//! zlib's gzip mode checking each member's header and trailer. zlib also
+//! refuses a header with reserved flag bits set, which Go ignores and no
+//! sender sets: refused here, never forwarded in another reading.
 
 use flate2::{Compress, Decompress, FlushCompress, FlushDecompress, Status};
 
