@@ -4,19 +4,25 @@
 //! reads a body of several members as one stream, and refuses a body that
 //! ends inside a member, holds anything but another member after one, or
 //! fails a member's CRC-32 or length: so does [`inflate_members`], with
-//! zlib's gzip mode checking each member's header and trailer. zlib also
-//! refuses a header with reserved flag bits set, which Go ignores and no
-//! sender sets: refused here, never forwarded in another reading.
+//! zlib's gzip mode checking the first member's header and trailer and
+//! flate2's reader those of any further one. zlib also refuses a first
+//! header with reserved flag bits set, which Go ignores and no sender
+//! sets: refused here, never forwarded in another reading.
 
+use std::io::Read;
+
+use flate2::read::MultiGzDecoder;
 use flate2::{Compress, Decompress, FlushCompress, FlushDecompress, Status};
 
 use super::OtlpError;
 
 /// Inflates every member of `body` into `out` (cleared first). More than
 /// `limit` bytes in all is `TooLarge`, found one byte past the limit: `out`
-/// never holds room for more. Writes into `out`'s spare room without
-/// zeroing it: a kept buffer of hundreds of KiB would be zeroed on every
-/// request.
+/// never holds more. The first member is written into `out`'s spare room
+/// without zeroing it (a kept buffer of hundreds of KiB would be zeroed on
+/// every request); the rare further members go through flate2's reader,
+/// which resets one inflater per member where zlib's gzip mode would make
+/// a new one (a body of many tiny members would cost twice as much).
 pub(super) fn inflate_members(body: &[u8], limit: u64, out: &mut Vec<u8>) -> Result<(), OtlpError> {
     let malformed = |why: &str| OtlpError::Malformed(format!("gzip: {why}"));
     let most = usize::try_from(limit).map_or(usize::MAX, |l| l.saturating_add(1));
@@ -24,38 +30,40 @@ pub(super) fn inflate_members(body: &[u8], limit: u64, out: &mut Vec<u8>) -> Res
     if out.capacity() > most {
         out.shrink_to(most);
     }
+    let mut member = Decompress::new_gzip(15);
     let mut rest = body;
     loop {
-        let mut member = Decompress::new_gzip(15);
-        loop {
-            if out.len() >= most {
-                return Err(OtlpError::TooLarge { limit });
-            }
-            if out.len() == out.capacity() {
-                // Doubling, but never past the limit's byte.
-                out.reserve_exact(out.capacity().max(64 * 1024).min(most - out.len()));
-            }
-            let (read_before, written_before) = (member.total_in(), out.len());
-            let status = member
-                .decompress_vec(rest, out, FlushDecompress::None)
-                .map_err(|e| malformed(&e.to_string()))?;
-            let read = (member.total_in() - read_before) as usize;
-            rest = &rest[read..];
-            match status {
-                Status::StreamEnd => break,
-                // Room to write and nothing done: the input ended.
-                _ if read == 0 && out.len() == written_before => {
-                    return Err(malformed("the body ends inside a member"))
-                }
-                _ => {}
-            }
-        }
         if out.len() >= most {
             return Err(OtlpError::TooLarge { limit });
         }
-        if rest.is_empty() {
-            return Ok(());
+        if out.len() == out.capacity() {
+            // Doubling, but never past the limit's byte.
+            out.reserve_exact(out.capacity().max(64 * 1024).min(most - out.len()));
         }
+        let (read_before, written_before) = (member.total_in(), out.len());
+        let status = member
+            .decompress_vec(rest, out, FlushDecompress::None)
+            .map_err(|e| malformed(&e.to_string()))?;
+        let read = (member.total_in() - read_before) as usize;
+        rest = &rest[read..];
+        match status {
+            Status::StreamEnd => break,
+            // Room to write and nothing done: the input ended.
+            _ if read == 0 && out.len() == written_before => {
+                return Err(malformed("the body ends inside a member"))
+            }
+            _ => {}
+        }
+    }
+    if !rest.is_empty() {
+        MultiGzDecoder::new(rest)
+            .take((most - out.len()) as u64)
+            .read_to_end(out)
+            .map_err(|e| malformed(&e.to_string()))?;
+    }
+    match out.len() >= most {
+        true => Err(OtlpError::TooLarge { limit }),
+        false => Ok(()),
     }
 }
 
@@ -127,6 +135,12 @@ mod tests {
         length[at] ^= 1;
         assert!(malformed(inflated(&length, 100)), "length");
         assert!(malformed(inflated(b"not gzip at all", 100)), "no header");
+        // The same in a second member, read the other way.
+        let second = |broken: &[u8]| inflated(&[&one[..], broken].concat(), 100);
+        assert!(malformed(second(&one[..one.len() - 1])), "second cut short");
+        assert!(malformed(second(&crc)), "second CRC-32");
+        assert!(malformed(second(&length)), "second length");
+        assert!(malformed(second(&one[..10])), "second header alone");
     }
 
     #[test]
