@@ -263,13 +263,21 @@ enum Input {
 
 /// Enforces a PromQL expression (the `query` parameter).
 pub fn enforce_query(query: &str, tenant: &TenantMatcher) -> Result<String, EnforceError> {
-    enforce_unverified(query, Input::Query, tenant).and_then(|enforced| enforced.verified(tenant))
+    enforce_verified(query, Input::Query, tenant)
 }
 
 /// Enforces one series selector (a `match[]` value).
 pub fn enforce_selector(selector: &str, tenant: &TenantMatcher) -> Result<String, EnforceError> {
-    enforce_unverified(selector, Input::Selector, tenant)
-        .and_then(|enforced| enforced.verified(tenant))
+    enforce_verified(selector, Input::Selector, tenant)
+}
+
+/// The full way: parsed, injected, printed, and the print verified.
+fn enforce_verified(
+    text: &str,
+    input: Input,
+    tenant: &TenantMatcher,
+) -> Result<String, EnforceError> {
+    enforce_unverified(text, input, tenant).and_then(|enforced| enforced.verified(tenant))
 }
 
 fn enforce_unverified(
@@ -303,6 +311,16 @@ struct Enforced {
 }
 
 impl Enforced {
+    /// The text it holds, its swaps' included.
+    fn text_bytes(&self) -> usize {
+        let swaps: usize = self
+            .client_regexes
+            .iter()
+            .map(|(a, b)| a.len() + b.len())
+            .sum();
+        self.text.len() + swaps
+    }
+
     fn verified(self, tenant: &TenantMatcher) -> Result<String, EnforceError> {
         verify(&self.text, tenant, &self.client_regexes)?;
         Ok(self.text)
@@ -612,14 +630,7 @@ impl Memo {
             }),
             // Dashboards hold far fewer shapes than queries.
             templates: Cache::new(capacity / 4, |template| {
-                template.as_ref().map_or(0, |t| {
-                    let swaps: usize = t
-                        .client_regexes
-                        .iter()
-                        .map(|(a, b)| a.len() + b.len())
-                        .sum();
-                    t.text.len() + swaps
-                })
+                template.as_ref().map_or(0, |t| t.text_bytes())
             }),
         }
     }
@@ -652,8 +663,7 @@ impl Memo {
         }
         let result = match self.enforce_by_shape(text, input, tenant) {
             Some(enforced) => Ok(enforced),
-            None => enforce_unverified(text, input, tenant)
-                .and_then(|enforced| enforced.verified(tenant)),
+            None => enforce_verified(text, input, tenant),
         }
         .map(Arc::from);
         self.entries.insert(key, result.clone());
