@@ -206,6 +206,13 @@ fn rewrite_in(
     Ok((Rewritten::Body(out), stats))
 }
 
+/// Every gzip member of `body`, read as the rewrite reads it (for fuzz
+/// targets and tests: the rewrite keeps its buffer per thread).
+pub fn gunzip(body: &[u8], limit: u64) -> Result<Vec<u8>, OtlpError> {
+    let mut out = Vec::new();
+    gzip::inflate_members(body, limit, &mut out).map(|()| out)
+}
+
 /// Rewrites a decompressed `ExportMetricsServiceRequest`.
 pub fn rewrite(message: &[u8], tenant: &TenantLabel<'_>) -> Result<(Vec<u8>, Stats), OtlpError> {
     let mut out = Vec::new();

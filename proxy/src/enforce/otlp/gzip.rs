@@ -97,8 +97,7 @@ mod tests {
     }
 
     fn inflated(body: &[u8], limit: u64) -> Result<Vec<u8>, OtlpError> {
-        let mut out = Vec::new();
-        inflate_members(body, limit, &mut out).map(|()| out)
+        super::super::gunzip(body, limit)
     }
 
     fn malformed(result: Result<Vec<u8>, OtlpError>) -> bool {
