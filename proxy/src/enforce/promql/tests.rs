@@ -614,6 +614,17 @@ fn tricky_selector() -> impl Strategy<Value = String> {
         .prop_map(|(n, m)| format!("{n}{{{}}}", m.join(", ")))
 }
 
+/// Most tricky values are no valid regex or do not fit a quote style, so
+/// about half the literals drawn are rejected: a run of many cases
+/// (`PROPTEST_CASES=100000`) passes proptest's default budget of 65,536
+/// rejects and would abort without a failure.
+fn tricky_config() -> ProptestConfig {
+    ProptestConfig {
+        max_local_rejects: u32::MAX,
+        ..ProptestConfig::default()
+    }
+}
+
 fn tricky_query() -> impl Strategy<Value = String> {
     (
         tricky_selector(),
@@ -627,6 +638,8 @@ fn tricky_query() -> impl Strategy<Value = String> {
 }
 
 proptest! {
+    #![proptest_config(tricky_config())]
+
     /// Setting regexes aside changes nothing: the enforced text, or the
     /// refusal, is the one the long way gives, byte for byte.
     #[test]
@@ -802,6 +815,8 @@ fn shaped_as_the_full_way(query: &str, tenant: &TenantMatcher) -> Result<(), Tes
 }
 
 proptest! {
+    #![proptest_config(tricky_config())]
+
     #[test]
     fn shaped_queries_enforce_exactly_as_the_full_way(query in expression()) {
         for tenant in [one(), two()] {
