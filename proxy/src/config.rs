@@ -369,6 +369,10 @@ pub struct MetricsConfig {
     /// Label mode, OTLP metrics: how a relabelled body is forwarded.
     #[serde(default)]
     pub otlp_forward_encoding: OtlpForwardEncoding,
+    /// Label mode: how many enforced queries and selectors are remembered
+    /// (with a quarter as many query shapes); 0 remembers none.
+    #[serde(default = "defaults::query_cache_size")]
+    pub query_cache_size: usize,
     /// For an `https://` upstream (both `upstream` and `push_upstream`).
     pub tls: Option<UpstreamTls>,
 }
@@ -518,6 +522,9 @@ mod defaults {
     }
     pub fn tenant_header() -> String {
         "X-Scope-OrgID".into()
+    }
+    pub fn query_cache_size() -> usize {
+        10_000
     }
     pub fn max_body_bytes() -> u64 {
         16 * 1024 * 1024
@@ -895,6 +902,19 @@ mod tests {
             assert!(label(own).unwrap_err().contains("sets itself"), "{own}");
         }
         assert_eq!(label("_tenant").unwrap().metrics.unwrap().label, "_tenant");
+        assert_eq!(
+            label("namespace")
+                .unwrap()
+                .metrics
+                .unwrap()
+                .query_cache_size,
+            10_000
+        );
+        let no_cache = format!(
+            "{MINIMAL}metrics:\n  upstream: http://127.0.0.1:9090\n  query_cache_size: 0\n"
+        );
+        let metrics = Config::parse(&no_cache).unwrap().metrics.unwrap();
+        assert_eq!(metrics.query_cache_size, 0);
         let header = format!("{MINIMAL}metrics:\n  upstream: http://127.0.0.1:9090\n  mode: header\n  header: THANOS-TENANT\n");
         assert_eq!(
             Config::parse(&header).unwrap().metrics.unwrap().mode,

@@ -247,7 +247,7 @@ impl AppState {
             )
             .with_metrics(metrics.clone()),
             metrics,
-            memo: Memo::new(10_000),
+            memo: Memo::new(config.metrics.as_ref().map_or(0, |m| m.query_cache_size)),
             tracing,
         })
     }

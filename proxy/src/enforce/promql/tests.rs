@@ -366,6 +366,18 @@ fn a_full_memo_starts_over_instead_of_growing() {
 }
 
 #[test]
+fn a_memo_of_size_zero_remembers_nothing_and_still_enforces() {
+    let memo = Memo::new(0);
+    for _ in 0..2 {
+        assert_eq!(
+            memo.enforce_query(r#"up{job="a"}"#, &one()).as_deref(),
+            Ok(r#"up{job="a",namespace="team-a"}"#)
+        );
+    }
+    assert_eq!((memo.entries.len(), memo.templates.len()), (0, 0));
+}
+
+#[test]
 fn a_memo_of_long_queries_starts_over_at_its_byte_bound() {
     let memo = Memo::new(100);
     let budget = 100 * BYTES_PER_ENTRY;
