@@ -268,8 +268,13 @@ fn nothing_reaches_an_upstream_without_the_authenticated_tenant() {
         let proxy = RunningProxy::start(options).await;
         (loki, prometheus, proxy)
     });
+    // 256 cases, or as many as `PROPTEST_CASES` asks for a longer run.
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(256);
     let mut runner = TestRunner::new(Config {
-        cases: 256,
+        cases,
         failure_persistence: None,
         ..Config::default()
     });
