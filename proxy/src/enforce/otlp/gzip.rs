@@ -24,7 +24,6 @@ use super::OtlpError;
 /// which resets one inflater per member where zlib's gzip mode would make
 /// a new one (a body of many tiny members would cost twice as much).
 pub(super) fn inflate_members(body: &[u8], limit: u64, out: &mut Vec<u8>) -> Result<(), OtlpError> {
-    let malformed = |why: &str| OtlpError::Malformed(format!("gzip: {why}"));
     let most = usize::try_from(limit).map_or(usize::MAX, |l| l.saturating_add(1));
     out.clear();
     if out.capacity() > most {
@@ -43,14 +42,14 @@ pub(super) fn inflate_members(body: &[u8], limit: u64, out: &mut Vec<u8>) -> Res
         let (read_before, written_before) = (member.total_in(), out.len());
         let status = member
             .decompress_vec(rest, out, FlushDecompress::None)
-            .map_err(|e| malformed(&e.to_string()))?;
+            .map_err(gzip_error)?;
         let read = (member.total_in() - read_before) as usize;
         rest = &rest[read..];
         match status {
             Status::StreamEnd => break,
             // Room to write and nothing done: the input ended.
             _ if read == 0 && out.len() == written_before => {
-                return Err(malformed("the body ends inside a member"))
+                return Err(gzip_error("the body ends inside a member"))
             }
             _ => {}
         }
@@ -59,12 +58,12 @@ pub(super) fn inflate_members(body: &[u8], limit: u64, out: &mut Vec<u8>) -> Res
         MultiGzDecoder::new(rest)
             .take((most - out.len()) as u64)
             .read_to_end(out)
-            .map_err(|e| malformed(&e.to_string()))?;
+            .map_err(gzip_error)?;
     }
-    match out.len() >= most {
-        true => Err(OtlpError::TooLarge { limit }),
-        false => Ok(()),
+    if out.len() >= most {
+        return Err(OtlpError::TooLarge { limit });
     }
+    Ok(())
 }
 
 /// `input` as one gzip member, with a kept compressor.
@@ -75,12 +74,18 @@ pub(super) fn deflate_member(gzip: &mut Compress, input: &[u8]) -> Result<Vec<u8
         let consumed = gzip.total_in() as usize;
         let status = gzip
             .compress_vec(&input[consumed..], &mut out, FlushCompress::Finish)
-            .map_err(|e| OtlpError::Malformed(format!("gzip: {e}")))?;
+            .map_err(gzip_error)?;
         match status {
             Status::StreamEnd => return Ok(out),
             _ => out.reserve(out.capacity().max(4096)),
         }
     }
+}
+
+/// A body gzip cannot read; a compressor failure (zlib fails only when
+/// misused) is reported the same way.
+fn gzip_error(why: impl std::fmt::Display) -> OtlpError {
+    OtlpError::Malformed(format!("gzip: {why}"))
 }
 
 #[cfg(test)]

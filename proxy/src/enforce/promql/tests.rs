@@ -626,7 +626,7 @@ fn tricky_selector() -> impl Strategy<Value = String> {
         .prop_map(|(n, m)| format!("{n}{{{}}}", m.join(", ")))
 }
 
-/// Most tricky values are no valid regex or do not fit a quote style, so
+/// Many tricky values are no valid regex or do not fit a quote style, so
 /// about half the literals drawn are rejected: a run of many cases
 /// (`PROPTEST_CASES=100000`) passes proptest's default budget of 65,536
 /// rejects and would abort without a failure.
