@@ -325,6 +325,9 @@ pub async fn handle(
             if let ProxyError::UpstreamUnavailable(cause) = &error {
                 tracing::warn!(error = %cause, "upstream request failed");
             }
+            if let ProxyError::Internal(why) | ProxyError::PushInternal(why) = &error {
+                tracing::error!(error = %why, "internal error");
+            }
             if let ProxyError::TenantLimited(refusal) = &error {
                 state
                     .metrics
@@ -800,26 +803,27 @@ fn rewrite_remote_write(
             Ok((version, body))
         }
         Err(error) => {
-            if let RemoteWriteError::ForeignLabel(_) = error {
-                let labels = TenantActionLabels {
-                    tenant: tenant.owned_by.to_owned(),
-                    action: "rejected",
-                };
-                metrics
-                    .remote_write_tenant_label
-                    .get_or_create(&labels)
-                    .inc();
-            } else {
-                metrics
-                    .remote_write_decode_errors
-                    .get_or_create(&tenant_id())
-                    .inc();
+            match error {
+                RemoteWriteError::ForeignLabel(_) => {
+                    let labels = TenantActionLabels {
+                        tenant: tenant.owned_by.to_owned(),
+                        action: "rejected",
+                    };
+                    metrics
+                        .remote_write_tenant_label
+                        .get_or_create(&labels)
+                        .inc();
+                }
+                // Counted by the error's own label, not as the sender's.
+                RemoteWriteError::Compress(_) => {}
+                _ => {
+                    metrics
+                        .remote_write_decode_errors
+                        .get_or_create(&tenant_id())
+                        .inc();
+                }
             }
-            Err(match error {
-                RemoteWriteError::Unsupported(m) => ProxyError::UnsupportedMediaType(m),
-                RemoteWriteError::TooLarge { limit, .. } => ProxyError::BodyTooLarge { limit },
-                other => ProxyError::BadData(other.to_string()),
-            })
+            Err(remote_write_refusal(error))
         }
     }
 }
@@ -861,23 +865,43 @@ fn rewrite_otlp(
 fn refused_otlp(state: &AppState, tenant: &TenantLabel<'_>, error: otlp::OtlpError) -> ProxyError {
     let tenant = tenant.owned_by.to_owned();
     match &error {
-        otlp::OtlpError::ForeignLabel(_) => state
-            .metrics
-            .otlp_tenant_label
-            .get_or_create(&TenantActionLabels {
+        otlp::OtlpError::ForeignLabel(_) => {
+            let labels = TenantActionLabels {
                 tenant,
                 action: "rejected",
-            })
-            .inc(),
-        _ => state
-            .metrics
-            .otlp_decode_errors
-            .get_or_create(&TenantLabels { tenant })
-            .inc(),
-    };
+            };
+            state.metrics.otlp_tenant_label.get_or_create(&labels).inc();
+        }
+        // Counted by the error's own label, not as the sender's.
+        otlp::OtlpError::Compress(_) => {}
+        _ => {
+            let labels = TenantLabels { tenant };
+            state
+                .metrics
+                .otlp_decode_errors
+                .get_or_create(&labels)
+                .inc();
+        }
+    }
+    otlp_refusal(error)
+}
+
+/// What a sender is told of an OTLP body the proxy did not forward.
+fn otlp_refusal(error: otlp::OtlpError) -> ProxyError {
     match error {
         otlp::OtlpError::Unsupported(m) => ProxyError::UnsupportedMediaType(m),
         otlp::OtlpError::TooLarge { limit } => ProxyError::BodyTooLarge { limit },
+        otlp::OtlpError::Compress(_) => ProxyError::PushInternal(error.to_string()),
+        other => ProxyError::BadData(other.to_string()),
+    }
+}
+
+/// What a sender is told of a remote-write body the proxy did not forward.
+fn remote_write_refusal(error: RemoteWriteError) -> ProxyError {
+    match error {
+        RemoteWriteError::Unsupported(m) => ProxyError::UnsupportedMediaType(m),
+        RemoteWriteError::TooLarge { limit, .. } => ProxyError::BodyTooLarge { limit },
+        RemoteWriteError::Compress(_) => ProxyError::PushInternal(error.to_string()),
         other => ProxyError::BadData(other.to_string()),
     }
 }
@@ -959,4 +983,38 @@ fn splice_upgraded(
             tracing::debug!(error = %e, "websocket stream ended with an error");
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A body the proxy checked but could not compress again is our
+    /// failure: every push client must keep it and retry (OTLP senders
+    /// retry 503, never 500), where a body it cannot read is dropped (400).
+    #[test]
+    fn a_compressor_failure_makes_push_clients_retry() {
+        let ours = [
+            remote_write_refusal(RemoteWriteError::Compress("snappy: too big".into())),
+            otlp_refusal(otlp::OtlpError::Compress("gzip: stream error".into())),
+        ];
+        for error in ours {
+            assert_eq!(error.metric_label(), "internal");
+            let response = error.into_response();
+            assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+            assert!(response.headers().contains_key(header::RETRY_AFTER));
+        }
+        let otlp = otlp_refusal(otlp::OtlpError::Compress("gzip: stream error".into()))
+            .into_otlp_response(true);
+        assert_eq!(otlp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let theirs = [
+            remote_write_refusal(RemoteWriteError::Malformed("snappy: corrupt".into())),
+            otlp_refusal(otlp::OtlpError::Malformed("gzip: corrupt".into())),
+        ];
+        for error in theirs {
+            let response = error.into_response();
+            assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+            assert!(!response.headers().contains_key(header::RETRY_AFTER));
+        }
+    }
 }

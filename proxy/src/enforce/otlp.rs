@@ -50,6 +50,9 @@ pub enum OtlpError {
     /// 400, under `foreign_label: reject`.
     #[error(transparent)]
     ForeignLabel(#[from] ForeignLabel),
+    /// Our failure, not the body's: 503, the sender keeps the data.
+    #[error("cannot compress the rewritten body: {0}")]
+    Compress(String),
 }
 
 impl From<WireError> for OtlpError {

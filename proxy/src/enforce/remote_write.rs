@@ -54,6 +54,9 @@ pub enum RemoteWriteError {
     Malformed(String),
     #[error("series {0}")]
     ForeignLabel(#[from] ForeignLabel),
+    /// Our failure, not the body's: 503, the sender keeps the data.
+    #[error("cannot compress the rewritten body: {0}")]
+    Compress(String),
     /// 400: a field the declared schema does not define where a receiver
     /// reading the body as the other version would find series.
     #[error(
@@ -260,7 +263,7 @@ fn rewrite_in(
     let n = scratch
         .encoder
         .compress(&scratch.rewritten, &mut scratch.recompressed[..bound])
-        .map_err(snappy)?;
+        .map_err(|e| RemoteWriteError::Compress(format!("snappy: {e}")))?;
     Ok((Rewritten::Body(scratch.recompressed[..n].to_vec()), stats))
 }
 

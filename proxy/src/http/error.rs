@@ -63,6 +63,11 @@ pub enum ProxyError {
     UpstreamTimeout,
     #[error("internal error: {0}")]
     Internal(String),
+    /// Our own failure on a push path (a compressor that failed on a body it
+    /// had checked): 503, so every push client keeps the data and retries
+    /// (OTLP senders drop it on 500).
+    #[error("internal error; retry later: {0}")]
+    PushInternal(String),
 }
 
 /// How long a client should wait before retrying a 503 we produced ourselves.
@@ -94,9 +99,10 @@ impl ProxyError {
             Self::TenantLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            Self::TenantsNotLoaded | Self::VerifierBusy | Self::PushUpstreamUnavailable(_) => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Self::TenantsNotLoaded
+            | Self::VerifierBusy
+            | Self::PushUpstreamUnavailable(_)
+            | Self::PushInternal(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::UpstreamUnavailable(_) => StatusCode::BAD_GATEWAY,
             Self::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -126,7 +132,7 @@ impl ProxyError {
                 "upstream_unavailable"
             }
             Self::UpstreamTimeout => "upstream_timeout",
-            Self::Internal(_) => "internal",
+            Self::Internal(_) | Self::PushInternal(_) => "internal",
         }
     }
 
@@ -144,6 +150,7 @@ impl ProxyError {
             StatusCode::SERVICE_UNAVAILABLE if matches!(self, Self::PushUpstreamUnavailable(_)) => {
                 "upstream"
             }
+            StatusCode::SERVICE_UNAVAILABLE if matches!(self, Self::PushInternal(_)) => "internal",
             StatusCode::SERVICE_UNAVAILABLE => "unavailable",
             StatusCode::BAD_GATEWAY | StatusCode::GATEWAY_TIMEOUT => "upstream",
             _ => "internal",
@@ -155,9 +162,10 @@ impl ProxyError {
             Self::AuthThrottled { retry_after } => Some(*retry_after),
             Self::TenantLimited(refusal) => Some(refusal.retry_after()),
             Self::Overloaded => Some(Duration::from_secs(1)),
-            Self::TenantsNotLoaded | Self::VerifierBusy | Self::PushUpstreamUnavailable(_) => {
-                Some(NOT_READY_RETRY_AFTER)
-            }
+            Self::TenantsNotLoaded
+            | Self::VerifierBusy
+            | Self::PushUpstreamUnavailable(_)
+            | Self::PushInternal(_) => Some(NOT_READY_RETRY_AFTER),
             _ => None,
         }
     }

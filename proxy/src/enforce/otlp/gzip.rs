@@ -74,7 +74,7 @@ pub(super) fn deflate_member(gzip: &mut Compress, input: &[u8]) -> Result<Vec<u8
         let consumed = gzip.total_in() as usize;
         let status = gzip
             .compress_vec(&input[consumed..], &mut out, FlushCompress::Finish)
-            .map_err(gzip_error)?;
+            .map_err(|e| OtlpError::Compress(format!("gzip: {e}")))?;
         match status {
             Status::StreamEnd => return Ok(out),
             _ => out.reserve(out.capacity().max(4096)),
@@ -82,8 +82,7 @@ pub(super) fn deflate_member(gzip: &mut Compress, input: &[u8]) -> Result<Vec<u8
     }
 }
 
-/// A body gzip cannot read; a compressor failure (zlib fails only when
-/// misused) is reported the same way.
+/// A body gzip cannot read.
 fn gzip_error(why: impl std::fmt::Display) -> OtlpError {
     OtlpError::Malformed(format!("gzip: {why}"))
 }
