@@ -370,12 +370,17 @@ pub struct MetricsConfig {
     #[serde(default)]
     pub otlp_forward_encoding: OtlpForwardEncoding,
     /// Label mode: how many enforced queries and selectors are remembered
-    /// (with a quarter as many query shapes); 0 remembers none.
+    /// (with a quarter as many query shapes); 0 remembers none, at most
+    /// [`MAX_QUERY_CACHE_SIZE`].
     #[serde(default = "defaults::query_cache_size")]
     pub query_cache_size: usize,
     /// For an `https://` upstream (both `upstream` and `push_upstream`).
     pub tls: Option<UpstreamTls>,
 }
+
+/// The largest `metrics.query_cache_size`: at 3 KiB of text per query
+/// and per shape (a quarter as many), the memo holds at most 370 MiB.
+pub const MAX_QUERY_CACHE_SIZE: usize = 100_000;
 
 /// How label mode forwards an OTLP metrics body it relabelled.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -765,6 +770,14 @@ impl Config {
             }
             HeaderName::from_bytes(metrics.header.as_bytes())
                 .map_err(|_| format!("metrics.header {:?} is not a header name", metrics.header))?;
+            // The memo's byte bounds grow with it: a slip of a few zeros
+            // would let it hold gigabytes.
+            if metrics.query_cache_size > MAX_QUERY_CACHE_SIZE {
+                return Err(format!(
+                    "metrics.query_cache_size must be at most {MAX_QUERY_CACHE_SIZE} \
+                     (the memo may then hold about 370 MiB of text)"
+                ));
+            }
         }
         let upstreams = [
             self.logs
@@ -915,6 +928,22 @@ mod tests {
         );
         let metrics = Config::parse(&no_cache).unwrap().metrics.unwrap();
         assert_eq!(metrics.query_cache_size, 0);
+        let cache = |n: usize| {
+            Config::parse(&format!(
+                "{MINIMAL}metrics:\n  upstream: http://127.0.0.1:9090\n  query_cache_size: {n}\n"
+            ))
+        };
+        assert_eq!(
+            cache(MAX_QUERY_CACHE_SIZE)
+                .unwrap()
+                .metrics
+                .unwrap()
+                .query_cache_size,
+            MAX_QUERY_CACHE_SIZE
+        );
+        assert!(cache(MAX_QUERY_CACHE_SIZE + 1)
+            .unwrap_err()
+            .contains("query_cache_size must be at most 100000"));
         let header = format!("{MINIMAL}metrics:\n  upstream: http://127.0.0.1:9090\n  mode: header\n  header: THANOS-TENANT\n");
         assert_eq!(
             Config::parse(&header).unwrap().metrics.unwrap().mode,
