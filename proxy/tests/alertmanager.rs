@@ -5,6 +5,8 @@
 mod support;
 
 use http::{Method, StatusCode};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
 use serde_json::{json, Value};
 use support::alertmanager::{AlertmanagerProcess, WEBHOOK_SECRET};
 use support::{basic, send, tenants_with_namespaces, ProxyOptions, RunningProxy, TenantSpec};
@@ -293,4 +295,296 @@ async fn silences_are_created_listed_and_expired_only_by_their_tenant() {
         .unwrap()
         .json();
     assert_eq!(expired["status"]["state"], "expired");
+}
+
+/// team-a's namespaces, which every silence of team-a must pin.
+const OWNED: &[&str] = &["team-a", "team-a-2"];
+
+/// Whether `matchers` (a silence as Alertmanager stores it) can silence
+/// nothing outside `owned`: one of them must be an equality on `namespace`
+/// to an owned value, or a regex whose alternatives are all owned values
+/// written literally (Alertmanager anchors a regex, so it then matches
+/// those values only).
+fn pinned_to(matchers: &Value, owned: &[&str]) -> bool {
+    let literal = |v: &str| {
+        !v.is_empty()
+            && v.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    };
+    matchers.as_array().unwrap().iter().any(|m| {
+        let value = m["value"].as_str().unwrap();
+        m["name"] == "namespace"
+            && m["isEqual"] != false
+            && if m["isRegex"] == true {
+                value.split('|').all(|v| literal(v) && owned.contains(&v))
+            } else {
+                owned.contains(&value)
+            }
+    })
+}
+
+#[derive(Debug, Clone)]
+enum Target {
+    /// team-b's silence, made before the run.
+    Theirs,
+    /// One team-a made earlier in the run, if any.
+    Own,
+    /// An id Alertmanager does not know.
+    Unknown,
+}
+
+#[derive(Debug, Clone)]
+enum Action {
+    /// A silence as JSON text, written with the tricks below.
+    Create {
+        matchers: Vec<(&'static str, &'static str, bool, Option<bool>)>,
+        update: Option<Target>,
+        /// `Matchers` for `matchers` (Go's decoder ignores the case).
+        key_case: bool,
+        /// A second `matchers` key naming team-b (Go's decoder keeps the
+        /// last).
+        repeated: bool,
+    },
+    Expire(Target),
+    Read(&'static str),
+}
+
+fn action_strategy() -> impl Strategy<Value = Action> {
+    let matcher = (
+        prop::sample::select(
+            &[
+                "namespace",
+                "namespace",
+                "namespace",
+                "alertname",
+                "alertname",
+                "Namespace",
+                "namespace ",
+            ][..],
+        ),
+        prop::sample::select(
+            &[
+                "team-a",
+                "team-a-2",
+                "team-b",
+                "team-a|team-a-2",
+                "team-a|team-b",
+                "(team-a|team-b)",
+                "team-.*",
+                ".*",
+                "",
+                "Down",
+            ][..],
+        ),
+        any::<bool>(),
+        prop::option::of(any::<bool>()),
+    );
+    let target = prop_oneof![
+        Just(Target::Theirs),
+        Just(Target::Own),
+        Just(Target::Unknown)
+    ];
+    prop_oneof![
+        4 => (
+            prop::collection::vec(matcher, 1..4),
+            prop::option::of(target.clone()),
+            prop::bool::weighted(0.1),
+            prop::bool::weighted(0.1),
+        )
+            .prop_map(|(matchers, update, key_case, repeated)| Action::Create {
+                matchers,
+                update,
+                key_case,
+                repeated,
+            }),
+        1 => target.prop_map(Action::Expire),
+        1 => prop::sample::select(
+            &[
+                "/api/v2/silences",
+                "/api/v2/alerts",
+                "/api/v2/alerts/groups",
+                "/api/v2/alerts?filter=namespace%3D%22team-b%22",
+            ][..]
+        )
+        .prop_map(Action::Read),
+    ]
+}
+
+fn silence_text(action: &Action, id: Option<&str>) -> String {
+    let Action::Create {
+        matchers,
+        key_case,
+        repeated,
+        ..
+    } = action
+    else {
+        unreachable!()
+    };
+    let list: Vec<Value> = matchers
+        .iter()
+        .map(|&(name, value, is_regex, is_equal)| {
+            let mut m = json!({"name": name, "value": value, "isRegex": is_regex});
+            if let Some(is_equal) = is_equal {
+                m["isEqual"] = Value::from(is_equal);
+            }
+            m
+        })
+        .collect();
+    let key = if *key_case { "Matchers" } else { "matchers" };
+    let mut text = format!("{{\"{key}\": {}", Value::from(list));
+    if *repeated {
+        text.push_str(
+            r#", "matchers": [{"name": "namespace", "value": "team-b", "isRegex": false}]"#,
+        );
+    }
+    if let Some(id) = id {
+        text.push_str(&format!(", \"id\": {}", Value::from(id)));
+    }
+    text.push_str(
+        r#", "startsAt": "2026-01-01T00:00:00Z", "endsAt": "2099-01-01T00:00:00Z", "createdBy": "prop", "comment": "generated"}"#,
+    );
+    text
+}
+
+/// Whether an answer team-a read through the proxy holds only its own.
+fn read_is_own(path: &str, answer: &Value) -> bool {
+    let own_alert = |a: &Value| OWNED.contains(&a["labels"]["namespace"].as_str().unwrap_or(""));
+    let mut list = answer.as_array().unwrap().iter();
+    match path {
+        "/api/v2/silences" => list.all(|s| pinned_to(&s["matchers"], OWNED)),
+        "/api/v2/alerts/groups" => {
+            list.all(|g| g["alerts"].as_array().unwrap().iter().all(own_alert))
+        }
+        _ => list.all(own_alert),
+    }
+}
+
+/// What the real Alertmanager holds: team-b's silence (`theirs`) as it was
+/// made, every other live silence pinned to team-a's namespaces.
+async fn held_silences_are_scoped(am: &AlertmanagerProcess, theirs: &Value) -> Result<(), String> {
+    let all = am
+        .call(Method::GET, "/api/v2/silences", "")
+        .await
+        .unwrap()
+        .json();
+    for s in all.as_array().unwrap() {
+        if s["id"] == theirs["id"] {
+            if s != theirs {
+                return Err(format!("team-b's silence changed: {s}"));
+            }
+        } else if s["status"]["state"] != "expired" && !pinned_to(&s["matchers"], OWNED) {
+            return Err(format!("a silence beyond team-a's namespaces: {s}"));
+        }
+    }
+    Ok(())
+}
+
+/// The promise of label mode's Alertmanager routes as a property: whatever
+/// team-a sends (silences of any matchers, as updates of any silence, with
+/// the keys Go's decoder reads otherwise; expiries; reads), every silence
+/// it leaves in the real Alertmanager silences its own namespaces only,
+/// team-b's silence stays as it was, and what team-a reads is its own.
+#[test]
+fn no_silence_or_answer_of_team_a_reaches_beyond_its_namespaces() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (am, proxy, theirs) = runtime.block_on(async {
+        let (am, proxy) = setup().await;
+        let b = call(
+            &proxy,
+            "bob",
+            Method::POST,
+            "/api/v2/silences",
+            &silence(json!([{"name": "namespace", "value": "team-b", "isRegex": false}])),
+        )
+        .await;
+        assert_eq!(b.status, StatusCode::OK, "{}", b.text());
+        let id = b.json()["silenceID"].as_str().unwrap().to_owned();
+        let stored = am
+            .call(Method::GET, &format!("/api/v2/silence/{id}"), "")
+            .await
+            .unwrap()
+            .json();
+        (am, proxy, stored)
+    });
+    let their_id = theirs["id"].as_str().unwrap().to_owned();
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(128);
+    let mut runner = TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let own = std::cell::RefCell::new(Vec::<String>::new());
+    let prefixes = ["/api/v2", "/alertmanager/api/v2", "//api/v2", "/api/./v2"];
+    let (created, refused) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
+    let result = runner.run(
+        &(action_strategy(), 0..prefixes.len()),
+        |(action, prefix)| {
+            let prefix = prefixes[prefix];
+            let id_of = |target: &Target| match target {
+                Target::Theirs => their_id.clone(),
+                Target::Own => own
+                    .borrow()
+                    .last()
+                    .cloned()
+                    .unwrap_or_else(|| their_id.clone()),
+                Target::Unknown => "00000000-0000-0000-0000-000000000000".to_owned(),
+            };
+            runtime.block_on(async {
+                let reply = match &action {
+                    Action::Create { update, .. } => {
+                        let id = update.as_ref().map(id_of);
+                        let body = silence_text(&action, id.as_deref());
+                        let path = format!("{prefix}/silences");
+                        call(&proxy, "alice", Method::POST, &path, &body).await
+                    }
+                    Action::Expire(target) => {
+                        let path = format!("{prefix}/silence/{}", id_of(target));
+                        call(&proxy, "alice", Method::DELETE, &path, "").await
+                    }
+                    Action::Read(path) => {
+                        let path = format!("{prefix}{}", path.trim_start_matches("/api/v2"));
+                        call(&proxy, "alice", Method::GET, &path, "").await
+                    }
+                };
+                let fail = |why: String| {
+                    TestCaseError::fail(format!(
+                        "{why} after {action:?} at {prefix}: {} {}",
+                        reply.status,
+                        reply.text()
+                    ))
+                };
+                match (&action, reply.status) {
+                    (Action::Create { .. }, StatusCode::OK) => {
+                        created.set(created.get() + 1);
+                        let id = reply.json()["silenceID"].as_str().unwrap().to_owned();
+                        own.borrow_mut().push(id);
+                    }
+                    (Action::Create { .. }, _) => refused.set(refused.get() + 1),
+                    (Action::Read(path), StatusCode::OK) if !read_is_own(path, &reply.json()) => {
+                        return Err(fail("team-a read what is not its own".into()));
+                    }
+                    _ => {}
+                }
+                held_silences_are_scoped(&am, &theirs).await.map_err(fail)?;
+                Ok(())
+            })
+        },
+    );
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    // The generator must reach both answers, or the property says little.
+    assert!(
+        created.get() >= 5,
+        "only {} silences created",
+        created.get()
+    );
+    assert!(
+        refused.get() >= 5,
+        "only {} silences refused",
+        refused.get()
+    );
 }
