@@ -1,6 +1,7 @@
 //! The proxy's promise as a property: for any generated request (paths with
-//! tricks, PromQL good and bad, parameters in the URL and the body, spoofed
-//! identity headers), whatever reaches an upstream carries the
+//! tricks, on query, push, OTLP and rules endpoints; PromQL good and bad,
+//! parameters in the URL and the body, spoofed identity headers), whatever
+//! reaches an upstream carries the
 //! authenticated tenant and no other: Loki exactly one `X-Scope-OrgID`
 //! with the credential's tenant, Prometheus (label mode) no tenant header
 //! and every selector of every query or `match[]` holding the tenant's
@@ -40,6 +41,16 @@ const PATHS: &[&str] = &[
     "/api/v1/status/config",
     "/api/v1/admin/tsdb/delete_series",
     "/loki/api/v1/delete",
+    "/loki/api/v1/push",
+    "/otlp/v1/logs",
+    "/loki/api/v1/rules",
+    "/loki/api/v1/rules/ns/group",
+    "/api/prom/rules/ns",
+    "/prometheus/api/v1/rules",
+    "/prometheus/api/v1/alerts",
+    "/api/v1/write",
+    "/api/v1/otlp/v1/metrics",
+    "/otlp/v1/metrics",
 ];
 
 /// Metrics paths and the parameter Prometheus (and Thanos) reads selectors
