@@ -1,11 +1,11 @@
 //! The proxy's promise as a property: for any generated request (paths with
 //! tricks, on query, push, OTLP and rules endpoints; PromQL good and bad,
 //! parameters in the URL and the body, spoofed identity headers), whatever
-//! reaches an upstream carries the
-//! authenticated tenant and no other: Loki exactly one `X-Scope-OrgID`
-//! with the credential's tenant, Prometheus (label mode) no tenant header
-//! and every selector of every query or `match[]` holding the tenant's
-//! matcher. Anything else must have been refused.
+//! reaches an upstream carries the authenticated tenant and no other: Loki
+//! exactly one `X-Scope-OrgID` with the credential's tenant, Prometheus
+//! (label mode) no tenant header and every selector of every query or
+//! `match[]` holding the tenant's matcher. Anything else must have been
+//! refused.
 
 mod support;
 
