@@ -274,6 +274,9 @@ struct Outcome {
     /// An OTLP route: errors are OTLP `Status` messages, JSON when the
     /// request was JSON (`Some(true)`), protobuf otherwise.
     otlp_json: Option<bool>,
+    /// A push route: failures that are not the client's become 503, which
+    /// every push client retries.
+    push: bool,
 }
 
 impl Outcome {
@@ -338,6 +341,11 @@ pub async fn handle(
                     .metrics
                     .count_limited(None, outcome.surface, "global_concurrency");
             }
+            let error = if outcome.push {
+                error.on_push_path()
+            } else {
+                error
+            };
             match outcome.otlp_json {
                 Some(json) => error.into_otlp_response(json),
                 None => error.into_response(),
@@ -390,6 +398,7 @@ async fn proxy(
         .insert(path::normalise(request.uri().path()).map_err(ProxyError::BadPath)?);
     let route = state.routes.classify(request.method(), path)?;
     outcome.surface = Some(route.surface());
+    outcome.push = route.operation.is_push();
     if route.operation.is_otlp() {
         let content_type = request.headers().get(header::CONTENT_TYPE);
         let json = content_type.is_some_and(|ct| {
@@ -564,13 +573,7 @@ async fn proxy(
                 .map_err(ProxyError::metric_label),
         );
     }
-    let mut response = answered.map_err(|e| {
-        if route.operation.is_push() {
-            e.on_push_path()
-        } else {
-            e
-        }
-    })?;
+    let mut response = answered?;
     state
         .metrics
         .upstream_duration
@@ -1007,6 +1010,10 @@ mod tests {
         let otlp = otlp_refusal(otlp::OtlpError::Compress("gzip: stream error".into()))
             .into_otlp_response(true);
         assert_eq!(otlp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        // Any other failure of ours on a push path too.
+        let other = ProxyError::Internal("route without an upstream".into()).on_push_path();
+        assert_eq!(other.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(other.metric_label(), "internal");
         let theirs = [
             remote_write_refusal(RemoteWriteError::Malformed("snappy: corrupt".into())),
             otlp_refusal(otlp::OtlpError::Malformed("gzip: corrupt".into())),

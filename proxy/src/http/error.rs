@@ -170,10 +170,13 @@ impl ProxyError {
         }
     }
 
-    /// Push clients must retry when the upstream is unreachable: 503 there.
+    /// Push clients must retry when the upstream is unreachable or we
+    /// failed: 503 there, which every push client retries (OTLP senders
+    /// drop the data on 500).
     pub fn on_push_path(self) -> Self {
         match self {
             Self::UpstreamUnavailable(cause) => Self::PushUpstreamUnavailable(cause),
+            Self::Internal(why) => Self::PushInternal(why),
             other => other,
         }
     }
