@@ -31,6 +31,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- if eq $.Values.metrics.mode "label" }}
 {{- $_ := set $metrics "label" $.Values.metrics.label }}
 {{- $_ := set $metrics "foreign_label" $.Values.metrics.foreignLabel }}
+{{- $_ := set $metrics "query_cache_size" (int $.Values.metrics.queryCacheSize) }}
+{{- $_ := set $metrics "otlp_forward_encoding" $.Values.metrics.otlpForwardEncoding }}
 {{- else }}
 {{- $_ := set $metrics "header" $.Values.metrics.header }}
 {{- end }}
