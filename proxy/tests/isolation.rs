@@ -4,8 +4,9 @@
 //! reaches an upstream carries the authenticated tenant and no other: Loki
 //! exactly one `X-Scope-OrgID` with the credential's tenant, Prometheus
 //! (label mode) no tenant header and every selector of every query or
-//! `match[]` holding the tenant's matcher. Anything else must have been
-//! refused.
+//! `match[]` holding the tenant's matcher, Mimir (header mode, with its
+//! ruler and Alertmanager paths) exactly the tenant's header. Anything
+//! else must have been refused.
 
 mod support;
 
@@ -51,6 +52,11 @@ const PATHS: &[&str] = &[
     "/api/v1/write",
     "/api/v1/otlp/v1/metrics",
     "/otlp/v1/metrics",
+    "/config/v1/rules",
+    "/config/v1/rules/ns",
+    "/rules/ns/group",
+    "/alertmanager/api/v2/alerts",
+    "/alertmanager/api/v2/silences",
 ];
 
 /// Metrics paths and the parameter Prometheus (and Thanos) reads selectors
@@ -216,8 +222,9 @@ fn every_selector_scoped(expr: &Expr, tenant: &str) -> bool {
     }
 }
 
-/// What must hold of one forwarded request; `Err` names the violation.
-fn check_forwarded(seen: &Received, tenant: &str, logs: bool) -> Result<(), String> {
+/// What must hold of one forwarded request (`by_header`: to Loki, or to
+/// Mimir in metrics header mode); `Err` names the violation.
+fn check_forwarded(seen: &Received, tenant: &str, by_header: bool) -> Result<(), String> {
     let values = |name: &str| -> Vec<String> {
         seen.headers
             .get_all(name)
@@ -228,7 +235,7 @@ fn check_forwarded(seen: &Received, tenant: &str, logs: bool) -> Result<(), Stri
     if !values("authorization").is_empty() || !values("x-prom-label-policy").is_empty() {
         return Err(format!("identity header forwarded to {}", seen.path));
     }
-    if logs {
+    if by_header {
         if values("x-scope-orgid") != [tenant] {
             return Err(format!(
                 "{}: X-Scope-OrgID {:?}",
@@ -269,15 +276,40 @@ fn check_forwarded(seen: &Received, tenant: &str, logs: bool) -> Result<(), Stri
 
 #[test]
 fn nothing_reaches_an_upstream_without_the_authenticated_tenant() {
+    nothing_reaches_an_upstream_without_the_tenant_in(MetricsMode::Label);
+}
+
+/// The same with Mimir behind metrics header mode, its Alertmanager too:
+/// every metrics, rules and alerting request carries exactly the tenant's
+/// header.
+#[test]
+fn nothing_reaches_mimir_without_the_authenticated_tenant() {
+    nothing_reaches_an_upstream_without_the_tenant_in(MetricsMode::Header);
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum MetricsMode {
+    Label,
+    Header,
+}
+
+fn nothing_reaches_an_upstream_without_the_tenant_in(mode: MetricsMode) {
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let (loki, prometheus, proxy) = runtime.block_on(async {
+    let (loki, metrics, proxy) = runtime.block_on(async {
         support::captured_logs();
         let loki = LokiStandIn::start().await;
-        let prometheus = LokiStandIn::start().await;
+        let metrics = LokiStandIn::start().await;
         let mut options = ProxyOptions::new(loki.url());
-        options.metrics = Some(format!("  upstream: {}\n  mode: label\n", prometheus.url()));
+        options.metrics = Some(match mode {
+            MetricsMode::Label => format!("  upstream: {}\n  mode: label\n", metrics.url()),
+            MetricsMode::Header => {
+                let alerts = format!("alerts:\n  upstream: {}\n", metrics.url());
+                options.extra = Box::leak(alerts.into_boxed_str());
+                format!("  upstream: {}\n  mode: header\n", metrics.url())
+            }
+        });
         let proxy = RunningProxy::start(options).await;
-        (loki, prometheus, proxy)
+        (loki, metrics, proxy)
     });
     // 256 cases, or as many as `PROPTEST_CASES` asks for a longer run.
     let cases = std::env::var("PROPTEST_CASES")
@@ -291,16 +323,16 @@ fn nothing_reaches_an_upstream_without_the_authenticated_tenant() {
     });
     let forwarded = std::cell::Cell::new(0);
     let result = runner.run(&case_strategy(), |case| {
-        let (before_logs, before_metrics) = (loki.received().len(), prometheus.received().len());
+        let (before_logs, before_metrics) = (loki.received().len(), metrics.received().len());
         let status = runtime.block_on(send_case(&proxy, &case));
         let tenant = USERS[case.user].2;
-        for (stand_in, before, logs) in [
+        for (stand_in, before, by_header) in [
             (&loki, before_logs, true),
-            (&prometheus, before_metrics, false),
+            (&metrics, before_metrics, mode == MetricsMode::Header),
         ] {
             for seen in &stand_in.received()[before..] {
                 forwarded.set(forwarded.get() + 1);
-                check_forwarded(seen, tenant, logs).map_err(|violation| {
+                check_forwarded(seen, tenant, by_header).map_err(|violation| {
                     TestCaseError::fail(format!("{violation} (answered {status}) for {case:?}"))
                 })?;
             }
