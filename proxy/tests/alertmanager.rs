@@ -6,7 +6,6 @@ mod support;
 
 use http::{Method, StatusCode};
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestRunner};
 use serde_json::{json, Value};
 use support::alertmanager::{AlertmanagerProcess, WEBHOOK_SECRET};
 use support::{basic, send, tenants_with_namespaces, ProxyOptions, RunningProxy, TenantSpec};
@@ -507,15 +506,7 @@ fn no_silence_or_answer_of_team_a_reaches_beyond_its_namespaces() {
         (am, proxy, stored)
     });
     let their_id = theirs["id"].as_str().unwrap().to_owned();
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(128);
-    let mut runner = TestRunner::new(Config {
-        cases,
-        failure_persistence: None,
-        ..Config::default()
-    });
+    let mut runner = support::property_runner(128);
     let own = std::cell::RefCell::new(Vec::<String>::new());
     let prefixes = ["/api/v2", "/alertmanager/api/v2", "//api/v2", "/api/./v2"];
     let (created, refused) = (std::cell::Cell::new(0), std::cell::Cell::new(0));

@@ -14,7 +14,6 @@ use http::{Method, StatusCode};
 use promql_parser::label::MatchOp;
 use promql_parser::parser::{self, Expr, VectorSelector};
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestRunner};
 use support::loki::{LokiStandIn, Received};
 use support::{basic, send, ProxyOptions, RunningProxy};
 
@@ -311,16 +310,7 @@ fn nothing_reaches_an_upstream_without_the_tenant_in(mode: MetricsMode) {
         let proxy = RunningProxy::start(options).await;
         (loki, metrics, proxy)
     });
-    // 256 cases, or as many as `PROPTEST_CASES` asks for a longer run.
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(256);
-    let mut runner = TestRunner::new(Config {
-        cases,
-        failure_persistence: None,
-        ..Config::default()
-    });
+    let mut runner = support::property_runner(256);
     let forwarded = std::cell::Cell::new(0);
     let result = runner.run(&case_strategy(), |case| {
         let (before_logs, before_metrics) = (loki.received().len(), metrics.received().len());

@@ -104,6 +104,21 @@ pub fn two_tenants() -> String {
     ])
 }
 
+/// A property test's runner through a running server: `default_cases`, or
+/// as many as `PROPTEST_CASES` asks for a longer run; no failure file (the
+/// failing case is printed).
+pub fn property_runner(default_cases: u32) -> proptest::test_runner::TestRunner {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(default_cases);
+    proptest::test_runner::TestRunner::new(proptest::test_runner::Config {
+        cases,
+        failure_persistence: None,
+        ..proptest::test_runner::Config::default()
+    })
+}
+
 /// Replaces a file the way tenant-sync and kubelet do: write aside, rename.
 pub fn replace_file(path: &Path, content: &str) {
     let tmp = path.with_extension("tmp");
