@@ -69,6 +69,14 @@ fn namespaces_of(alerts: &Value) -> Vec<String> {
     out
 }
 
+/// A silence as Alertmanager holds it, read from it directly.
+async fn held(am: &AlertmanagerProcess, id: &str) -> Value {
+    am.call(Method::GET, &format!("/api/v2/silence/{id}"), "")
+        .await
+        .unwrap()
+        .json()
+}
+
 fn silence(matchers: Value) -> String {
     json!({
         "matchers": matchers,
@@ -161,11 +169,7 @@ async fn silences_are_created_listed_and_expired_only_by_their_tenant() {
     .await;
     assert_eq!(created.status, StatusCode::OK, "{}", created.text());
     let a_id = created.json()["silenceID"].as_str().unwrap().to_owned();
-    let stored = am
-        .call(Method::GET, &format!("/api/v2/silence/{a_id}"), "")
-        .await
-        .unwrap();
-    let matchers = stored.json()["matchers"].clone();
+    let matchers = held(&am, &a_id).await["matchers"].clone();
     assert!(
         matchers
             .as_array()
@@ -261,11 +265,7 @@ async fn silences_are_created_listed_and_expired_only_by_their_tenant() {
     takeover["id"] = Value::from(b_id.clone());
     let takeover = post("alice", takeover.to_string()).await;
     assert_eq!(takeover.status, StatusCode::FORBIDDEN);
-    let still = am
-        .call(Method::GET, &format!("/api/v2/silence/{b_id}"), "")
-        .await
-        .unwrap()
-        .json();
+    let still = held(&am, &b_id).await;
     assert_eq!(still["status"]["state"], "active");
     assert_eq!(still["matchers"][0]["value"], "team-b");
 
@@ -288,11 +288,7 @@ async fn silences_are_created_listed_and_expired_only_by_their_tenant() {
     )
     .await;
     assert_eq!(own.status, StatusCode::OK, "{}", own.text());
-    let expired = am
-        .call(Method::GET, &format!("/api/v2/silence/{a_id}"), "")
-        .await
-        .unwrap()
-        .json();
+    let expired = held(&am, &a_id).await;
     assert_eq!(expired["status"]["state"], "expired");
 }
 
@@ -498,11 +494,7 @@ fn no_silence_or_answer_of_team_a_reaches_beyond_its_namespaces() {
         .await;
         assert_eq!(b.status, StatusCode::OK, "{}", b.text());
         let id = b.json()["silenceID"].as_str().unwrap().to_owned();
-        let stored = am
-            .call(Method::GET, &format!("/api/v2/silence/{id}"), "")
-            .await
-            .unwrap()
-            .json();
+        let stored = held(&am, &id).await;
         (am, proxy, stored)
     });
     let their_id = theirs["id"].as_str().unwrap().to_owned();
