@@ -328,18 +328,22 @@ enum Target {
     Unknown,
 }
 
+/// A silence team-a posts, as JSON text written with the tricks below.
+#[derive(Debug, Clone)]
+struct Draft {
+    /// (name, value, isRegex, isEqual if given)
+    matchers: Vec<(&'static str, &'static str, bool, Option<bool>)>,
+    /// The silence it claims to update, if any.
+    update: Option<Target>,
+    /// `Matchers` for `matchers` (Go's decoder ignores the case).
+    key_case: bool,
+    /// A second `matchers` key naming team-b (Go's decoder keeps the last).
+    repeated: bool,
+}
+
 #[derive(Debug, Clone)]
 enum Action {
-    /// A silence as JSON text, written with the tricks below.
-    Create {
-        matchers: Vec<(&'static str, &'static str, bool, Option<bool>)>,
-        update: Option<Target>,
-        /// `Matchers` for `matchers` (Go's decoder ignores the case).
-        key_case: bool,
-        /// A second `matchers` key naming team-b (Go's decoder keeps the
-        /// last).
-        repeated: bool,
-    },
+    Create(Draft),
     Expire(Target),
     Read(&'static str),
 }
@@ -386,12 +390,12 @@ fn action_strategy() -> impl Strategy<Value = Action> {
             prop::bool::weighted(0.1),
             prop::bool::weighted(0.1),
         )
-            .prop_map(|(matchers, update, key_case, repeated)| Action::Create {
+            .prop_map(|(matchers, update, key_case, repeated)| Action::Create(Draft {
                 matchers,
                 update,
                 key_case,
                 repeated,
-            }),
+            })),
         1 => target.prop_map(Action::Expire),
         1 => prop::sample::select(
             &[
@@ -405,40 +409,39 @@ fn action_strategy() -> impl Strategy<Value = Action> {
     ]
 }
 
-fn silence_text(action: &Action, id: Option<&str>) -> String {
-    let Action::Create {
-        matchers,
-        key_case,
-        repeated,
-        ..
-    } = action
-    else {
-        unreachable!()
-    };
-    let list: Vec<Value> = matchers
-        .iter()
-        .map(|&(name, value, is_regex, is_equal)| {
-            let mut m = json!({"name": name, "value": value, "isRegex": is_regex});
-            if let Some(is_equal) = is_equal {
-                m["isEqual"] = Value::from(is_equal);
-            }
-            m
-        })
-        .collect();
-    let key = if *key_case { "Matchers" } else { "matchers" };
-    let mut text = format!("{{\"{key}\": {}", Value::from(list));
-    if *repeated {
+impl Draft {
+    /// The JSON text, with `id` when it claims to update that silence.
+    fn text(&self, id: Option<&str>) -> String {
+        let list: Vec<Value> = self
+            .matchers
+            .iter()
+            .map(|&(name, value, is_regex, is_equal)| {
+                let mut m = json!({"name": name, "value": value, "isRegex": is_regex});
+                if let Some(is_equal) = is_equal {
+                    m["isEqual"] = Value::from(is_equal);
+                }
+                m
+            })
+            .collect();
+        let key = if self.key_case {
+            "Matchers"
+        } else {
+            "matchers"
+        };
+        let mut text = format!("{{\"{key}\": {}", Value::from(list));
+        if self.repeated {
+            text.push_str(
+                r#", "matchers": [{"name": "namespace", "value": "team-b", "isRegex": false}]"#,
+            );
+        }
+        if let Some(id) = id {
+            text.push_str(&format!(", \"id\": {}", Value::from(id)));
+        }
         text.push_str(
-            r#", "matchers": [{"name": "namespace", "value": "team-b", "isRegex": false}]"#,
+            r#", "startsAt": "2026-01-01T00:00:00Z", "endsAt": "2099-01-01T00:00:00Z", "createdBy": "prop", "comment": "generated"}"#,
         );
+        text
     }
-    if let Some(id) = id {
-        text.push_str(&format!(", \"id\": {}", Value::from(id)));
-    }
-    text.push_str(
-        r#", "startsAt": "2026-01-01T00:00:00Z", "endsAt": "2099-01-01T00:00:00Z", "createdBy": "prop", "comment": "generated"}"#,
-    );
-    text
 }
 
 /// Whether an answer team-a read through the proxy holds only its own.
@@ -517,9 +520,9 @@ fn no_silence_or_answer_of_team_a_reaches_beyond_its_namespaces() {
             };
             runtime.block_on(async {
                 let reply = match &action {
-                    Action::Create { update, .. } => {
-                        let id = update.as_ref().map(id_of);
-                        let body = silence_text(&action, id.as_deref());
+                    Action::Create(draft) => {
+                        let id = draft.update.as_ref().map(id_of);
+                        let body = draft.text(id.as_deref());
                         let path = format!("{prefix}/silences");
                         call(&proxy, "alice", Method::POST, &path, &body).await
                     }
@@ -540,12 +543,12 @@ fn no_silence_or_answer_of_team_a_reaches_beyond_its_namespaces() {
                     ))
                 };
                 match (&action, reply.status) {
-                    (Action::Create { .. }, StatusCode::OK) => {
+                    (Action::Create(_), StatusCode::OK) => {
                         created.set(created.get() + 1);
                         let id = reply.json()["silenceID"].as_str().unwrap().to_owned();
                         own.borrow_mut().push(id);
                     }
-                    (Action::Create { .. }, _) => refused.set(refused.get() + 1),
+                    (Action::Create(_), _) => refused.set(refused.get() + 1),
                     (Action::Read(path), StatusCode::OK) if !read_is_own(path, &reply.json()) => {
                         return Err(fail("team-a read what is not its own".into()));
                     }
