@@ -17,6 +17,7 @@ use opentelemetry_proto::tonic::metrics::v1::{
     ScopeMetrics, Sum,
 };
 use opentelemetry_proto::tonic::resource::v1::Resource;
+use proptest::prelude::*;
 use prost::Message;
 use support::loki::LokiStandIn;
 use support::{basic, send, ProxyOptions, Reply, RunningProxy, TenantSpec};
@@ -516,4 +517,106 @@ async fn an_unreachable_receiver_makes_otlp_senders_retry() {
         14,
         "UNAVAILABLE"
     );
+}
+
+/// Attribute keys a sender could use to claim the label
+/// `k8s_namespace_name` (spellings the receiver turns into it, and near
+/// misses it does not), and others.
+const CLAIM_KEYS: &[&str] = &[
+    "k8s.namespace.name",
+    "k8s-namespace-name",
+    "k8s_namespace_name",
+    "k8s/namespace/name",
+    "K8s.namespace.name",
+    "k8s.namespace.name ",
+    "route",
+    "service.name",
+    "service.instance.id",
+];
+
+const CLAIM_VALUES: &[&str] = &["team-a", "team-a-staging", "team-b", "", ".*"];
+
+fn attributes_strategy() -> impl Strategy<Value = Vec<KeyValue>> {
+    prop::collection::vec(
+        (
+            prop::sample::select(CLAIM_KEYS),
+            prop::sample::select(CLAIM_VALUES),
+        )
+            .prop_map(|(k, v)| kv(k, v)),
+        0..4,
+    )
+}
+
+/// A request with generated attributes at resource, scope and data-point
+/// level, over the gauge, counter and histogram of [`metrics_request`].
+fn generated_request(
+    resource: Vec<KeyValue>,
+    scope: Vec<KeyValue>,
+    points: Vec<KeyValue>,
+) -> ExportMetricsServiceRequest {
+    let mut request = metrics_request(&points);
+    let resource_metrics = &mut request.resource_metrics[0];
+    resource_metrics.resource.as_mut().unwrap().attributes = resource;
+    resource_metrics.scope_metrics[0]
+        .scope
+        .as_mut()
+        .unwrap()
+        .attributes = scope;
+    request
+}
+
+/// Through the server, for generated attributes at every level, gzip or
+/// not: every series the Prometheus 3 stand-in stores from an accepted
+/// request carries `k8s_namespace_name` with one of the tenant's values;
+/// a refused request stores nothing.
+#[test]
+fn every_series_stored_from_a_generated_otlp_request_is_the_tenants() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (prometheus, proxy) = runtime.block_on(label_mode(""));
+    let alice = basic("alice", "alice-pw");
+    let mut runner = support::property_runner(64);
+    let accepted = std::cell::Cell::new(0);
+    let strategy = (
+        attributes_strategy(),
+        attributes_strategy(),
+        attributes_strategy(),
+        any::<bool>(),
+    );
+    let result = runner.run(&strategy, |(resource, scope, points, gz)| {
+        let raw = generated_request(resource, scope, points).encode_to_vec();
+        let mut headers = vec![("content-type", "application/x-protobuf")];
+        let body = if gz {
+            headers.push(("content-encoding", "gzip"));
+            gzip(&raw)
+        } else {
+            raw
+        };
+        let before = prometheus.otlp_series().len();
+        let reply = runtime.block_on(post(
+            &proxy,
+            "/api/v1/otlp/v1/metrics",
+            &alice,
+            &headers,
+            body,
+        ));
+        let stored = prometheus.otlp_series()[before..].to_vec();
+        if reply.status != StatusCode::OK {
+            prop_assert!(stored.is_empty(), "refused, yet stored: {stored:?}");
+            return Ok(());
+        }
+        accepted.set(accepted.get() + 1);
+        prop_assert!(!stored.is_empty(), "accepted, nothing stored");
+        for s in &stored {
+            let value = s.get("k8s_namespace_name").map(String::as_str);
+            prop_assert!(
+                matches!(value, Some("team-a" | "team-a-staging")),
+                "a series beyond the tenant: {s:?}"
+            );
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    assert!(accepted.get() >= 32, "only {} accepted", accepted.get());
 }
