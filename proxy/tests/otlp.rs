@@ -253,6 +253,24 @@ fn metrics_request(point_attributes: &[KeyValue]) -> ExportMetricsServiceRequest
     }
 }
 
+/// Posts `request` as protobuf to label mode's OTLP path, gzip or not.
+async fn post_to_label_mode(
+    proxy: &RunningProxy,
+    auth: &str,
+    request: &ExportMetricsServiceRequest,
+    gz: bool,
+) -> Reply {
+    let raw = request.encode_to_vec();
+    let mut headers = vec![("content-type", "application/x-protobuf")];
+    let body = if gz {
+        headers.push(("content-encoding", "gzip"));
+        gzip(&raw)
+    } else {
+        raw
+    };
+    post(proxy, "/api/v1/otlp/v1/metrics", auth, &headers, body).await
+}
+
 fn label_mode_tenants() -> String {
     support::tenants_with_namespaces(&[(
         TenantSpec {
@@ -286,15 +304,7 @@ async fn otlp_metrics_in_label_mode_store_only_series_of_the_tenant() {
         kv("route", "/pay"),
     ];
     for gz in [false, true] {
-        let raw = metrics_request(&claims).encode_to_vec();
-        let mut headers = vec![("content-type", "application/x-protobuf")];
-        let body = if gz {
-            headers.push(("content-encoding", "gzip"));
-            gzip(&raw)
-        } else {
-            raw
-        };
-        let reply = post(&proxy, "/api/v1/otlp/v1/metrics", &alice, &headers, body).await;
+        let reply = post_to_label_mode(&proxy, &alice, &metrics_request(&claims), gz).await;
         assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
         let seen = prometheus.last();
         assert_eq!(seen.path, "/api/v1/otlp/v1/metrics");
@@ -583,22 +593,9 @@ fn every_series_stored_from_a_generated_otlp_request_is_the_tenants() {
         any::<bool>(),
     );
     let result = runner.run(&strategy, |(resource, scope, points, gz)| {
-        let raw = generated_request(resource, scope, points).encode_to_vec();
-        let mut headers = vec![("content-type", "application/x-protobuf")];
-        let body = if gz {
-            headers.push(("content-encoding", "gzip"));
-            gzip(&raw)
-        } else {
-            raw
-        };
+        let request = generated_request(resource, scope, points);
         let before = prometheus.otlp_series().len();
-        let reply = runtime.block_on(post(
-            &proxy,
-            "/api/v1/otlp/v1/metrics",
-            &alice,
-            &headers,
-            body,
-        ));
+        let reply = runtime.block_on(post_to_label_mode(&proxy, &alice, &request, gz));
         let stored = prometheus.otlp_series()[before..].to_vec();
         if reply.status != StatusCode::OK {
             prop_assert!(stored.is_empty(), "refused, yet stored: {stored:?}");
