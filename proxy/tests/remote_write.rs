@@ -8,12 +8,13 @@ use std::net::SocketAddr;
 use std::time::{Duration, SystemTime};
 
 use http::{Method, StatusCode};
+use proptest::prelude::*;
 use prost::Message;
 use serde_json::Value;
 use support::loki::LokiStandIn;
 use support::prometheus::{time_series, PrometheusProcess};
 use support::{basic, eventually, send, ProxyOptions, Reply, RunningProxy, TenantSpec};
-use tenant_proxy::enforce::prompb::{v2, WriteRequest};
+use tenant_proxy::enforce::prompb::{v2, Label, WriteRequest};
 
 fn tenants() -> String {
     support::tenants_with_namespaces(&[
@@ -686,4 +687,87 @@ async fn the_example_remote_write_config_works_as_given() {
     for series in query(&direct, None, r#"{job="self"}"#).await {
         assert_eq!(series["metric"]["namespace"], "team-a", "{series}");
     }
+}
+
+/// Label names a pushed series could carry: the tenant label, spellings
+/// near it, and others.
+const PUSHED_NAMES: &[&str] = &["namespace", "namespace", "Namespace", "job", "a", "zz"];
+const PUSHED_VALUES: &[&str] = &["team-a", "team-b", "", "team-a,team-b", "x"];
+
+/// One series' labels as generated: unsorted, possibly repeating a name.
+fn pushed_labels() -> impl Strategy<Value = Vec<(&'static str, &'static str)>> {
+    prop::collection::vec(
+        (
+            prop::sample::select(PUSHED_NAMES),
+            prop::sample::select(PUSHED_VALUES),
+        ),
+        0..5,
+    )
+}
+
+/// The real Prometheus 2.42 behind label mode, as a property: whatever
+/// labels team-a's series carry (the tenant label owned, foreign, empty,
+/// repeated, unsorted among others), every series Prometheus then holds
+/// under the pushed metric name carries `namespace="team-a"`, and a push
+/// the proxy accepts stores all its series.
+#[test]
+fn every_series_a_real_prometheus_stores_from_a_generated_push_is_the_tenants() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (prometheus, proxy) = runtime.block_on(async {
+        let prometheus = PrometheusProcess::start("").await;
+        let proxy = label_mode_proxy(&prometheus.url(), "").await;
+        (prometheus, proxy)
+    });
+    let mut runner = support::property_runner(64);
+    let (case, accepted) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
+    let strategy = prop::collection::vec(pushed_labels(), 1..4);
+    let result = runner.run(&strategy, |series| {
+        case.set(case.get() + 1);
+        let metric = format!("generated_{}", case.get());
+        let now = now_ms();
+        let request = WriteRequest {
+            timeseries: series
+                .iter()
+                .enumerate()
+                .map(|(i, labels)| {
+                    let mut ts = time_series(&[("__name__", &metric)], i as f64, now);
+                    ts.labels.extend(labels.iter().map(|(name, value)| Label {
+                        name: (*name).into(),
+                        value: (*value).into(),
+                    }));
+                    ts
+                })
+                .collect(),
+            metadata: vec![],
+        };
+        let body = snap::raw::Encoder::new()
+            .compress_vec(&request.encode_to_vec())
+            .unwrap();
+        let reply = runtime.block_on(push(&proxy, V1_HEADERS, body));
+        let selector = format!("{{__name__=\"{metric}\"}}");
+        let stored = runtime.block_on(send(
+            Method::GET,
+            &format!(
+                "{}/api/v1/series?match[]={}",
+                prometheus.url(),
+                form_urlencoded::byte_serialize(selector.as_bytes()).collect::<String>()
+            ),
+            None,
+            &[],
+            Vec::new(),
+        ));
+        let stored = stored.json()["data"].as_array().unwrap().clone();
+        for s in &stored {
+            prop_assert_eq!(&s["namespace"], "team-a", "stored: {}", s);
+        }
+        if reply.status == StatusCode::NO_CONTENT {
+            accepted.set(accepted.get() + 1);
+            prop_assert!(!stored.is_empty(), "accepted, nothing stored");
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    assert!(accepted.get() >= 16, "only {} accepted", accepted.get());
 }
