@@ -57,6 +57,12 @@ pub enum RemoteWriteError {
     /// Our failure, not the body's: 503, the sender keeps the data.
     #[error("cannot compress the rewritten body: {0}")]
     Compress(String),
+    /// 400: receivers disagree on a series naming one label twice
+    /// (Prometheus 2.x fails the request with 500, which senders retry
+    /// forever; 3.x drops the series and answers 204; Mimir answers 400),
+    /// so no answer passed on could mean the same to every sender.
+    #[error("series {series} has the label {name:?} twice")]
+    RepeatedLabel { name: String, series: String },
     /// 400: a field the declared schema does not define where a receiver
     /// reading the body as the other version would find series.
     #[error(
@@ -447,12 +453,14 @@ fn rewrite_series_v1<'m>(
     .unwrap_or(0);
     let ours: &[u8] = &scratch.encoded[owned_index];
 
-    // Senders sort labels; sort only when one did not, then insert ours.
+    // Senders sort labels; sort only when one did not (or named a label
+    // twice, found once sorted), then insert ours.
     if !scratch
         .labels
-        .is_sorted_by(|a, b| name_order(a.0, b.0).is_le())
+        .is_sorted_by(|a, b| name_order(a.0, b.0).is_lt())
     {
         scratch.labels.sort_by(|a, b| name_order(a.0, b.0));
+        refuse_repeated_name(scratch.labels.iter().map(|l| l.0), || describe_v1(series))?;
     }
     let at = scratch
         .labels
@@ -645,6 +653,13 @@ fn rewrite_series_v2<'a>(
     pairs.retain(|(n, _)| symbols.resolve(*n) != name);
     pairs.push((name_ref, value_ref));
     pairs.sort_by(|a, b| symbols.resolve(a.0).cmp(symbols.resolve(b.0)));
+    refuse_repeated_name(pairs.iter().map(|(n, _)| symbols.resolve(*n)), || {
+        describe_series(
+            pairs
+                .iter()
+                .map(|(n, v)| (symbols.resolve(*n), symbols.resolve(*v))),
+        )
+    })?;
 
     let mut packed = Vec::with_capacity(pairs.len() * 4);
     for (n, v) in pairs {
@@ -654,6 +669,27 @@ fn rewrite_series_v2<'a>(
     protowire::write_len_field(out, 1, &packed);
     for raw in others {
         out.extend_from_slice(raw);
+    }
+    Ok(())
+}
+
+/// Refuses a series whose `names`, sorted, hold one name twice (the
+/// tenant label's repeats are resolved before: it leaves once).
+fn refuse_repeated_name<'n>(
+    mut names: impl Iterator<Item = &'n [u8]>,
+    describe: impl FnOnce() -> String,
+) -> Result<(), RemoteWriteError> {
+    let Some(mut previous) = names.next() else {
+        return Ok(());
+    };
+    for name in names {
+        if name == previous {
+            return Err(RemoteWriteError::RepeatedLabel {
+                name: String::from_utf8_lossy(name).into_owned(),
+                series: describe(),
+            });
+        }
+        previous = name;
     }
     Ok(())
 }
