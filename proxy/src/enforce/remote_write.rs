@@ -59,7 +59,7 @@ pub enum RemoteWriteError {
     Compress(String),
     /// 400: receivers disagree on a series naming one label twice
     /// (Prometheus 2.x fails the request with 500, which senders retry
-    /// forever; 3.x drops the series and answers 204; Mimir answers 400),
+    /// forever; 3.x drops the series and answers 1.0 with 204; Mimir 400),
     /// so no answer passed on could mean the same to every sender.
     #[error("series {series} has the label {name:?} twice")]
     RepeatedLabel { name: String, series: String },
