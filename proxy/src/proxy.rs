@@ -894,7 +894,7 @@ fn otlp_refusal(error: otlp::OtlpError) -> ProxyError {
     match error {
         otlp::OtlpError::Unsupported(m) => ProxyError::UnsupportedMediaType(m),
         otlp::OtlpError::TooLarge { limit } => ProxyError::BodyTooLarge { limit },
-        otlp::OtlpError::Compress(_) => ProxyError::PushInternal(error.to_string()),
+        otlp::OtlpError::Compress(_) => ProxyError::Internal(error.to_string()),
         other => ProxyError::BadData(other.to_string()),
     }
 }
@@ -904,7 +904,7 @@ fn remote_write_refusal(error: RemoteWriteError) -> ProxyError {
     match error {
         RemoteWriteError::Unsupported(m) => ProxyError::UnsupportedMediaType(m),
         RemoteWriteError::TooLarge { limit, .. } => ProxyError::BodyTooLarge { limit },
-        RemoteWriteError::Compress(_) => ProxyError::PushInternal(error.to_string()),
+        RemoteWriteError::Compress(_) => ProxyError::Internal(error.to_string()),
         other => ProxyError::BadData(other.to_string()),
     }
 }
@@ -993,13 +993,15 @@ mod tests {
     use super::*;
 
     /// A body the proxy checked but could not compress again is our
-    /// failure: every push client must keep it and retry (OTLP senders
+    /// failure: on a push route (where `handle` maps every error through
+    /// `on_push_path`) every client must keep it and retry (OTLP senders
     /// retry 503, never 500), where a body it cannot read is dropped (400).
     #[test]
     fn a_compressor_failure_makes_push_clients_retry() {
         let ours = [
-            remote_write_refusal(RemoteWriteError::Compress("snappy: too big".into())),
-            otlp_refusal(otlp::OtlpError::Compress("gzip: stream error".into())),
+            remote_write_refusal(RemoteWriteError::Compress("snappy: too big".into()))
+                .on_push_path(),
+            otlp_refusal(otlp::OtlpError::Compress("gzip: stream error".into())).on_push_path(),
         ];
         for error in ours {
             assert_eq!(error.metric_label(), "internal");
@@ -1008,6 +1010,7 @@ mod tests {
             assert!(response.headers().contains_key(header::RETRY_AFTER));
         }
         let otlp = otlp_refusal(otlp::OtlpError::Compress("gzip: stream error".into()))
+            .on_push_path()
             .into_otlp_response(true);
         assert_eq!(otlp.status(), StatusCode::SERVICE_UNAVAILABLE);
         // Any other failure of ours on a push path too.
@@ -1015,8 +1018,9 @@ mod tests {
         assert_eq!(other.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(other.metric_label(), "internal");
         let theirs = [
-            remote_write_refusal(RemoteWriteError::Malformed("snappy: corrupt".into())),
-            otlp_refusal(otlp::OtlpError::Malformed("gzip: corrupt".into())),
+            remote_write_refusal(RemoteWriteError::Malformed("snappy: corrupt".into()))
+                .on_push_path(),
+            otlp_refusal(otlp::OtlpError::Malformed("gzip: corrupt".into())).on_push_path(),
         ];
         for error in theirs {
             let response = error.into_response();

@@ -63,9 +63,9 @@ pub enum ProxyError {
     UpstreamTimeout,
     #[error("internal error: {0}")]
     Internal(String),
-    /// Our own failure on a push path (a compressor that failed on a body it
-    /// had checked): 503, so every push client keeps the data and retries
-    /// (OTLP senders drop it on 500).
+    /// `Internal` on a push path ([`Self::on_push_path`]; e.g. a compressor
+    /// that failed on a body it had checked): 503, so every push client
+    /// keeps the data and retries (OTLP senders drop it on 500).
     #[error("internal error; retry later: {0}")]
     PushInternal(String),
 }
