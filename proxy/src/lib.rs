@@ -1,6 +1,6 @@
 //! tenant-proxy: a multi-tenant authenticating gateway for Loki and Prometheus.
 //!
-//! The folders follow the life of a request (see `proxy.rs` and
+//! The folders follow the life of a request (see `proxy/mod.rs` and
 //! docs/architecture.md): `http` speaks to clients (path, body, errors,
 //! listener TLS), `routes` classifies a request, `auth` authenticates it
 //! against the tenants in force (`tenants`), `admission` applies limits,

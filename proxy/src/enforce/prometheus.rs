@@ -136,6 +136,17 @@ pub async fn read_filtered_response(body: UpstreamBody) -> Result<Bytes, ProxyEr
         .to_bytes())
 }
 
+/// An answer to be filtered must come as it was asked for: uncompressed
+/// (the request's `Accept-Encoding` was removed).
+pub fn refuse_compressed(headers: &http::HeaderMap) -> Result<(), ProxyError> {
+    match headers.contains_key(http::header::CONTENT_ENCODING) {
+        true => Err(ProxyError::UpstreamUnavailable(
+            "upstream compressed a response that must be filtered".into(),
+        )),
+        false => Ok(()),
+    }
+}
+
 /// The pure part of `filter_response`: keeps what the tenant's matchers
 /// (and a credential's selector) accept.
 pub fn filter_document(

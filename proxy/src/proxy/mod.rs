@@ -1,0 +1,441 @@
+//! The life of one tenant request, in order:
+//!
+//! 1. normalise the path (400 if ambiguous);
+//! 2. classify it against the route table (404/405; deny by default);
+//! 3. require a loaded tenants file (503 + Retry-After, so push clients retry);
+//! 4. authenticate (401, or 429/503 when throttled or saturated);
+//! 5. check the route's scope (403) and admit against the tenant's limits
+//!    (429);
+//! 6. bound the body (413), enforce the tenant in it (label mode: queries
+//!    here, push bodies in `push.rs`, Alertmanager calls in `alerts.rs`)
+//!    and rebuild the request for the upstream, with identity headers
+//!    stripped and the tenant header set;
+//! 7. forward and stream the response back (502/504 on upstream failure;
+//!    live tail spliced by `tail.rs`);
+//! 8. record metrics and an access log line.
+//!
+//! What every request shares (targets, limits, the memo) is in `state.rs`.
+//! Every failure is a `ProxyError`, turned into a response in `http/error.rs` only.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::header::{self, HeaderValue};
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+
+use crate::admission::{Admitted, Kind};
+use crate::enforce::prometheus::{self, EMPTY_METADATA};
+use crate::enforce::remote_write;
+use crate::http::body::{self, ProxyBody};
+use crate::http::error::ProxyError;
+use crate::http::headers::{self, RW_SAMPLES_WRITTEN, X_PROM_LABEL_POLICY};
+use crate::http::path;
+use crate::ops::access_log;
+use crate::ops::metrics::{self, ReasonLabels, SurfaceLabels};
+use crate::ops::otel::RequestSpan;
+use crate::routes::Operation;
+use crate::tenants::Credential;
+use crate::upstream;
+
+mod alerts;
+mod push;
+mod state;
+mod tail;
+
+pub use self::state::{AppState, Target};
+
+/// Largest upstream answer to a push read before answering the sender.
+const PUSH_ANSWER_LIMIT: usize = 1024 * 1024;
+
+/// What the access log and metrics learn about a request as it progresses.
+#[derive(Default)]
+struct Outcome {
+    path: Option<String>,
+    surface: Option<&'static str>,
+    /// Once authenticated: the tenant and the username (shared, not copied).
+    credential: Option<Arc<Credential>>,
+    /// Counts the request as in flight until its response body is done.
+    admitted: Option<Admitted>,
+    /// An OTLP route: errors are OTLP `Status` messages, JSON when the
+    /// request was JSON (`Some(true)`), protobuf otherwise.
+    otlp_json: Option<bool>,
+    /// A push route: failures that are not the client's become 503, which
+    /// every push client retries.
+    push: bool,
+}
+
+impl Outcome {
+    fn tenant(&self) -> Option<&str> {
+        self.credential.as_ref().map(|c| c.tenant.id.as_str())
+    }
+
+    fn username(&self) -> Option<&str> {
+        self.credential.as_ref().map(|c| c.username.as_str())
+    }
+}
+
+pub async fn handle(
+    state: Arc<AppState>,
+    peer: SocketAddr,
+    mut request: Request<Incoming>,
+) -> Result<Response<ProxyBody>, Infallible> {
+    let started = Instant::now();
+    // Before anything could print the request: no Debug output or trace shows it.
+    if let Some(value) = request.headers_mut().get_mut(header::AUTHORIZATION) {
+        value.set_sensitive(true);
+    }
+    let method = request.method().clone();
+    let mut outcome = Outcome::default();
+    let span = state
+        .tracing
+        .as_ref()
+        .map(|tracing| tracing.start_request(&method, request.headers()));
+    let entered = state.admission.enter();
+    let result = match &entered {
+        Ok(_) => proxy(&state, peer, request, &mut outcome, span.as_ref()).await,
+        Err(_) => Err(ProxyError::Overloaded),
+    };
+    let mut failure = None;
+    let response = match result {
+        Ok(response) => match (entered, outcome.admitted.take()) {
+            (Ok(None), None) => response,
+            held => response.map(|body| body::holding(body, held)),
+        },
+        Err(error) => {
+            failure = Some(error.metric_label());
+            state
+                .metrics
+                .errors
+                .get_or_create(&ReasonLabels {
+                    reason: error.metric_label(),
+                })
+                .inc();
+            if let ProxyError::UpstreamUnavailable(cause) = &error {
+                tracing::warn!(error = %cause, "upstream request failed");
+            }
+            if let ProxyError::Internal(why) | ProxyError::PushInternal(why) = &error {
+                tracing::error!(error = %why, "internal error");
+            }
+            if let ProxyError::TenantLimited(refusal) = &error {
+                state
+                    .metrics
+                    .count_limited(outcome.tenant(), outcome.surface, refusal.limit());
+            }
+            if let ProxyError::Overloaded = &error {
+                state
+                    .metrics
+                    .count_limited(None, outcome.surface, "global_concurrency");
+            }
+            let error = if outcome.push {
+                error.on_push_path()
+            } else {
+                error
+            };
+            match outcome.otlp_json {
+                Some(json) => error.into_otlp_response(json),
+                None => error.into_response(),
+            }
+        }
+    };
+    let status = response.status();
+    state.metrics.count_request(
+        outcome
+            .credential
+            .as_ref()
+            .map(|c| (c.tenant.id.as_str(), &c.tenant.request_counters)),
+        outcome.surface.unwrap_or("none"),
+        metrics::status_class(status),
+    );
+    tracing::info!(
+        target: access_log::TARGET,
+        method = %method,
+        path = outcome.path.as_deref().unwrap_or("-"),
+        surface = outcome.surface.unwrap_or("none"),
+        tenant = outcome.tenant().unwrap_or("-"),
+        user = outcome.username().unwrap_or("-"),
+        client = %peer.ip(),
+        status = status.as_u16(),
+        duration_ms = started.elapsed().as_secs_f64() * 1000.0,
+    );
+    let Some(span) = span else {
+        return Ok(response);
+    };
+    let span_end = span.record(
+        outcome.path.as_deref(),
+        outcome.surface,
+        outcome.tenant(),
+        status,
+        failure,
+    );
+    Ok(response.map(|body| body::holding(body, span_end)))
+}
+
+async fn proxy(
+    state: &AppState,
+    peer: SocketAddr,
+    mut request: Request<Incoming>,
+    outcome: &mut Outcome,
+    span: Option<&RequestSpan>,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    // Kept once, in the outcome (for the access log), and borrowed from there.
+    let path: &str = outcome
+        .path
+        .insert(path::normalise(request.uri().path()).map_err(ProxyError::BadPath)?);
+    let route = state.routes.classify(request.method(), path)?;
+    outcome.surface = Some(route.surface());
+    outcome.push = route.operation.is_push();
+    if route.operation.is_otlp() {
+        let content_type = request.headers().get(header::CONTENT_TYPE);
+        let json = content_type.is_some_and(|ct| {
+            ct.as_bytes()
+                .to_ascii_lowercase()
+                .starts_with(b"application/json")
+        });
+        outcome.otlp_json = Some(json);
+    }
+
+    let store = state
+        .tenants
+        .current()
+        .ok_or(ProxyError::TenantsNotLoaded)?;
+    let credential = authenticate(state, &store, &request, peer).await?;
+    outcome.credential = Some(credential.clone());
+    if !credential.scopes.contains(route.scope) {
+        return Err(ProxyError::MissingScope(route.scope));
+    }
+    let kind = if route.operation.is_push() {
+        Kind::Push
+    } else {
+        Kind::Query
+    };
+    let admitted = state
+        .admission
+        .admit(&store, credential.tenant.id.as_str(), kind)
+        .map_err(ProxyError::TenantLimited)?;
+    let meter = admitted.bytes.clone();
+    outcome.admitted = admitted.holds_anything().then_some(admitted);
+
+    let target = state.target(route)?;
+    // Rules, alerts and deletes are the tenant's whole: a selector cannot
+    // narrow them, so a restricted credential never reaches them.
+    if credential.selector.is_some() && route.scope.is_tenant_wide() {
+        return Err(ProxyError::SelectorNotEnforceable);
+    }
+    // A selector is enforced by label matchers (label mode) or by a Loki
+    // that enforces the label policy header; anything else is refused.
+    let label_policy = match &credential.selector {
+        None => None,
+        Some(selector) if target.enforces_label_policy => Some(headers::label_policy(
+            credential.tenant.id.as_str(),
+            selector.as_str(),
+        )),
+        Some(_) if target.tenant_label.is_some() => None,
+        Some(_) => return Err(ProxyError::SelectorNotEnforceable),
+    };
+    if route.operation == Operation::EmptyMetadata {
+        return Ok(json_response(EMPTY_METADATA));
+    }
+    let upgrade = match route.operation {
+        Operation::Tail => tail::websocket_upgrade(&request),
+        _ => None,
+    };
+    let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut request));
+
+    let (mut parts, body) = request.into_parts();
+    let body = body::guarded(body, state.limits.body_read_timeout, meter);
+    if declared_length(&parts.headers).is_some_and(|len| len > state.limits.max_body_bytes) {
+        return Err(ProxyError::BodyTooLarge {
+            limit: state.limits.max_body_bytes,
+        });
+    }
+    // Set by a remote write: decides how the answer is judged.
+    let mut remote_write_v2 = false;
+    let (query, body) = match route.operation {
+        Operation::Enforce(selectors) => {
+            let matcher = target.tenant_matcher(&credential)?;
+            let limit = state.limits.max_body_bytes;
+            let (query, bytes) = prometheus::rewrite_request(
+                &mut parts,
+                body,
+                limit,
+                selectors,
+                matcher,
+                &state.memo,
+            )
+            .await?;
+            (query, body::full(bytes))
+        }
+        Operation::RemoteWrite => {
+            let (body, version) =
+                push::remote_write(state, target, &credential.tenant, &mut parts, body).await?;
+            remote_write_v2 = version == remote_write::Version::V2;
+            (parts.uri.query().map(str::to_owned), body)
+        }
+        Operation::Alertmanager(call) => {
+            let tenant = target.alerts_tenant(&credential.tenant)?;
+            alerts::request(state, target, call, path, &mut parts, body, &tenant).await?
+        }
+        Operation::OtlpMetrics => {
+            let body =
+                push::otlp_metrics(state, target, &credential.tenant, &mut parts, body).await?;
+            (parts.uri.query().map(str::to_owned), body)
+        }
+        _ => {
+            let limited = Limited::new(body, state.limits.max_body_bytes as usize);
+            let query = parts.uri.query().map(str::to_owned);
+            (query, limited.map_err(Into::into).boxed_unsync())
+        }
+    };
+    if let Operation::Filter(_) | Operation::Alertmanager(_) = route.operation {
+        // The response is parsed to be filtered: ask for it uncompressed.
+        parts.headers.remove(header::ACCEPT_ENCODING);
+    }
+    let upstream = target.upstream_for(route.operation);
+    parts.uri = upstream
+        .uri_reusing(
+            target.upstream_path(route, path),
+            query.as_deref(),
+            &parts.uri,
+        )
+        .map_err(|e| ProxyError::Internal(format!("cannot build upstream URI: {e}")))?;
+    parts.version = http::Version::HTTP_11;
+    upstream::prepare_request_headers(
+        &mut parts.headers,
+        peer.ip(),
+        target
+            .tenant_header
+            .as_ref()
+            .map(|name| (name, credential.tenant.header_value())),
+        upgrade,
+    )?;
+    if let Some(host) = &upstream.host {
+        parts.headers.insert(header::HOST, host.clone());
+    }
+    if let Some(policy) = label_policy {
+        parts.headers.insert(X_PROM_LABEL_POLICY, policy);
+    }
+
+    let upstream_span = span.map(|span| span.upstream_call(&mut parts.headers));
+    let sent = Instant::now();
+    let answered = upstream::send(
+        &target.client.load(),
+        Request::from_parts(parts, body),
+        state.limits.upstream_timeout,
+        state.limits.max_body_bytes,
+    )
+    .await;
+    if let Some(upstream_span) = upstream_span {
+        upstream_span.finish(
+            answered
+                .as_ref()
+                .map(Response::status)
+                .map_err(ProxyError::metric_label),
+        );
+    }
+    let mut response = answered?;
+    state
+        .metrics
+        .upstream_duration
+        .get_or_create(&SurfaceLabels {
+            surface: route.surface(),
+        })
+        .observe(sent.elapsed().as_secs_f64());
+
+    if let (Some(client_upgrade), StatusCode::SWITCHING_PROTOCOLS) =
+        (client_upgrade, response.status())
+    {
+        // The tail counts against the tenant's concurrency for as long as
+        // it streams, not just until its 101.
+        let held = outcome.admitted.take();
+        tail::splice_upgraded(client_upgrade, hyper::upgrade::on(&mut response), held);
+        let (parts, _) = response.into_parts();
+        return Ok(Response::from_parts(parts, body::empty()));
+    }
+
+    let (mut parts, body) = response.into_parts();
+    upstream::strip_hop_by_hop(&mut parts.headers);
+    if remote_write_v2
+        && parts.status.is_success()
+        && !parts.headers.contains_key(RW_SAMPLES_WRITTEN)
+    {
+        // Per the 2.0 spec the sender should treat this as 415 itself; saying
+        // so makes every sender fall back to 1.0 and resend, losing nothing.
+        return Err(ProxyError::UnsupportedMediaType(
+            "the upstream did not confirm a remote-write 2.0 request; it may only speak 1.0".into(),
+        ));
+    }
+    if route.operation.is_push() {
+        // A push's answer is small (204, or an error text): read it whole,
+        // so an upstream lost mid-answer becomes a 503 the sender retries,
+        // not a 2xx whose body breaks off; one that stalls there, a 504.
+        let answer = tokio::time::timeout(
+            state.limits.upstream_timeout,
+            Limited::new(body, PUSH_ANSWER_LIMIT).collect(),
+        )
+        .await
+        .map_err(|_| ProxyError::UpstreamTimeout)?
+        .map_err(ProxyError::PushUpstreamUnavailable)?;
+        return Ok(Response::from_parts(parts, body::full(answer.to_bytes())));
+    }
+    if let (Operation::Alertmanager(call), StatusCode::OK) = (route.operation, parts.status) {
+        let tenant = target.alerts_tenant(&credential.tenant)?;
+        let answer = alerts::answer(call, &parts.headers, body, &tenant).await?;
+        parts.headers.remove(header::CONTENT_LENGTH);
+        return Ok(Response::from_parts(parts, body::full(answer)));
+    }
+    if let (Operation::Filter(filter), StatusCode::OK) = (route.operation, parts.status) {
+        prometheus::refuse_compressed(&parts.headers)?;
+        let matcher = target.tenant_matcher(&credential)?;
+        let filtered = prometheus::filter_response(body, filter, matcher).await?;
+        parts.headers.remove(header::CONTENT_LENGTH);
+        return Ok(Response::from_parts(parts, body::full(filtered)));
+    }
+    Ok(Response::from_parts(
+        parts,
+        body.map_err(Into::into).boxed_unsync(),
+    ))
+}
+
+fn json_response(text: &'static str) -> Response<ProxyBody> {
+    let mut response = Response::new(body::full(text));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+async fn authenticate(
+    state: &AppState,
+    store: &crate::tenants::TenantStore,
+    request: &Request<Incoming>,
+    peer: SocketAddr,
+) -> Result<Arc<Credential>, ProxyError> {
+    state
+        .auth
+        .authenticate(store, request.headers(), peer.ip())
+        .await
+        .map_err(|failure| {
+            state
+                .metrics
+                .auth_failures
+                .get_or_create(&ReasonLabels {
+                    reason: failure.reason(),
+                })
+                .inc();
+            failure.into_error()
+        })
+}
+
+fn declared_length(headers: &http::HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
+}

@@ -1,0 +1,271 @@
+//! Label mode's push bodies (remote write, OTLP metrics): read whole,
+//! checked and rewritten for the tenant, counted, and forwarded with the
+//! headers that say what was checked.
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use hyper::body::Incoming;
+
+use super::state::{AppState, Target};
+use crate::config::OtlpForwardEncoding;
+use crate::enforce::otlp;
+use crate::enforce::remote_write::{self, RemoteWriteError};
+use crate::enforce::tenant_label::TenantLabel;
+use crate::enforce::Rewritten;
+use crate::http::body::{self, ProxyBody};
+use crate::http::error::ProxyError;
+use crate::ops::metrics::{TenantActionLabels, TenantLabels};
+use crate::tenants::Tenant;
+
+/// Remote write: reads the body whole, checks and rewrites it for the
+/// tenant, and sets the headers a receiver decodes it by. Returns the body
+/// to forward and the version it was checked as.
+pub(super) async fn remote_write(
+    state: &AppState,
+    target: &Target,
+    tenant: &Tenant,
+    parts: &mut http::request::Parts,
+    body: body::Guarded<Incoming>,
+) -> Result<(ProxyBody, remote_write::Version), ProxyError> {
+    let compressed = body::read_bounded(body, state.limits.max_body_bytes).await?;
+    let tenant = target.remote_write_label(tenant)?;
+    let (version, rewritten) = rewrite_remote_write(state, &parts.headers, &compressed, &tenant)?;
+    let rewritten = match rewritten {
+        Rewritten::Unchanged => compressed,
+        Rewritten::Body(body) => Bytes::from(body),
+    };
+    // The receiver decodes by these: they say what was checked.
+    remote_write::set_upstream_headers(version, &mut parts.headers);
+    set_length(parts, &rewritten);
+    Ok((body::full(rewritten), version))
+}
+
+/// OTLP metrics: reads the body whole, checks and rewrites it for the
+/// tenant, and forwards it in the configured encoding (a body left as it
+/// came keeps the sender's).
+pub(super) async fn otlp_metrics(
+    state: &AppState,
+    target: &Target,
+    tenant: &Tenant,
+    parts: &mut http::request::Parts,
+    body: body::Guarded<Incoming>,
+) -> Result<ProxyBody, ProxyError> {
+    let tenant = target.remote_write_label(tenant)?;
+    let encoding =
+        otlp::read_headers(&parts.headers).map_err(|e| refused_otlp(state, &tenant, e))?;
+    let received = body::read_bounded(body, state.limits.max_body_bytes).await?;
+    let forward = match target.otlp_forward {
+        OtlpForwardEncoding::AsReceived => encoding,
+        OtlpForwardEncoding::Identity => otlp::Encoding::Identity,
+    };
+    let (rewritten, sent_as) = match rewrite_otlp(state, (encoding, forward), &received, &tenant)? {
+        Rewritten::Unchanged => (received, encoding),
+        Rewritten::Body(body) => (Bytes::from(body), forward),
+    };
+    otlp::set_upstream_headers(sent_as, &mut parts.headers);
+    set_length(parts, &rewritten);
+    Ok(body::full(rewritten))
+}
+
+fn set_length(parts: &mut http::request::Parts, body: &[u8]) {
+    parts
+        .headers
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+}
+
+/// Reads the version a remote-write request declares, rewrites its body
+/// for the tenant and counts what happened.
+fn rewrite_remote_write(
+    state: &AppState,
+    headers: &http::HeaderMap,
+    compressed: &[u8],
+    tenant: &TenantLabel<'_>,
+) -> Result<(remote_write::Version, Rewritten), ProxyError> {
+    let metrics = &state.metrics;
+    let tenant_id = || TenantLabels {
+        tenant: tenant.owned_by.to_owned(),
+    };
+    metrics
+        .remote_write_bytes
+        .get_or_create(&tenant_id())
+        .inc_by(compressed.len() as u64);
+    let max = state.limits.max_decompressed_bytes;
+    let rewritten = remote_write::read_headers(headers).and_then(|version| {
+        let (body, stats) = remote_write::rewrite_body(version, compressed, tenant, max)?;
+        Ok((version, body, stats))
+    });
+    match rewritten {
+        Ok((version, body, stats)) => {
+            metrics
+                .remote_write_series
+                .get_or_create(&tenant_id())
+                .inc_by(stats.series);
+            metrics
+                .remote_write_samples
+                .get_or_create(&tenant_id())
+                .inc_by(stats.samples);
+            for (action, n) in [("added", stats.added), ("overwritten", stats.overwritten)] {
+                let labels = TenantActionLabels {
+                    tenant: tenant.owned_by.to_owned(),
+                    action,
+                };
+                metrics
+                    .remote_write_tenant_label
+                    .get_or_create(&labels)
+                    .inc_by(n);
+            }
+            if stats.dropped_fields > 0 {
+                metrics
+                    .remote_write_dropped_fields
+                    .get_or_create(&tenant_id())
+                    .inc_by(stats.dropped_fields);
+            }
+            Ok((version, body))
+        }
+        Err(error) => {
+            match error {
+                RemoteWriteError::ForeignLabel(_) => {
+                    let labels = TenantActionLabels {
+                        tenant: tenant.owned_by.to_owned(),
+                        action: "rejected",
+                    };
+                    metrics
+                        .remote_write_tenant_label
+                        .get_or_create(&labels)
+                        .inc();
+                }
+                // Counted by the error's own label, not as the sender's.
+                RemoteWriteError::Compress(_) => {}
+                _ => {
+                    metrics
+                        .remote_write_decode_errors
+                        .get_or_create(&tenant_id())
+                        .inc();
+                }
+            }
+            Err(remote_write_refusal(error))
+        }
+    }
+}
+
+/// Rewrites an OTLP metrics body for the tenant and counts what happened.
+/// `(received, forward)`: the request's encoding, and a rewritten body's.
+fn rewrite_otlp(
+    state: &AppState,
+    (encoding, forward): (otlp::Encoding, otlp::Encoding),
+    received: &[u8],
+    tenant: &TenantLabel<'_>,
+) -> Result<Rewritten, ProxyError> {
+    let metrics = &state.metrics;
+    let tenant_id = TenantLabels {
+        tenant: tenant.owned_by.to_owned(),
+    };
+    metrics
+        .otlp_received_bytes
+        .get_or_create(&tenant_id)
+        .inc_by(received.len() as u64);
+    let max = state.limits.max_decompressed_bytes;
+    let (body, stats) = otlp::rewrite_body(encoding, forward, received, tenant, max)
+        .map_err(|e| refused_otlp(state, tenant, e))?;
+    metrics
+        .otlp_data_points
+        .get_or_create(&tenant_id)
+        .inc_by(stats.data_points);
+    for (action, n) in [("added", stats.added), ("overwritten", stats.overwritten)] {
+        let labels = TenantActionLabels {
+            tenant: tenant.owned_by.to_owned(),
+            action,
+        };
+        metrics.otlp_tenant_label.get_or_create(&labels).inc_by(n);
+    }
+    Ok(body)
+}
+
+/// Counts a refused OTLP metrics request and says why.
+fn refused_otlp(state: &AppState, tenant: &TenantLabel<'_>, error: otlp::OtlpError) -> ProxyError {
+    let tenant = tenant.owned_by.to_owned();
+    match &error {
+        otlp::OtlpError::ForeignLabel(_) => {
+            let labels = TenantActionLabels {
+                tenant,
+                action: "rejected",
+            };
+            state.metrics.otlp_tenant_label.get_or_create(&labels).inc();
+        }
+        // Counted by the error's own label, not as the sender's.
+        otlp::OtlpError::Compress(_) => {}
+        _ => {
+            let labels = TenantLabels { tenant };
+            state
+                .metrics
+                .otlp_decode_errors
+                .get_or_create(&labels)
+                .inc();
+        }
+    }
+    otlp_refusal(error)
+}
+
+/// What a sender is told of an OTLP body the proxy did not forward.
+fn otlp_refusal(error: otlp::OtlpError) -> ProxyError {
+    match error {
+        otlp::OtlpError::Unsupported(m) => ProxyError::UnsupportedMediaType(m),
+        otlp::OtlpError::TooLarge { limit } => ProxyError::BodyTooLarge { limit },
+        otlp::OtlpError::Compress(_) => ProxyError::Internal(error.to_string()),
+        other => ProxyError::BadData(other.to_string()),
+    }
+}
+
+/// What a sender is told of a remote-write body the proxy did not forward.
+fn remote_write_refusal(error: RemoteWriteError) -> ProxyError {
+    match error {
+        RemoteWriteError::Unsupported(m) => ProxyError::UnsupportedMediaType(m),
+        RemoteWriteError::TooLarge { limit, .. } => ProxyError::BodyTooLarge { limit },
+        RemoteWriteError::Compress(_) => ProxyError::Internal(error.to_string()),
+        other => ProxyError::BadData(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http::StatusCode;
+
+    use super::*;
+
+    /// A body the proxy checked but could not compress again is our
+    /// failure: on a push route (where `handle` maps every error through
+    /// `on_push_path`) every client must keep it and retry (OTLP senders
+    /// retry 503, never 500), where a body it cannot read is dropped (400).
+    #[test]
+    fn a_compressor_failure_makes_push_clients_retry() {
+        let ours = [
+            remote_write_refusal(RemoteWriteError::Compress("snappy: too big".into()))
+                .on_push_path(),
+            otlp_refusal(otlp::OtlpError::Compress("gzip: stream error".into())).on_push_path(),
+        ];
+        for error in ours {
+            assert_eq!(error.metric_label(), "internal");
+            let response = error.into_response();
+            assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+            assert!(response.headers().contains_key(header::RETRY_AFTER));
+        }
+        let otlp = otlp_refusal(otlp::OtlpError::Compress("gzip: stream error".into()))
+            .on_push_path()
+            .into_otlp_response(true);
+        assert_eq!(otlp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        // Any other failure of ours on a push path too.
+        let other = ProxyError::Internal("route without an upstream".into()).on_push_path();
+        assert_eq!(other.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(other.metric_label(), "internal");
+        let theirs = [
+            remote_write_refusal(RemoteWriteError::Malformed("snappy: corrupt".into()))
+                .on_push_path(),
+            otlp_refusal(otlp::OtlpError::Malformed("gzip: corrupt".into())).on_push_path(),
+        ];
+        for error in theirs {
+            let response = error.into_response();
+            assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+            assert!(!response.headers().contains_key(header::RETRY_AFTER));
+        }
+    }
+}

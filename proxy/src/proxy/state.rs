@@ -1,0 +1,237 @@
+//! What every request shares: where each signal goes (`Target`) and the
+//! state all connections read (`AppState`), built once from the config.
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use http::header::HeaderName;
+
+use crate::admission::Admission;
+use crate::auth::Authenticator;
+use crate::config::{
+    Config, ForeignLabelPolicy, Limits, MetricsConfig, MetricsMode, OtlpForwardEncoding, Upstream,
+    UpstreamTls,
+};
+use crate::enforce::alertmanager::TenantAlerts;
+use crate::enforce::promql::{Memo, TenantMatcher};
+use crate::enforce::tenant_label::TenantLabel;
+use crate::http::error::ProxyError;
+use crate::http::headers::X_SCOPE_ORGID;
+use crate::ops::metrics::Metrics;
+use crate::ops::otel::Tracing;
+use crate::routes::{
+    Operation, Route, RouteTable, Signal, ALERTMANAGER_DATASOURCE_ROOT, ALERTMANAGER_PREFIXES,
+};
+use crate::tenants::reload::Tenants;
+use crate::tenants::{Credential, Tenant};
+use crate::upstream::{self, HttpClient};
+
+/// Where one signal's requests go and how the tenant travels there.
+#[derive(Debug)]
+pub struct Target {
+    pub upstream: Upstream,
+    /// Where pushes go, if not to `upstream`.
+    pub push_upstream: Option<Upstream>,
+    /// Set to the tenant id (Loki, and metrics in header mode).
+    pub tenant_header: Option<HeaderName>,
+    /// The label a tenant's `namespaces` are values of (metrics label mode).
+    pub tenant_label: Option<String>,
+    /// Remote write in label mode: what to do with a foreign label value.
+    pub foreign_label: ForeignLabelPolicy,
+    /// OTLP metrics in label mode: how a relabelled body is forwarded.
+    pub otlp_forward: OtlpForwardEncoding,
+    /// Loki enforces `X-Prom-Label-Policy` (`logs.lbac`).
+    pub enforces_label_policy: bool,
+    /// This upstream's pooled client; swapped when its TLS files change.
+    pub client: Arc<ArcSwap<HttpClient>>,
+    /// Its TLS settings, for the reloader.
+    pub tls: Option<UpstreamTls>,
+}
+
+impl Target {
+    pub(super) fn upstream_for(&self, operation: Operation) -> &Upstream {
+        match &self.push_upstream {
+            Some(push) if operation.is_push() => push,
+            _ => &self.upstream,
+        }
+    }
+
+    /// What `credential` may read, as label matchers (label mode).
+    pub(super) fn tenant_matcher<'c>(
+        &self,
+        credential: &'c Credential,
+    ) -> Result<&'c TenantMatcher, ProxyError> {
+        credential
+            .metrics_matcher(self.label()?)
+            .map_err(ProxyError::Internal)
+    }
+
+    /// The tenant label (label mode); a label-mode route on a header-mode
+    /// target would be a bug in the route table.
+    fn label(&self) -> Result<&str, ProxyError> {
+        self.tenant_label
+            .as_deref()
+            .ok_or_else(|| ProxyError::Internal("label enforcement without a label".into()))
+    }
+
+    /// The tenant as a label-mode Alertmanager sees it.
+    pub(super) fn alerts_tenant<'t>(
+        &'t self,
+        tenant: &'t Tenant,
+    ) -> Result<TenantAlerts<'t>, ProxyError> {
+        Ok(TenantAlerts {
+            label: self.label()?,
+            owned: &tenant.namespaces,
+        })
+    }
+
+    /// The path upstream: a vanilla Alertmanager (label mode) serves at its
+    /// root what the proxy also serves under `/alertmanager` and `/am`;
+    /// Mimir (header mode) at its root what the proxy also serves under
+    /// `/am`. The route table only has these prefixes as whole segments.
+    pub(super) fn upstream_path<'p>(&self, route: &Route, path: &'p str) -> &'p str {
+        let prefixes: &[&str] = match (route.signal, &self.tenant_label) {
+            (Signal::Alerts, Some(_)) => &ALERTMANAGER_PREFIXES,
+            (Signal::Alerts, None) => &[ALERTMANAGER_DATASOURCE_ROOT],
+            _ => return path,
+        };
+        prefixes
+            .iter()
+            .find_map(|prefix| {
+                path.strip_prefix(prefix)
+                    .filter(|rest| rest.starts_with('/'))
+            })
+            .unwrap_or(path)
+    }
+
+    pub(super) fn remote_write_label<'t>(
+        &'t self,
+        tenant: &'t Tenant,
+    ) -> Result<TenantLabel<'t>, ProxyError> {
+        Ok(TenantLabel {
+            name: self.label()?,
+            owned: &tenant.namespaces,
+            owned_by: tenant.id.as_str(),
+            policy: self.foreign_label,
+        })
+    }
+}
+
+/// Everything a request needs, shared by all connections.
+#[derive(Debug)]
+pub struct AppState {
+    pub routes: RouteTable,
+    pub logs: Option<Target>,
+    pub metrics_target: Option<Target>,
+    /// Alertmanager, scoped the way metrics are.
+    pub alerts_target: Option<Target>,
+    pub tenants: Arc<Tenants>,
+    pub auth: Authenticator,
+    pub metrics: Arc<Metrics>,
+    pub limits: Limits,
+    pub admission: Admission,
+    /// Enforced queries by (tenant, query): dashboards repeat themselves.
+    pub memo: Memo,
+    /// Spans, when `tracing` is configured.
+    pub tracing: Option<Tracing>,
+}
+
+impl AppState {
+    pub fn new(
+        config: &Config,
+        tenants: Arc<Tenants>,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, String> {
+        let client = |tls: Option<&UpstreamTls>| -> Result<_, String> {
+            Ok(Arc::new(ArcSwap::from_pointee(upstream::client(tls)?)))
+        };
+        let logs = match &config.logs {
+            None => None,
+            Some(l) => Some(Target {
+                upstream: l.upstream.clone(),
+                push_upstream: None,
+                tenant_header: Some(X_SCOPE_ORGID),
+                tenant_label: None,
+                foreign_label: ForeignLabelPolicy::default(),
+                otlp_forward: OtlpForwardEncoding::default(),
+                enforces_label_policy: l.lbac,
+                client: client(l.tls.as_ref())?,
+                tls: l.tls.clone(),
+            }),
+        };
+        // Metrics and their Alertmanager are scoped alike: by the label
+        // (label mode) or by the tenant header (header mode).
+        let scoped_like_metrics = |m: &MetricsConfig| match m.mode {
+            MetricsMode::Label => (None, Some(m.label.clone())),
+            // Validated as a header name when the config was loaded.
+            MetricsMode::Header => (HeaderName::from_bytes(m.header.as_bytes()).ok(), None),
+        };
+        let metrics_target = match &config.metrics {
+            None => None,
+            Some(m) => {
+                let (tenant_header, tenant_label) = scoped_like_metrics(m);
+                Some(Target {
+                    upstream: m.upstream.clone(),
+                    push_upstream: m.push_upstream.clone(),
+                    tenant_header,
+                    tenant_label,
+                    foreign_label: m.foreign_label,
+                    otlp_forward: m.otlp_forward_encoding,
+                    enforces_label_policy: false,
+                    client: client(m.tls.as_ref())?,
+                    tls: m.tls.clone(),
+                })
+            }
+        };
+        let alerts_target = match (&config.alerts, &config.metrics) {
+            (Some(a), Some(m)) => {
+                let (tenant_header, tenant_label) = scoped_like_metrics(m);
+                Some(Target {
+                    upstream: a.upstream.clone(),
+                    push_upstream: None,
+                    tenant_header,
+                    tenant_label,
+                    foreign_label: ForeignLabelPolicy::default(),
+                    otlp_forward: OtlpForwardEncoding::default(),
+                    enforces_label_policy: false,
+                    client: client(a.tls.as_ref())?,
+                    tls: a.tls.clone(),
+                })
+            }
+            _ => None,
+        };
+        let tracing = (config.tracing.as_ref())
+            .map(|tracing| Tracing::new(tracing, &metrics))
+            .transpose()?;
+        Ok(Self {
+            routes: RouteTable::new(
+                logs.is_some(),
+                config.metrics.as_ref().map(|m| m.mode),
+                alerts_target.is_some(),
+            ),
+            logs,
+            metrics_target,
+            alerts_target,
+            tenants,
+            auth: Authenticator::new(&config.auth, metrics.password_verifications.clone()),
+            limits: config.limits.clone(),
+            admission: Admission::new(
+                config.limits.max_concurrent_requests,
+                config.tenant_limits.clone(),
+            )
+            .with_metrics(metrics.clone()),
+            metrics,
+            memo: Memo::new(config.metrics.as_ref().map_or(0, |m| m.query_cache_size)),
+            tracing,
+        })
+    }
+
+    pub(super) fn target(&self, route: &Route) -> Result<&Target, ProxyError> {
+        let target = match route.signal {
+            Signal::Logs => self.logs.as_ref(),
+            Signal::Metrics => self.metrics_target.as_ref(),
+            Signal::Alerts => self.alerts_target.as_ref(),
+        };
+        target.ok_or_else(|| ProxyError::Internal("route without an upstream".into()))
+    }
+}
