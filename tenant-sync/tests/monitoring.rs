@@ -35,6 +35,10 @@ fn exported() -> BTreeSet<String> {
     use tenant_sync::metrics as sync;
     let p = proxy::Metrics::default();
     let tenant = || proxy::TenantLabels { tenant: "t".into() };
+    let tenant_action = || proxy::TenantActionLabels {
+        tenant: "t".into(),
+        action: "added",
+    };
     let _ = p.requests.get_or_create(&proxy::RequestLabels {
         tenant: "t".into(),
         surface: "logs_query",
@@ -52,12 +56,11 @@ fn exported() -> BTreeSet<String> {
     let _ = p.remote_write_samples.get_or_create(&tenant());
     let _ = p.remote_write_bytes.get_or_create(&tenant());
     let _ = p.remote_write_decode_errors.get_or_create(&tenant());
-    let _ = p
-        .remote_write_tenant_label
-        .get_or_create(&proxy::TenantActionLabels {
-            tenant: "t".into(),
-            action: "added",
-        });
+    let _ = p.remote_write_tenant_label.get_or_create(&tenant_action());
+    let _ = p.otlp_data_points.get_or_create(&tenant());
+    let _ = p.otlp_received_bytes.get_or_create(&tenant());
+    let _ = p.otlp_decode_errors.get_or_create(&tenant());
+    let _ = p.otlp_tenant_label.get_or_create(&tenant_action());
     let _ = p
         .trace_exports
         .get_or_create(&proxy::OutcomeLabels { outcome: "failed" });
