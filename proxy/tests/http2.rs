@@ -1,0 +1,207 @@
+//! HTTP/2 clients: Grafana's Go client speaks it over TLS (ALPN `h2`), and
+//! agents may use it with prior knowledge. A request that arrives over
+//! HTTP/2 is enforced exactly as over HTTP/1.1, and the upstream gets
+//! HTTP/1.1 with a `Host` (an HTTP/2 request carries `:authority`, no
+//! `Host`).
+
+mod support;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Method, Request, StatusCode, Version};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::pki_types::ServerName;
+use rustls::ClientConfig;
+use support::certs::Ca;
+use support::loki::{LokiStandIn, Received};
+use support::{basic, replace_file, ProxyOptions, Reply, RunningProxy};
+
+/// One request over HTTP/2 with prior knowledge (no upgrade, no TLS).
+async fn h2c(
+    method: Method,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: &'static [u8],
+) -> (Version, Reply) {
+    let client = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Full<Bytes>>();
+    let mut request = Request::builder().method(method).uri(url);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = client
+        .request(request.body(Full::new(Bytes::from_static(body))).unwrap())
+        .await
+        .expect("the proxy answers HTTP/2");
+    let version = response.version();
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.unwrap().to_bytes();
+    let reply = Reply {
+        status: parts.status,
+        headers: parts.headers,
+        body,
+    };
+    (version, reply)
+}
+
+/// What every forwarded request must look like, whatever the client spoke.
+fn assert_forwarded_as_http1_for(received: &Received, loki: &LokiStandIn, tenant: &str) {
+    assert_eq!(received.org_ids(), [tenant]);
+    assert!(!received.headers.contains_key("authorization"));
+    assert_eq!(
+        received.headers.get("host").map(|h| h.to_str().unwrap()),
+        Some(loki.addr.to_string().as_str()),
+        "HTTP/1.1 needs a Host; an HTTP/2 request has none of its own"
+    );
+}
+
+#[tokio::test]
+async fn http2_requests_are_scoped_like_http1_ones() {
+    support::captured_logs();
+    let loki = LokiStandIn::start().await;
+    let proxy = RunningProxy::start(ProxyOptions::new(loki.url())).await;
+    let alice = basic("alice", "alice-pw");
+
+    let (version, reply) = h2c(
+        Method::GET,
+        &proxy.url("/loki/api/v1/labels"),
+        &[
+            ("authorization", &alice),
+            ("x-scope-orgid", "team-b"),
+            ("X-Scope-OrgID", "team-b|team-a"),
+        ],
+        b"",
+    )
+    .await;
+    assert_eq!(version, Version::HTTP_2);
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    assert_forwarded_as_http1_for(&loki.last(), &loki, "team-a");
+
+    let line = br#"{"streams":[{"stream":{"app":"x"},"values":[["1","over h2"]]}]}"#;
+    let (_, reply) = h2c(
+        Method::POST,
+        &proxy.url("/loki/api/v1/push"),
+        &[
+            ("authorization", &alice),
+            ("content-type", "application/json"),
+        ],
+        line,
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::NO_CONTENT, "{}", reply.text());
+    let pushed = loki.last();
+    assert_forwarded_as_http1_for(&pushed, &loki, "team-a");
+    assert_eq!(pushed.body, &line[..], "the body byte for byte");
+
+    let before = loki.received().len();
+    let (_, reply) = h2c(
+        Method::GET,
+        &proxy.url("/loki/api/v1/labels"),
+        &[("x-scope-orgid", "team-a")],
+        b"",
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
+    let (_, reply) = h2c(
+        Method::GET,
+        &proxy.url("/ring"),
+        &[("authorization", &alice)],
+        b"",
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        loki.received().len(),
+        before,
+        "nothing refused went upstream"
+    );
+}
+
+#[tokio::test]
+async fn http2_queries_are_enforced_in_label_mode() {
+    support::captured_logs();
+    // The stand-in records what label mode forwards; it need not answer
+    // PromQL for that.
+    let upstream = LokiStandIn::start().await;
+    let section = format!("  upstream: {}\n  mode: label\n", upstream.url());
+    let proxy = RunningProxy::start(ProxyOptions::metrics(support::two_tenants(), section)).await;
+
+    let (version, _) = h2c(
+        Method::GET,
+        &proxy.url("/api/v1/query?query=up%7Bnamespace%3D%22team-b%22%7D"),
+        &[("authorization", &basic("alice", "alice-pw"))],
+        b"",
+    )
+    .await;
+    assert_eq!(version, Version::HTTP_2);
+    let forwarded = upstream.last();
+    assert_eq!(forwarded.path, "/api/v1/query");
+    let query: Vec<(String, String)> =
+        form_urlencoded::parse(forwarded.query.as_deref().unwrap_or("").as_bytes())
+            .into_owned()
+            .collect();
+    assert_eq!(
+        query,
+        [(
+            "query".to_owned(),
+            r#"up{namespace="team-a",namespace="team-b"}"#.to_owned()
+        )],
+        "the tenant's matcher beside the client's (which then selects nothing)"
+    );
+    assert!(
+        forwarded.org_ids().is_empty(),
+        "label mode sets no tenant header"
+    );
+}
+
+#[tokio::test]
+async fn https_clients_that_offer_http2_get_it() {
+    support::captured_logs();
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new();
+    let leaf = ca.issue("localhost");
+    replace_file(&dir.path().join("tls.crt"), &leaf.cert_pem);
+    replace_file(&dir.path().join("tls.key"), &leaf.key_pem);
+    let loki = LokiStandIn::start().await;
+    let mut options = ProxyOptions::new(loki.url());
+    let section = format!(
+        "tls:\n  cert_file: {}\n  key_file: {}\n",
+        dir.path().join("tls.crt").display(),
+        dir.path().join("tls.key").display(),
+    );
+    options.extra = Box::leak(section.into_boxed_str());
+    let proxy = RunningProxy::start(options).await;
+
+    // As Go's client offers it: h2 first, HTTP/1.1 as the fallback.
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(ca.roots())
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .unwrap();
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (mut sender, connection) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    let request = Request::get("https://localhost/loki/api/v1/labels")
+        .header("authorization", basic("bob", "bob-pw"))
+        .header("x-scope-orgid", "team-a")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    assert_eq!(response.version(), Version::HTTP_2);
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_forwarded_as_http1_for(&loki.last(), &loki, "team-b");
+}
