@@ -441,8 +441,10 @@ pub struct Limits {
     /// parsing time the byte limit alone does not bound.
     #[serde(default = "defaults::max_header_count")]
     pub max_header_count: usize,
-    /// How long a client may take to send its request head; also closes
-    /// keep-alive connections idle for that long.
+    /// How long a client may take to send its request head (or finish a
+    /// TLS handshake); also closes keep-alive connections idle for that
+    /// long, and tells any connection without a byte either way for one
+    /// to two of these periods to finish (`http/connection.rs`).
     #[serde(default = "defaults::header_read_timeout", with = "humantime_serde")]
     pub header_read_timeout: Duration,
     /// How long a client may take to send its whole request body (408

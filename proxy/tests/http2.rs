@@ -205,3 +205,78 @@ async fn https_clients_that_offer_http2_get_it() {
     assert_eq!(response.status(), StatusCode::OK);
     assert_forwarded_as_http1_for(&loki.last(), &loki, "team-b");
 }
+
+/// A proxy whose connections must show a byte every 200 ms.
+async fn impatient() -> (LokiStandIn, RunningProxy) {
+    support::captured_logs();
+    let loki = LokiStandIn::start().await;
+    let mut options = ProxyOptions::new(loki.url());
+    options.limits = "  header_read_timeout: 200ms\n";
+    (loki, RunningProxy::start(options).await)
+}
+
+/// An HTTP/2 connection (prior knowledge) and the task driving it.
+async fn h2_connection(
+    proxy: &RunningProxy,
+) -> (
+    hyper::client::conn::http2::SendRequest<Full<Bytes>>,
+    tokio::task::JoinHandle<hyper::Result<()>>,
+) {
+    let tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let (sender, connection) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .unwrap();
+    (sender, tokio::spawn(connection))
+}
+
+fn labels_request(proxy: &RunningProxy, stall_ms: &str) -> Request<Full<Bytes>> {
+    Request::get(proxy.url("/loki/api/v1/labels"))
+        .header("authorization", basic("alice", "alice-pw"))
+        .header("x-test-stall-ms", stall_ms)
+        .body(Full::new(Bytes::new()))
+        .unwrap()
+}
+
+#[tokio::test]
+async fn an_idle_http2_connection_is_closed_with_goaway() {
+    let (_loki, proxy) = impatient().await;
+    let (mut sender, connection) = h2_connection(&proxy).await;
+    let response = sender
+        .send_request(labels_request(&proxy, "0"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    // Nothing more: the proxy ends the connection on its own, gracefully
+    // (GOAWAY, then close), so the client's connection ends without error.
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(10), connection).await;
+    let ended = ended.expect("the proxy closed the idle connection");
+    ended.unwrap().expect("a graceful close, not a reset");
+}
+
+#[tokio::test]
+async fn a_request_slower_than_the_quiet_period_still_gets_its_answer() {
+    let (loki, proxy) = impatient().await;
+    // Over HTTP/2: the connection is told to finish while the upstream
+    // holds the request (no byte moves for 1 s), and the stream completes.
+    let (mut sender, connection) = h2_connection(&proxy).await;
+    let response = sender
+        .send_request(labels_request(&proxy, "1000"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert!(!body.is_empty(), "the whole answer");
+    connection.await.unwrap().unwrap();
+    // Over HTTP/1.1 the same.
+    let reply = support::send(
+        Method::GET,
+        &proxy.url("/loki/api/v1/labels"),
+        Some(&basic("alice", "alice-pw")),
+        &[("x-test-stall-ms", "1000")],
+        "",
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(loki.received().len(), 2);
+}

@@ -677,7 +677,7 @@ async fn in_flight_requests_survive_a_reload_that_removes_their_user() {
 }
 
 #[tokio::test]
-async fn idle_and_slow_connections_are_closed_after_the_header_read_timeout() {
+async fn idle_slow_and_silent_connections_are_closed_after_the_header_read_timeout() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     support::captured_logs();
     let loki = LokiStandIn::start().await;
@@ -697,8 +697,19 @@ async fn idle_and_slow_connections_are_closed_after_the_header_read_timeout() {
     slow.write_all(b"GET /loki/api/v1/labels HTTP/1.1\r\nHost:")
         .await
         .unwrap();
+    // Silent: connected, never a byte (hyper waits for the first bytes to
+    // tell HTTP/2 from HTTP/1.1, with no clock of its own).
+    let mut silent = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    // Half of HTTP/2's preface, the rest never sent.
+    let mut half_preface = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    half_preface.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
 
-    for (name, stream) in [("idle", &mut idle), ("slow", &mut slow)] {
+    for (name, stream) in [
+        ("idle", &mut idle),
+        ("slow", &mut slow),
+        ("silent", &mut silent),
+        ("half preface", &mut half_preface),
+    ] {
         let mut seen = Vec::new();
         let closed =
             tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut seen)).await;

@@ -3,6 +3,7 @@
 //! turns every failure into a status and a body.
 
 pub mod body;
+pub mod connection;
 pub mod error;
 pub mod headers;
 pub mod path;

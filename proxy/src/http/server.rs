@@ -11,7 +11,6 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -19,6 +18,7 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::config::Limits;
 use crate::http::body::ProxyBody;
+use crate::http::connection::{Marked, Transport};
 use crate::http::timer::ReusingTimer;
 use crate::http::tls::CurrentTls;
 
@@ -71,7 +71,9 @@ pub async fn serve_connections<H, F>(
         .http2()
         .timer(TokioTimer::new())
         .max_header_list_size(limits.max_header_bytes as u32);
-    let graceful = GracefulShutdown::new();
+    // Each connection holds a receiver: the sender's `closed()` is "every
+    // connection has ended".
+    let (drain, draining) = watch::channel(false);
     let stop = shutdown.wait();
     tokio::pin!(stop);
     loop {
@@ -90,47 +92,58 @@ pub async fn serve_connections<H, F>(
         let _ = stream.set_nodelay(true);
         let handler = handler.clone();
         let service = service_fn(move |request| handler(peer, request));
-        let (builder, watcher) = (builder.clone(), graceful.watcher());
-        let handshake_timeout = limits.header_read_timeout;
+        let (builder, mut draining) = (builder.clone(), draining.clone());
+        // The handshake counts against the same clock as a request head, and
+        // so does a connection's silence.
+        let head_time = limits.header_read_timeout;
         let tls = tls
             .as_ref()
             .map(|current| TlsAcceptor::from(current.load_full()));
         tokio::spawn(async move {
-            let served =
-                match tls {
-                    None => {
-                        let connection =
-                            builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-                        watcher.watch(connection.into_owned()).await
+            let transport = match tls {
+                None => Transport::Plain(stream),
+                Some(acceptor) => {
+                    match tokio::time::timeout(head_time, acceptor.accept(stream)).await {
+                        Ok(Ok(stream)) => Transport::Tls(Box::new(stream)),
+                        Ok(Err(e)) => {
+                            tracing::debug!(error = %e, %peer, "TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::debug!(%peer, "TLS handshake timed out");
+                            return;
+                        }
                     }
-                    Some(acceptor) => {
-                        // The handshake counts against the same clock as a request head.
-                        let stream =
-                            match tokio::time::timeout(handshake_timeout, acceptor.accept(stream))
-                                .await
-                            {
-                                Ok(Ok(stream)) => stream,
-                                Ok(Err(e)) => {
-                                    tracing::debug!(error = %e, %peer, "TLS handshake failed");
-                                    return;
-                                }
-                                Err(_) => {
-                                    tracing::debug!(%peer, "TLS handshake timed out");
-                                    return;
-                                }
-                            };
-                        let connection =
-                            builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-                        watcher.watch(connection.into_owned()).await
-                    }
-                };
+                }
+            };
+            let (stream, quiet) = Marked::new(transport);
+            let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+            tokio::pin!(connection);
+            let ended = tokio::select! {
+                // The connection first: the other two are rarely ready.
+                biased;
+                served = connection.as_mut() => Some(served),
+                _ = draining.wait_for(|stop| *stop) => None,
+                () = quiet.for_a_whole(head_time) => None,
+            };
+            // Shutting down, or no byte either way for a while: take no new
+            // request (HTTP/2: GOAWAY); one in flight still finishes.
+            let served = match ended {
+                Some(served) => served,
+                None => {
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
+                }
+            };
             if let Err(e) = served {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
         });
     }
     drop(listener);
-    if tokio::time::timeout(limits.shutdown_grace, graceful.shutdown())
+    drop(draining);
+    let _ = drain.send(true);
+    if tokio::time::timeout(limits.shutdown_grace, drain.closed())
         .await
         .is_err()
     {
