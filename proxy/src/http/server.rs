@@ -18,7 +18,7 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::config::Limits;
 use crate::http::body::ProxyBody;
-use crate::http::connection::{Marked, Transport};
+use crate::http::connection::{until_stopped, Marked, Transport};
 use crate::http::timer::ReusingTimer;
 use crate::http::tls::CurrentTls;
 
@@ -118,23 +118,15 @@ pub async fn serve_connections<H, F>(
             };
             let (stream, quiet) = Marked::new(transport);
             let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-            tokio::pin!(connection);
-            let ended = tokio::select! {
-                // The connection first: the other two are rarely ready.
-                biased;
-                served = connection.as_mut() => Some(served),
-                _ = draining.wait_for(|stop| *stop) => None,
-                () = quiet.for_a_whole(head_time) => None,
+            let stop = async move {
+                tokio::select! {
+                    _ = draining.wait_for(|stop| *stop) => {}
+                    () = quiet.for_a_whole(head_time) => {}
+                }
             };
             // Shutting down, or no byte either way for a while: take no new
             // request (HTTP/2: GOAWAY); one in flight still finishes.
-            let served = match ended {
-                Some(served) => served,
-                None => {
-                    connection.as_mut().graceful_shutdown();
-                    connection.await
-                }
-            };
+            let served = until_stopped(connection, stop, |c| c.graceful_shutdown()).await;
             if let Err(e) = served {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
