@@ -121,7 +121,9 @@ pub async fn serve_connections<H, F>(
             let stop = async move {
                 tokio::select! {
                     _ = draining.wait_for(|stop| *stop) => {}
-                    () = quiet.for_a_whole(head_time) => {}
+                    () = quiet.for_a_whole(head_time) => {
+                        tracing::debug!(%peer, "connection quiet, told to finish");
+                    }
                 }
             };
             // Shutting down, or no byte either way for a while: take no new
