@@ -456,6 +456,13 @@ pub struct Limits {
     /// beyond); 0: unlimited.
     #[serde(default)]
     pub max_concurrent_requests: usize,
+    /// Client connections open at once on a listener. Beyond it, new ones
+    /// wait in the kernel's listen backlog until one ends: a flood of
+    /// connections (no credentials needed to open one) must not take the
+    /// proxy's memory (about 24 KiB an idle HTTP/1.1 connection) or its
+    /// file descriptors, which its upstream connections need too.
+    #[serde(default = "defaults::max_connections")]
+    pub max_connections: usize,
     /// How long the upstream may take to answer with its response head (504 after).
     #[serde(default = "defaults::upstream_timeout", with = "humantime_serde")]
     pub upstream_timeout: Duration,
@@ -474,6 +481,7 @@ impl Default for Limits {
             header_read_timeout: defaults::header_read_timeout(),
             body_read_timeout: defaults::body_read_timeout(),
             max_concurrent_requests: 0,
+            max_connections: defaults::max_connections(),
             upstream_timeout: defaults::upstream_timeout(),
             shutdown_grace: defaults::shutdown_grace(),
         }
@@ -556,6 +564,9 @@ mod defaults {
     }
     pub fn max_header_count() -> usize {
         100
+    }
+    pub fn max_connections() -> usize {
+        4096
     }
     pub fn header_read_timeout() -> Duration {
         Duration::from_secs(30)
@@ -811,6 +822,9 @@ impl Config {
         if self.limits.max_header_count < 32 {
             return Err("limits.max_header_count must be at least 32".into());
         }
+        if self.limits.max_connections == 0 {
+            return Err("limits.max_connections must be at least 1".into());
+        }
         if self.auth.max_concurrent_verifications == 0 {
             return Err("auth.max_concurrent_verifications must be at least 1".into());
         }
@@ -848,7 +862,19 @@ mod tests {
         let c = Config::parse(MINIMAL).unwrap();
         assert_eq!(c.limits.max_body_bytes, 16 * 1024 * 1024);
         assert_eq!(c.tenants_poll_interval, Duration::from_secs(5));
+        assert_eq!(c.limits.max_connections, 4096);
         assert!(c.metrics.is_none());
+    }
+
+    #[test]
+    fn a_listener_takes_at_least_one_connection() {
+        let err = Config::parse(&format!("{MINIMAL}limits:\n  max_connections: 0\n")).unwrap_err();
+        assert!(
+            err.contains("limits.max_connections must be at least 1"),
+            "{err}"
+        );
+        let c = Config::parse(&format!("{MINIMAL}limits:\n  max_connections: 1\n")).unwrap();
+        assert_eq!(c.limits.max_connections, 1);
     }
 
     #[test]

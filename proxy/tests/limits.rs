@@ -317,3 +317,47 @@ async fn limits_from_the_tenants_file_are_shared_by_the_replicas_and_follow_relo
         "team-b's bucket is the same, spent"
     );
 }
+
+#[tokio::test]
+async fn connections_beyond_the_limit_wait_until_one_ends() {
+    let (loki, proxy) = start("  max_connections: 2\n", "").await;
+    let request = format!(
+        "GET {QUERY} HTTP/1.1\r\nHost: p\r\nAuthorization: {}\r\n\r\n",
+        basic("alice", "alice-pw")
+    );
+    // Reads until a response head has come; `None` if nothing came in time.
+    async fn answered(stream: &mut tokio::net::TcpStream, within: Duration) -> Option<String> {
+        let mut head = vec![0; 4096];
+        let n = tokio::time::timeout(within, stream.read(&mut head))
+            .await
+            .ok()?
+            .unwrap();
+        Some(String::from_utf8_lossy(&head[..n]).into_owned())
+    }
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let head = answered(&mut stream, Duration::from_secs(10))
+            .await
+            .unwrap();
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        held.push(stream); // kept alive: each holds a slot
+    }
+    // The third connects (the kernel's backlog takes it) but is not served.
+    let mut third = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    third.write_all(request.as_bytes()).await.unwrap();
+    assert_eq!(
+        answered(&mut third, Duration::from_millis(500)).await,
+        None,
+        "not served while two connections are open"
+    );
+    assert_eq!(loki.received().len(), 2);
+    let logs = String::from_utf8_lossy(&support::captured_logs().lock().unwrap()).into_owned();
+    assert!(logs.contains("connection limit reached"), "{logs}");
+    // One ends: the third is taken in and answered.
+    drop(held.remove(0));
+    let head = answered(&mut third, Duration::from_secs(10)).await.unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert_eq!(loki.received().len(), 3);
+}

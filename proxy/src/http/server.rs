@@ -4,6 +4,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Request, Response};
@@ -12,7 +13,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{watch, Semaphore};
 
 use tokio_rustls::TlsAcceptor;
 
@@ -74,9 +75,35 @@ pub async fn serve_connections<H, F>(
     // Each connection holds a receiver: the sender's `closed()` is "every
     // connection has ended".
     let (drain, draining) = watch::channel(false);
+    // One slot per open connection; a connection's task holds its slot.
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    // Logged once each time the limit is reached, not per connection held back.
+    let mut at_limit = false;
     let stop = shutdown.wait();
     tokio::pin!(stop);
     loop {
+        let slot = match slots.clone().try_acquire_owned() {
+            Ok(slot) => {
+                at_limit = false;
+                slot
+            }
+            Err(_) => {
+                if !at_limit {
+                    tracing::warn!(
+                        max_connections = limits.max_connections,
+                        "connection limit reached; new connections wait until one ends"
+                    );
+                    at_limit = true;
+                }
+                tokio::select! {
+                    _ = &mut stop => break,
+                    slot = slots.clone().acquire_owned() => match slot {
+                        Ok(slot) => slot,
+                        Err(_) => break, // closed: never, the semaphore is ours
+                    },
+                }
+            }
+        };
         let (stream, peer) = tokio::select! {
             _ = &mut stop => break,
             accepted = listener.accept() => match accepted {
@@ -100,6 +127,7 @@ pub async fn serve_connections<H, F>(
             .as_ref()
             .map(|current| TlsAcceptor::from(current.load_full()));
         tokio::spawn(async move {
+            let _slot = slot;
             let transport = match tls {
                 None => Transport::Plain(stream),
                 Some(acceptor) => {
