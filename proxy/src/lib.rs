@@ -134,12 +134,18 @@ impl Proxy {
             tenants: state.tenants.clone(),
         });
         let admin_server = admin::serve(admin, admin_state, &config.limits, shutdown.clone());
+        let open_connections = state.metrics.client_connections.clone();
+        state
+            .metrics
+            .connection_limit
+            .set(i64::try_from(config.limits.max_connections).unwrap_or(i64::MAX));
         let tenant_server = serve_connections(
             listener,
             &config.limits,
             current_tls,
             move |peer, request| proxy::handle(state.clone(), peer, request),
             shutdown,
+            Some(open_connections),
         );
         tokio::join!(admin_server, tenant_server);
         let _ = reload.await;

@@ -355,6 +355,13 @@ async fn connections_beyond_the_limit_wait_until_one_ends() {
     assert_eq!(loki.received().len(), 2);
     let logs = String::from_utf8_lossy(&support::captured_logs().lock().unwrap()).into_owned();
     assert!(logs.contains("connection limit reached"), "{logs}");
+    let metrics = proxy.metrics().await;
+    for line in [
+        "tenant_proxy_client_connections 2",
+        "tenant_proxy_connection_limit 2",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in {metrics}");
+    }
     // One ends: the third is taken in and answered.
     drop(held.remove(0));
     let head = answered(&mut third, Duration::from_secs(10)).await.unwrap();

@@ -12,8 +12,9 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
 use tokio_rustls::TlsAcceptor;
 
@@ -52,6 +53,7 @@ pub async fn serve_connections<H, F>(
     tls: Option<CurrentTls>,
     handler: H,
     shutdown: Shutdown,
+    open: Option<Gauge>,
 ) where
     H: Fn(SocketAddr, Request<Incoming>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Result<Response<ProxyBody>, Infallible>> + Send + 'static,
@@ -126,8 +128,9 @@ pub async fn serve_connections<H, F>(
         let tls = tls
             .as_ref()
             .map(|current| TlsAcceptor::from(current.load_full()));
+        let held = Held::new(slot, open.clone());
         tokio::spawn(async move {
-            let _slot = slot;
+            let _held = held;
             let transport = match tls {
                 None => Transport::Plain(stream),
                 Some(acceptor) => {
@@ -170,5 +173,28 @@ pub async fn serve_connections<H, F>(
         .is_err()
     {
         tracing::warn!("shutdown grace period over; closing remaining connections");
+    }
+}
+
+/// A connection's slot, counted in the open-connections gauge while held.
+struct Held {
+    _slot: OwnedSemaphorePermit,
+    open: Option<Gauge>,
+}
+
+impl Held {
+    fn new(slot: OwnedSemaphorePermit, open: Option<Gauge>) -> Self {
+        if let Some(open) = &open {
+            open.inc();
+        }
+        Self { _slot: slot, open }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Some(open) = &self.open {
+            open.dec();
+        }
     }
 }

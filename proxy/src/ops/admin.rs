@@ -58,6 +58,7 @@ pub async fn serve(
         None,
         move |_, request| handle(state.clone(), request),
         shutdown,
+        None,
     )
     .await;
 }

@@ -91,6 +91,10 @@ pub struct Metrics {
     /// What this replica divides limits by: the tenants file's `replicas`
     /// in `global` scope, 1 in `replica` scope.
     pub limit_replicas: Gauge,
+    /// Client connections open on the tenant listener, against
+    /// `connection_limit` (`limits.max_connections`).
+    pub client_connections: Gauge,
+    pub connection_limit: Gauge,
     pub errors: Family<ReasonLabels, Counter>,
     pub upstream_duration: Family<SurfaceLabels, Histogram, LatencyHistogram>,
     pub tenants_generation: Gauge,
@@ -157,6 +161,18 @@ impl Default for Metrics {
             "limit_replicas",
             "Replicas this one divides tenant limits by (tenant_limits.scope: global), else 1",
             limit_replicas.clone(),
+        );
+        let client_connections = Gauge::default();
+        registry.register(
+            "client_connections",
+            "Client connections open on the tenant listener",
+            client_connections.clone(),
+        );
+        let connection_limit = Gauge::default();
+        registry.register(
+            "connection_limit",
+            "Client connections the tenant listener keeps open at most (limits.max_connections)",
+            connection_limit.clone(),
         );
         let errors = Family::default();
         registry.register(
@@ -282,6 +298,8 @@ impl Default for Metrics {
             limited,
             tenant_limit,
             limit_replicas,
+            client_connections,
+            connection_limit,
             errors,
             upstream_duration,
             tenants_generation,
