@@ -79,23 +79,20 @@ pub async fn serve_connections<H, F>(
     let (drain, draining) = watch::channel(false);
     // One slot per open connection; a connection's task holds its slot.
     let slots = Arc::new(Semaphore::new(limits.max_connections));
-    // Logged once each time the limit is reached, not per connection held back.
-    let mut at_limit = false;
+    // Logged at most once a minute, not per connection held back.
+    let mut warned: Option<tokio::time::Instant> = None;
     let stop = shutdown.wait();
     tokio::pin!(stop);
     loop {
         let slot = match slots.clone().try_acquire_owned() {
-            Ok(slot) => {
-                at_limit = false;
-                slot
-            }
+            Ok(slot) => slot,
             Err(_) => {
-                if !at_limit {
+                if warned.is_none_or(|at| at.elapsed() >= Duration::from_secs(60)) {
                     tracing::warn!(
                         max_connections = limits.max_connections,
                         "connection limit reached; new connections wait until one ends"
                     );
-                    at_limit = true;
+                    warned = Some(tokio::time::Instant::now());
                 }
                 tokio::select! {
                     _ = &mut stop => break,
