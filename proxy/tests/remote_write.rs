@@ -224,6 +224,13 @@ async fn no_sample_is_lost_while_the_receiver_is_down() {
     );
 }
 
+/// A message as remote write sends it: protobuf, snappy block format.
+fn snappy(message: &impl Message) -> Vec<u8> {
+    snap::raw::Encoder::new()
+        .compress_vec(&message.encode_to_vec())
+        .unwrap()
+}
+
 fn v1_body(series: &[(&[(&str, &str)], f64)]) -> Vec<u8> {
     let request = WriteRequest {
         timeseries: series
@@ -232,9 +239,7 @@ fn v1_body(series: &[(&[(&str, &str)], f64)]) -> Vec<u8> {
             .collect(),
         metadata: vec![],
     };
-    snap::raw::Encoder::new()
-        .compress_vec(&request.encode_to_vec())
-        .unwrap()
+    snappy(&request)
 }
 
 const V1_HEADERS: &[(&str, &str)] = &[
@@ -276,9 +281,7 @@ async fn remote_write_2_0_is_rewritten_and_confirmed_by_a_2_0_receiver() {
             ..Default::default()
         }],
     };
-    let body = snap::raw::Encoder::new()
-        .compress_vec(&request.encode_to_vec())
-        .unwrap();
+    let body = snappy(&request);
     // Spelled in capitals, which RFC 9110 allows and Prometheus 3 refuses
     // (415): the proxy forwards the canonical spelling of what it read.
     let headers = [
@@ -331,9 +334,7 @@ async fn remote_write_2_0_to_a_1_0_receiver_is_415_so_the_sender_falls_back() {
             ..Default::default()
         }],
     };
-    let body = snap::raw::Encoder::new()
-        .compress_vec(&request.encode_to_vec())
-        .unwrap();
+    let body = snappy(&request);
     let reply = push(
         &proxy,
         &[("content-type", V2_CT), ("content-encoding", "snappy")],
@@ -487,9 +488,7 @@ fn v1_for_team_b(metric: &str) -> Vec<u8> {
         )],
         metadata: vec![],
     };
-    snap::raw::Encoder::new()
-        .compress_vec(&request.encode_to_vec())
-        .unwrap()
+    snappy(&request)
 }
 
 /// Issue #13: a 1.0 body declared 2.0 was forwarded, and a real 1.0
@@ -742,9 +741,7 @@ fn every_series_a_real_prometheus_stores_from_a_generated_push_is_the_tenants() 
                 .collect(),
             metadata: vec![],
         };
-        let body = snap::raw::Encoder::new()
-            .compress_vec(&request.encode_to_vec())
-            .unwrap();
+        let body = snappy(&request);
         let reply = runtime.block_on(push(&proxy, V1_HEADERS, body));
         let selector = format!("{{__name__=\"{metric}\"}}");
         let stored = runtime.block_on(send(
