@@ -1,0 +1,76 @@
+//! Every default of the configuration file, in one place.
+
+use std::time::Duration;
+
+pub fn poll_interval() -> Duration {
+    Duration::from_secs(5)
+}
+pub fn tenant_label() -> String {
+    "namespace".into()
+}
+pub fn tenant_header() -> String {
+    "X-Scope-OrgID".into()
+}
+pub fn query_cache_size() -> usize {
+    10_000
+}
+pub fn max_body_bytes() -> u64 {
+    16 * 1024 * 1024
+}
+pub fn max_decompressed_bytes() -> u64 {
+    64 * 1024 * 1024
+}
+pub fn max_header_bytes() -> usize {
+    64 * 1024
+}
+pub fn service_name() -> String {
+    "tenant-proxy".into()
+}
+pub fn sample_ratio() -> f64 {
+    1.0
+}
+pub fn export_interval() -> Duration {
+    Duration::from_secs(5)
+}
+pub fn export_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+pub fn max_header_count() -> usize {
+    100
+}
+pub fn max_connections() -> usize {
+    4096
+}
+pub fn header_read_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+pub fn tls_reload_interval() -> Duration {
+    Duration::from_secs(30)
+}
+pub fn body_read_timeout() -> Duration {
+    Duration::from_secs(60)
+}
+pub fn upstream_timeout() -> Duration {
+    Duration::from_secs(120)
+}
+pub fn shutdown_grace() -> Duration {
+    Duration::from_secs(30)
+}
+pub fn cache_size() -> usize {
+    10_000
+}
+pub fn max_concurrent_verifications() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
+}
+pub fn verification_wait() -> Duration {
+    Duration::from_secs(5)
+}
+pub fn max_failures_per_user() -> u32 {
+    10
+}
+pub fn max_failures_per_client() -> u32 {
+    30
+}
+pub fn failure_window() -> Duration {
+    Duration::from_secs(60)
+}

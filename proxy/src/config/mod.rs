@@ -1,0 +1,393 @@
+//! The proxy's configuration file: parsed (unknown keys are errors), then
+//! validated, then handed to `serve`. Every field says why it exists.
+//!
+//! This file holds the document, its loading and checks, and the proxy's
+//! own sections (listener TLS, limits, auth, tracing). The backends'
+//! sections, the tenants' limits and every default have a file each.
+
+mod backends;
+mod defaults;
+mod tenant_limits;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http::header::HeaderName;
+use http::Uri;
+use serde::Deserialize;
+
+use backends::check_upstream_tls;
+pub use backends::{
+    AlertsConfig, ForeignLabelPolicy, LogsConfig, MetricsConfig, MetricsMode, OtlpForwardEncoding,
+    Upstream, UpstreamTls, MAX_QUERY_CACHE_SIZE,
+};
+pub use tenant_limits::{
+    LimitScope, RequestLimits, TenantLimits, TenantLimitsConfig, TenantLimitsOverride,
+};
+
+#[derive(Debug, thiserror::Error)]
+#[error("{path}: {message}")]
+pub struct ConfigError {
+    pub path: String,
+    pub message: String,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Where tenants' traffic (Grafana, push agents) arrives.
+    pub listen: SocketAddr,
+    /// `/metrics`, `/healthz`, `/readyz`; kept apart so tenants cannot reach them.
+    pub admin_listen: SocketAddr,
+    /// The tenants file (written by tenant-sync or by hand). A relative path is
+    /// taken from the directory of the config file.
+    pub tenants_file: PathBuf,
+    /// How often the tenants file is re-read even without a file-system event
+    /// (Kubernetes volume updates swap symlinks, which watchers can miss).
+    #[serde(default = "defaults::poll_interval", with = "humantime_serde")]
+    pub tenants_poll_interval: Duration,
+    /// The Loki upstream. Absent: no log routes are served.
+    pub logs: Option<LogsConfig>,
+    /// The Prometheus/Mimir upstream. Absent: no metric routes are served.
+    pub metrics: Option<MetricsConfig>,
+    /// An Alertmanager, scoped like the metrics it alerts on: a vanilla one
+    /// by `metrics.label` (label mode), Mimir's by `metrics.header` (header
+    /// mode). Absent: no Alertmanager routes are served.
+    pub alerts: Option<AlertsConfig>,
+    #[serde(default)]
+    pub limits: Limits,
+    /// TLS on the tenant listener; absent: plain HTTP (terminate TLS in
+    /// front, or set this).
+    pub tls: Option<TlsConfig>,
+    /// Per-tenant request rates, concurrency and push bytes: off unless set.
+    #[serde(default)]
+    pub tenant_limits: TenantLimitsConfig,
+    #[serde(default)]
+    pub auth: AuthConfig,
+    /// OpenTelemetry spans over OTLP/HTTP; absent: none are made.
+    pub tracing: Option<TracingConfig>,
+}
+
+// === loading ===
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let error = |message: String| ConfigError {
+            path: path.display().to_string(),
+            message,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| error(e.to_string()))?;
+        let mut config = Self::parse(&text).map_err(error)?;
+        let base = path.parent().unwrap_or_else(|| Path::new("."));
+        let resolve = |file: &mut PathBuf| {
+            if file.is_relative() {
+                *file = base.join(&*file);
+            }
+        };
+        resolve(&mut config.tenants_file);
+        if let Some(tls) = &mut config.tls {
+            resolve(&mut tls.cert_file);
+            resolve(&mut tls.key_file);
+            if let Some(ca) = &mut tls.client_ca_file {
+                resolve(ca);
+            }
+        }
+        let upstream_tls = [
+            config.logs.as_mut().and_then(|l| l.tls.as_mut()),
+            config.metrics.as_mut().and_then(|m| m.tls.as_mut()),
+            config.tracing.as_mut().and_then(|t| t.tls.as_mut()),
+        ];
+        for tls in upstream_tls.into_iter().flatten() {
+            for file in [&mut tls.ca_file, &mut tls.cert_file, &mut tls.key_file]
+                .into_iter()
+                .flatten()
+            {
+                resolve(file);
+            }
+        }
+        Ok(config)
+    }
+
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let config: Config = serde_yaml_ng::from_str(text).map_err(|e| e.to_string())?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Rules serde cannot express.
+    fn validate(&self) -> Result<(), String> {
+        if self.logs.is_none() && self.metrics.is_none() {
+            return Err("configure at least one of `logs` and `metrics`".into());
+        }
+        if self.listen == self.admin_listen && self.listen.port() != 0 {
+            return Err("`listen` and `admin_listen` must differ".into());
+        }
+        if let Some(metrics) = &self.metrics {
+            if !is_label_name(&metrics.label) {
+                return Err(format!(
+                    "metrics.label {:?} is not a valid label name",
+                    metrics.label
+                ));
+            }
+            // Prometheus reserves `__` names for itself (`__name__`), and
+            // an OTLP receiver passes `__…__` attribute names through
+            // its own rules.
+            if metrics.label.starts_with("__") {
+                return Err(format!(
+                    "metrics.label {:?} starts with `__`, which Prometheus reserves",
+                    metrics.label
+                ));
+            }
+            if SET_BY_THE_RECEIVER.contains(&metrics.label.as_str()) {
+                return Err(format!(
+                    "metrics.label {:?} is a label Prometheus sets itself (histogram \
+                     buckets, summary quantiles, OTLP scope fields), which a tenant could \
+                     not be held to",
+                    metrics.label
+                ));
+            }
+            HeaderName::from_bytes(metrics.header.as_bytes())
+                .map_err(|_| format!("metrics.header {:?} is not a header name", metrics.header))?;
+            // The memo's byte bounds grow with it: a slip of a few zeros
+            // would let it hold gigabytes.
+            if metrics.query_cache_size > MAX_QUERY_CACHE_SIZE {
+                return Err(format!(
+                    "metrics.query_cache_size must be at most {MAX_QUERY_CACHE_SIZE} \
+                     (the memo may then hold about 370 MiB of text)"
+                ));
+            }
+        }
+        let upstreams = [
+            self.logs
+                .as_ref()
+                .map(|l| ("logs", vec![&l.upstream], l.tls.as_ref())),
+            self.metrics.as_ref().map(|m| {
+                let all = std::iter::once(&m.upstream)
+                    .chain(&m.push_upstream)
+                    .collect();
+                ("metrics", all, m.tls.as_ref())
+            }),
+            self.alerts
+                .as_ref()
+                .map(|a| ("alerts", vec![&a.upstream], a.tls.as_ref())),
+        ];
+        if self.alerts.is_some() && self.metrics.is_none() {
+            return Err("`alerts` is scoped like `metrics`: configure `metrics` too".into());
+        }
+        for (section, urls, tls) in upstreams.into_iter().flatten() {
+            let https = urls.iter().any(|u| u.scheme == http::uri::Scheme::HTTPS);
+            check_upstream_tls(section, https, tls)?;
+        }
+        if self.limits.max_header_bytes < 8 * 1024 {
+            return Err("limits.max_header_bytes must be at least 8192".into());
+        }
+        if let Some(tracing) = &self.tracing {
+            tracing.validate()?;
+        }
+        if self.limits.max_header_count < 32 {
+            return Err("limits.max_header_count must be at least 32".into());
+        }
+        if self.limits.max_connections == 0 {
+            return Err("limits.max_connections must be at least 1".into());
+        }
+        if self.auth.max_concurrent_verifications == 0 {
+            return Err("auth.max_concurrent_verifications must be at least 1".into());
+        }
+        self.tenant_limits.validate()
+    }
+}
+
+/// Labels a Prometheus receiver writes from a series' own fields rather
+/// than from what the pusher labels: `le` and `quantile` on histogram
+/// buckets and summary quantiles, and the OTLP scope's name, version and
+/// schema URL (`promote_scope_metadata`), none of which the label rule
+/// rewrites.
+const SET_BY_THE_RECEIVER: [&str; 5] = [
+    "le",
+    "quantile",
+    "otel_scope_name",
+    "otel_scope_version",
+    "otel_scope_schema_url",
+];
+
+pub(crate) fn is_label_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+// === the proxy's own sections ===
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// PEM certificate chain, leaf first. Relative paths start at the
+    /// config file's directory, like `tenants_file`.
+    pub cert_file: PathBuf,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: PathBuf,
+    /// PEM CA bundle: when set, clients must present a certificate it
+    /// signed (in addition to basic auth).
+    pub client_ca_file: Option<PathBuf>,
+    /// How often the files are checked for changes.
+    #[serde(default = "defaults::tls_reload_interval", with = "humantime_serde")]
+    pub reload_interval: Duration,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Largest request body forwarded (413 above it). Loki's default push
+    /// limit is far lower per stream; 16 MiB covers large agent batches.
+    #[serde(default = "defaults::max_body_bytes")]
+    pub max_body_bytes: u64,
+    /// Largest remote-write body after snappy decompression (413 above it),
+    /// checked from the snappy header before anything is allocated.
+    #[serde(default = "defaults::max_decompressed_bytes")]
+    pub max_decompressed_bytes: u64,
+    /// Largest request head (request line and headers) accepted.
+    #[serde(default = "defaults::max_header_bytes")]
+    pub max_header_bytes: usize,
+    /// Most header fields in one request head (431 above it). Grafana,
+    /// agents and shippers send a dozen or two; a flood of tiny fields costs
+    /// parsing time the byte limit alone does not bound.
+    #[serde(default = "defaults::max_header_count")]
+    pub max_header_count: usize,
+    /// How long a client may take to send its request head (or finish a
+    /// TLS handshake); also closes keep-alive connections idle for that
+    /// long, and tells any connection without a byte either way for one
+    /// to two of these periods to finish (`http/connection.rs`).
+    #[serde(default = "defaults::header_read_timeout", with = "humantime_serde")]
+    pub header_read_timeout: Duration,
+    /// How long a client may take to send its whole request body (408
+    /// after): a slow sender must not hold a connection and a backend
+    /// stream open indefinitely.
+    #[serde(default = "defaults::body_read_timeout", with = "humantime_serde")]
+    pub body_read_timeout: Duration,
+    /// Requests in flight at once across all tenants (503 with Retry-After
+    /// beyond); 0: unlimited.
+    #[serde(default)]
+    pub max_concurrent_requests: usize,
+    /// Client connections open at once on a listener. Beyond it, new ones
+    /// wait in the kernel's listen backlog until one ends: a flood of
+    /// connections (no credentials needed to open one) must not take the
+    /// proxy's memory (about 24 KiB an idle HTTP/1.1 connection) or its
+    /// file descriptors, which its upstream connections need too.
+    #[serde(default = "defaults::max_connections")]
+    pub max_connections: usize,
+    /// How long the upstream may take to answer with its response head (504 after).
+    #[serde(default = "defaults::upstream_timeout", with = "humantime_serde")]
+    pub upstream_timeout: Duration,
+    /// How long in-flight requests may take to finish after SIGTERM.
+    #[serde(default = "defaults::shutdown_grace", with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: defaults::max_body_bytes(),
+            max_decompressed_bytes: defaults::max_decompressed_bytes(),
+            max_header_bytes: defaults::max_header_bytes(),
+            max_header_count: defaults::max_header_count(),
+            header_read_timeout: defaults::header_read_timeout(),
+            body_read_timeout: defaults::body_read_timeout(),
+            max_concurrent_requests: 0,
+            max_connections: defaults::max_connections(),
+            upstream_timeout: defaults::upstream_timeout(),
+            shutdown_grace: defaults::shutdown_grace(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    /// Verified (username, password) pairs remembered so argon2 runs once per
+    /// credential, not per request.
+    #[serde(default = "defaults::cache_size")]
+    pub cache_size: usize,
+    /// argon2 verifications running at once; each takes ~19 MiB and a core
+    /// for tens of milliseconds. Default: the number of CPUs.
+    #[serde(default = "defaults::max_concurrent_verifications")]
+    pub max_concurrent_verifications: usize,
+    /// How long a request waits for a verification slot before a 503.
+    #[serde(default = "defaults::verification_wait", with = "humantime_serde")]
+    pub verification_wait: Duration,
+    /// Failed attempts per username within `failure_window` before further
+    /// uncached attempts get 429.
+    #[serde(default = "defaults::max_failures_per_user")]
+    pub max_failures_per_user: u32,
+    /// Failed attempts per client address within `failure_window` before 429.
+    #[serde(default = "defaults::max_failures_per_client")]
+    pub max_failures_per_client: u32,
+    #[serde(default = "defaults::failure_window", with = "humantime_serde")]
+    pub failure_window: Duration,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        Self {
+            cache_size: defaults::cache_size(),
+            max_concurrent_verifications: defaults::max_concurrent_verifications(),
+            verification_wait: defaults::verification_wait(),
+            max_failures_per_user: defaults::max_failures_per_user(),
+            max_failures_per_client: defaults::max_failures_per_client(),
+            failure_window: defaults::failure_window(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TracingConfig {
+    /// The collector's OTLP/HTTP traces URL, e.g.
+    /// `http://otel-collector:4318/v1/traces` (protobuf is sent; https://
+    /// trusts the system's CA certificates unless `tls.ca_file` is set).
+    pub otlp_endpoint: String,
+    /// `service.name` on every span.
+    #[serde(default = "defaults::service_name")]
+    pub service_name: String,
+    /// Share of new traces recorded. A request that arrives with a
+    /// `traceparent` follows its sender's sampling decision instead.
+    #[serde(default = "defaults::sample_ratio")]
+    pub sample_ratio: f64,
+    /// How often finished spans are sent to the collector.
+    #[serde(default = "defaults::export_interval", with = "humantime_serde")]
+    pub export_interval: Duration,
+    /// How long one export may take before it is abandoned (the spans are dropped,
+    /// requests are never held up by the collector).
+    #[serde(default = "defaults::export_timeout", with = "humantime_serde")]
+    pub export_timeout: Duration,
+    /// TLS to an `https://` collector: a private CA, a client certificate,
+    /// a server name; reloaded like an upstream's.
+    pub tls: Option<UpstreamTls>,
+}
+
+impl TracingConfig {
+    fn validate(&self) -> Result<(), String> {
+        let uri: Uri = self
+            .otlp_endpoint
+            .parse()
+            .map_err(|e| format!("tracing.otlp_endpoint: {e}"))?;
+        if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+            return Err("tracing.otlp_endpoint must be an http:// or https:// URL".into());
+        }
+        check_upstream_tls(
+            "tracing",
+            uri.scheme_str() == Some("https"),
+            self.tls.as_ref(),
+        )?;
+        if !(0.0..=1.0).contains(&self.sample_ratio) {
+            return Err("tracing.sample_ratio must be between 0 and 1".into());
+        }
+        if self.export_interval.is_zero() || self.export_timeout.is_zero() {
+            return Err("tracing.export_interval and export_timeout must be above zero".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

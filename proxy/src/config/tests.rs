@@ -1,0 +1,163 @@
+use super::*;
+
+const MINIMAL: &str = "listen: 127.0.0.1:8080\nadmin_listen: 127.0.0.1:8081\ntenants_file: t.yaml\nlogs:\n  upstream: http://127.0.0.1:3100\n";
+
+#[test]
+fn minimal_config_gets_defaults() {
+    let c = Config::parse(MINIMAL).unwrap();
+    assert_eq!(c.limits.max_body_bytes, 16 * 1024 * 1024);
+    assert_eq!(c.tenants_poll_interval, Duration::from_secs(5));
+    assert_eq!(c.limits.max_connections, 4096);
+    assert!(c.metrics.is_none());
+}
+
+#[test]
+fn a_listener_takes_at_least_one_connection() {
+    let err = Config::parse(&format!("{MINIMAL}limits:\n  max_connections: 0\n")).unwrap_err();
+    assert!(
+        err.contains("limits.max_connections must be at least 1"),
+        "{err}"
+    );
+    let c = Config::parse(&format!("{MINIMAL}limits:\n  max_connections: 1\n")).unwrap();
+    assert_eq!(c.limits.max_connections, 1);
+}
+
+#[test]
+fn unknown_keys_name_their_line() {
+    let err = Config::parse(&format!("{MINIMAL}colour: blue\n")).unwrap_err();
+    assert!(
+        err.contains("unknown field `colour`") && err.contains("line 6"),
+        "{err}"
+    );
+}
+
+proptest::proptest! {
+    /// Taking the client's path and query as they came gives exactly
+    /// the URI that building it gives, whether or not they match.
+    #[test]
+    fn reusing_the_received_uri_agrees_with_building_it(
+        prefixed in proptest::bool::ANY,
+        received in "/[a/?=]{0,8}",
+        path in "/[a/]{0,4}",
+        query in proptest::option::of("[a/?=]{0,4}"),
+    ) {
+        let upstream = Upstream::parse(if prefixed { "http://u:1/p" } else { "http://u:1" }).unwrap();
+        let received: Uri = received.parse().unwrap();
+        let reused = upstream.uri_reusing(&path, query.as_deref(), &received).unwrap();
+        let built = upstream.uri_for(&path, query.as_deref()).unwrap();
+        proptest::prop_assert_eq!(reused.to_string(), built.to_string());
+    }
+}
+
+#[test]
+fn upstream_prefix_is_kept_without_trailing_slash() {
+    let u = Upstream::parse("http://mimir:8080/prometheus/").unwrap();
+    assert_eq!(u.path_prefix, "/prometheus");
+    let uri = u.uri_for("/api/v1/query", Some("query=up")).unwrap();
+    assert_eq!(
+        uri.to_string(),
+        "http://mimir:8080/prometheus/api/v1/query?query=up"
+    );
+    assert!(Upstream::parse("https://x").is_ok());
+    assert!(Upstream::parse("ftp://x").is_err());
+    assert!(Upstream::parse("x:3100").is_err());
+    // tls only with an https upstream, cert and key together.
+    let base = MINIMAL.replace("http://127.0.0.1:3100", "http://x");
+    let tls_on_http = format!("{base}  tls: {{ca_file: ca.crt}}\n");
+    assert!(Config::parse(&tls_on_http).unwrap_err().contains("https"));
+    let https = MINIMAL.replace("http://127.0.0.1:3100", "https://x");
+    let half = format!("{https}  tls: {{cert_file: c.crt}}\n");
+    assert!(Config::parse(&half).unwrap_err().contains("together"));
+}
+
+#[test]
+fn metrics_section_is_validated() {
+    let label = |name: &str| {
+        Config::parse(&format!(
+            "{MINIMAL}metrics:\n  upstream: http://127.0.0.1:9090\n  label: \"{name}\"\n"
+        ))
+    };
+    assert!(label("1x").unwrap_err().contains("not a valid label name"));
+    for reserved in ["__name__", "__tenant"] {
+        assert!(
+            label(reserved).unwrap_err().contains("reserves"),
+            "{reserved}"
+        );
+    }
+    for own in ["le", "quantile", "otel_scope_name"] {
+        assert!(label(own).unwrap_err().contains("sets itself"), "{own}");
+    }
+    assert_eq!(label("_tenant").unwrap().metrics.unwrap().label, "_tenant");
+    assert_eq!(
+        label("namespace")
+            .unwrap()
+            .metrics
+            .unwrap()
+            .query_cache_size,
+        10_000
+    );
+    let no_cache =
+        format!("{MINIMAL}metrics:\n  upstream: http://127.0.0.1:9090\n  query_cache_size: 0\n");
+    let metrics = Config::parse(&no_cache).unwrap().metrics.unwrap();
+    assert_eq!(metrics.query_cache_size, 0);
+    let cache = |n: usize| {
+        Config::parse(&format!(
+            "{MINIMAL}metrics:\n  upstream: http://127.0.0.1:9090\n  query_cache_size: {n}\n"
+        ))
+    };
+    assert_eq!(
+        cache(MAX_QUERY_CACHE_SIZE)
+            .unwrap()
+            .metrics
+            .unwrap()
+            .query_cache_size,
+        MAX_QUERY_CACHE_SIZE
+    );
+    assert!(cache(MAX_QUERY_CACHE_SIZE + 1)
+        .unwrap_err()
+        .contains("query_cache_size must be at most 100000"));
+    let header = format!("{MINIMAL}metrics:\n  upstream: http://127.0.0.1:9090\n  mode: header\n  header: THANOS-TENANT\n");
+    assert_eq!(
+        Config::parse(&header).unwrap().metrics.unwrap().mode,
+        MetricsMode::Header
+    );
+    let durations = format!("{MINIMAL}limits:\n  upstream_timeout: 1m 30s\n");
+    assert_eq!(
+        Config::parse(&durations).unwrap().limits.upstream_timeout,
+        Duration::from_secs(90)
+    );
+}
+
+#[test]
+fn tracing_is_off_unless_configured_and_is_validated() {
+    assert!(Config::parse(MINIMAL).unwrap().tracing.is_none());
+    let on = format!("{MINIMAL}tracing:\n  otlp_endpoint: http://127.0.0.1:4318/v1/traces\n");
+    let tracing = Config::parse(&on).unwrap().tracing.unwrap();
+    assert_eq!(
+        (tracing.service_name.as_str(), tracing.sample_ratio),
+        ("tenant-proxy", 1.0)
+    );
+    for (bad, complaint) in [
+        ("otlp_endpoint: 127.0.0.1:4318", "http://"),
+        (
+            "otlp_endpoint: http://c:4318\n  sample_ratio: 1.5",
+            "sample_ratio",
+        ),
+        (
+            "otlp_endpoint: http://c:4318\n  export_interval: 0s",
+            "above zero",
+        ),
+        (
+            "otlp_endpoint: http://c:4318\n  tls: {ca_file: ca.crt}",
+            "https://",
+        ),
+        (
+            "otlp_endpoint: https://c:4318\n  tls: {key_file: k}",
+            "go together",
+        ),
+    ] {
+        let text = format!("{MINIMAL}tracing:\n  {bad}\n");
+        let error = Config::parse(&text).unwrap_err();
+        assert!(error.contains(complaint), "{bad}: {error}");
+    }
+}
