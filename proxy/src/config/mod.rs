@@ -96,6 +96,7 @@ impl Config {
         let upstream_tls = [
             config.logs.as_mut().and_then(|l| l.tls.as_mut()),
             config.metrics.as_mut().and_then(|m| m.tls.as_mut()),
+            config.alerts.as_mut().and_then(|a| a.tls.as_mut()),
             config.tracing.as_mut().and_then(|t| t.tls.as_mut()),
         ];
         for tls in upstream_tls.into_iter().flatten() {

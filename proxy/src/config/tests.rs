@@ -161,3 +161,50 @@ fn tracing_is_off_unless_configured_and_is_validated() {
         assert!(error.contains(complaint), "{bad}: {error}");
     }
 }
+
+#[test]
+fn every_relative_file_is_taken_from_the_config_files_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let tls = "  tls:\n    ca_file: ca.pem\n    cert_file: client.pem\n    key_file: client.key\n";
+    let text = format!(
+        "listen: 127.0.0.1:8080\nadmin_listen: 127.0.0.1:8081\ntenants_file: tenants.yaml\n\
+         tls:\n  cert_file: server.pem\n  key_file: server.key\n  client_ca_file: clients.pem\n\
+         logs:\n  upstream: https://loki:3100\n{tls}\
+         metrics:\n  upstream: https://prometheus:9090\n{tls}\
+         alerts:\n  upstream: https://alertmanager:9093\n{tls}\
+         tracing:\n  otlp_endpoint: https://collector:4318/v1/traces\n{tls}"
+    );
+    let path = dir.path().join("config.yaml");
+    std::fs::write(&path, text).unwrap();
+    let config = Config::load(&path).unwrap();
+
+    let listener = config.tls.as_ref().unwrap();
+    let mut files = vec![
+        ("tenants_file", &config.tenants_file),
+        ("tls.cert_file", &listener.cert_file),
+        ("tls.key_file", &listener.key_file),
+        (
+            "tls.client_ca_file",
+            listener.client_ca_file.as_ref().unwrap(),
+        ),
+    ];
+    let upstreams = [
+        ("logs", config.logs.as_ref().unwrap().tls.as_ref()),
+        ("metrics", config.metrics.as_ref().unwrap().tls.as_ref()),
+        ("alerts", config.alerts.as_ref().unwrap().tls.as_ref()),
+        ("tracing", config.tracing.as_ref().unwrap().tls.as_ref()),
+    ];
+    for (section, tls) in upstreams {
+        let tls = tls.unwrap_or_else(|| panic!("{section}.tls parsed"));
+        for file in [&tls.ca_file, &tls.cert_file, &tls.key_file] {
+            files.push((section, file.as_ref().unwrap()));
+        }
+    }
+    for (field, file) in files {
+        assert!(
+            file.starts_with(dir.path()),
+            "{field}: {} is not under the config's directory",
+            file.display()
+        );
+    }
+}
