@@ -14,6 +14,7 @@ pub type CliResult = Result<String, Box<dyn std::error::Error + Send + Sync>>;
 /// Never a hash.
 pub fn check_config(config: &Config) -> CliResult {
     let (store, notes) = tenants_file::load(&config.tenants_file, 1)?;
+    check_tls_files(config)?;
     let mut out = String::new();
     writeln!(
         out,
@@ -58,6 +59,18 @@ pub fn check_config(config: &Config) -> CliResult {
         )?;
     }
     Ok(out)
+}
+
+/// Loads every certificate, key and CA file the way start-up does, so a
+/// config that passes `check-config` does not stop the proxy on a file.
+fn check_tls_files(config: &Config) -> Result<(), String> {
+    if let Some(tls) = &config.tls {
+        crate::http::tls::load(tls).map_err(|e| format!("tls: {e}"))?;
+    }
+    for (section, tls) in config.upstream_tls() {
+        crate::upstream::client(Some(tls)).map_err(|e| format!("{section}.tls: {e}"))?;
+    }
+    Ok(())
 }
 
 /// Who a query is rewritten for.

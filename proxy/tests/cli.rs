@@ -7,6 +7,9 @@ use std::process::{Command, Stdio};
 
 use base64::Engine;
 
+mod support;
+use support::certs::Ca;
+
 const BIN: &str = env!("CARGO_BIN_EXE_tenant-proxy");
 
 fn examples() -> PathBuf {
@@ -79,6 +82,81 @@ fn check_config_summarises_tenants_without_secrets() {
         "{stdout}"
     );
     assert!(!stdout.contains("argon2id"), "no hash in the summary");
+}
+
+/// A config with TLS on the listener and to every upstream, in `dir`,
+/// its files written there (relative paths, as an operator would).
+fn config_with_every_tls_file(dir: &Path) -> PathBuf {
+    let ca = Ca::new();
+    let leaf = ca.issue("proxy");
+    for (name, pem) in [
+        ("ca.pem", ca.pem()),
+        ("cert.pem", leaf.cert_pem),
+        ("key.pem", leaf.key_pem),
+    ] {
+        std::fs::write(dir.join(name), pem).unwrap();
+    }
+    std::fs::copy(examples().join("tenants.yaml"), dir.join("tenants.yaml")).unwrap();
+    let tls = "  tls:\n    ca_file: ca.pem\n    cert_file: cert.pem\n    key_file: key.pem\n";
+    let config = dir.join("c.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\ntenants_file: tenants.yaml\n\
+             tls:\n  cert_file: cert.pem\n  key_file: key.pem\n  client_ca_file: ca.pem\n\
+             logs:\n  upstream: https://127.0.0.1:1\n{tls}\
+             metrics:\n  upstream: https://127.0.0.1:1\n{tls}\
+             alerts:\n  upstream: https://127.0.0.1:1\n{tls}\
+             tracing:\n  otlp_endpoint: https://127.0.0.1:1/v1/traces\n{tls}"
+        ),
+    )
+    .unwrap();
+    config
+}
+
+#[test]
+fn check_config_loads_every_tls_file_as_start_up_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_with_every_tls_file(dir.path());
+    let config = config.to_str().unwrap();
+    let out = run(&["check-config", "--config", config]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Each section's files in turn made unreadable as PEM: check-config
+    // names the section and the file, as start-up would refuse to run.
+    let text = std::fs::read_to_string(config).unwrap();
+    for (section, line) in [
+        ("tls", "  cert_file: cert.pem\n"),
+        ("tls", "  client_ca_file: ca.pem\n"),
+        (
+            "logs.tls",
+            "logs:\n  upstream: https://127.0.0.1:1\n  tls:\n    ca_file: ca.pem\n",
+        ),
+        (
+            "metrics.tls",
+            "metrics:\n  upstream: https://127.0.0.1:1\n  tls:\n    ca_file: ca.pem\n",
+        ),
+        (
+            "alerts.tls",
+            "alerts:\n  upstream: https://127.0.0.1:1\n  tls:\n    ca_file: ca.pem\n",
+        ),
+        ("tracing.tls", "/v1/traces\n  tls:\n    ca_file: ca.pem\n"),
+    ] {
+        assert!(text.contains(line), "{line:?} in the config");
+        let broken = line.replace(".pem", "-missing.pem");
+        std::fs::write(config, text.replacen(line, &broken, 1)).unwrap();
+        let out = run(&["check-config", "--config", config]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{section}: {stderr}");
+        assert!(
+            stderr.contains(&format!("Error: {section}: ")) && stderr.contains("-missing.pem"),
+            "{section}: {stderr}"
+        );
+    }
 }
 
 #[test]

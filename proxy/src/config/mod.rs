@@ -110,6 +110,25 @@ impl Config {
         Ok(config)
     }
 
+    /// Every section's TLS to its upstream, named by the section. The
+    /// paths in them are resolved by `load` (the same four sections).
+    pub fn upstream_tls(&self) -> impl Iterator<Item = (&'static str, &UpstreamTls)> {
+        [
+            ("logs", self.logs.as_ref().and_then(|l| l.tls.as_ref())),
+            (
+                "metrics",
+                self.metrics.as_ref().and_then(|m| m.tls.as_ref()),
+            ),
+            ("alerts", self.alerts.as_ref().and_then(|a| a.tls.as_ref())),
+            (
+                "tracing",
+                self.tracing.as_ref().and_then(|t| t.tls.as_ref()),
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(section, tls)| Some((section, tls?)))
+    }
+
     pub fn parse(text: &str) -> Result<Self, String> {
         let config: Config = serde_yaml_ng::from_str(text).map_err(|e| e.to_string())?;
         config.validate()?;
