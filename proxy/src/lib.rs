@@ -29,6 +29,7 @@ use crate::http::server::{serve_connections, Shutdown};
 use crate::http::tls::TlsReloader;
 use crate::ops::admin;
 use crate::ops::metrics::Metrics;
+use crate::ops::process::Recheck;
 use crate::proxy::AppState;
 use crate::tenants::file::TenantsFileError;
 use crate::tenants::reload::{Reloader, Tenants};
@@ -40,6 +41,7 @@ pub struct Proxy {
     state: Arc<AppState>,
     reloader: Reloader,
     tls: Option<TlsReloader>,
+    recheck: Recheck,
 }
 
 /// Why a proxy cannot start.
@@ -78,11 +80,18 @@ impl Proxy {
             state,
             reloader,
             tls,
+            recheck: Recheck::default(),
         })
     }
 
     pub fn tenants(&self) -> Arc<Tenants> {
         self.state.tenants.clone()
+    }
+
+    /// Makes the tenants file and every TLS file be looked at now rather
+    /// than at their next tick (`main` calls it on SIGHUP).
+    pub fn recheck_files(&self) -> Recheck {
+        self.recheck.clone()
     }
 
     /// Counts certificate reloads (TLS configured only).
@@ -105,13 +114,21 @@ impl Proxy {
             state,
             reloader,
             tls,
+            recheck,
         } = self;
 
-        let reload =
-            tokio::spawn(reloader.run(config.tenants_poll_interval, shutdown.clone().wait()));
+        let reload = tokio::spawn(reloader.run(
+            config.tenants_poll_interval,
+            shutdown.clone().wait(),
+            recheck.subscribe(),
+        ));
         let current_tls = tls.as_ref().map(TlsReloader::current);
         if let (Some(tls), Some(settings)) = (tls, &config.tls) {
-            tokio::spawn(tls.run(settings.reload_interval, shutdown.clone().wait()));
+            tokio::spawn(tls.run(
+                settings.reload_interval,
+                shutdown.clone().wait(),
+                recheck.subscribe(),
+            ));
         }
         let upstream_clients = [&state.logs, &state.metrics_target, &state.alerts_target]
             .into_iter()
@@ -123,7 +140,7 @@ impl Proxy {
             if let Some(tls) = tls {
                 let reloader =
                     UpstreamTlsReloader::new(tls.clone(), client.clone(), state.metrics.clone());
-                tokio::spawn(reloader.run(shutdown.clone().wait()));
+                tokio::spawn(reloader.run(shutdown.clone().wait(), recheck.subscribe()));
             }
         }
 

@@ -199,6 +199,106 @@ fn missing_config_flag_is_a_clear_error() {
     assert!(String::from_utf8(out.stderr).unwrap().contains("--config"));
 }
 
+/// The proxy's log lines (`--log-format json`), read on a thread of their
+/// own so that waiting for one can give up.
+fn log_lines(child: &mut std::process::Child) -> std::sync::mpsc::Receiver<serde_json::Value> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let entry = serde_json::from_str(&line).unwrap_or_else(|_| panic!("not JSON: {line}"));
+            if tx.send(entry).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// The first log line whose message is `message` and whose fields satisfy
+/// `fields`, within 10 s; panics if the log ends or the time runs out.
+fn wait_for_log(
+    lines: &std::sync::mpsc::Receiver<serde_json::Value>,
+    message: &str,
+    fields: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match lines.recv_timeout(left) {
+            Ok(entry) if entry["fields"]["message"] == message && fields(&entry["fields"]) => {
+                return entry
+            }
+            Ok(_) => {}
+            Err(e) => panic!("no log line {message:?}: {e}"),
+        }
+    }
+}
+
+fn signal(child: &std::process::Child, name: &str) {
+    let sent = Command::new("kill")
+        .args([&format!("-{name}"), &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+}
+
+#[test]
+fn sighup_rereads_the_tenants_file_and_the_proxy_keeps_serving() {
+    // The tenants file is a link into a directory the proxy does not watch
+    // (as a mounted ConfigMap's is) and the poll is an hour away: only
+    // SIGHUP makes the proxy look at it again.
+    let (dir, mut proxy) = proxy_on_free_ports();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::rename(dir.path().join("tenants.yaml"), data.join("tenants.yaml")).unwrap();
+    std::os::unix::fs::symlink("data/tenants.yaml", dir.path().join("tenants.yaml")).unwrap();
+    let config = dir.path().join("c.yaml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, format!("{text}tenants_poll_interval: 1h\n")).unwrap();
+
+    let mut child = proxy
+        .args(["--log-format", "json"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = log_lines(&mut child);
+    let serving = wait_for_log(&lines, "tenant-proxy serving", |_| true);
+    let admin = serving["fields"]["admin"].as_str().unwrap().to_owned();
+
+    // Each SIGHUP after an edit loads it. The first may also be read by
+    // the reloader's first look at the file, as it starts after the log
+    // line above; the second can only come from SIGHUP.
+    let original = std::fs::read_to_string(data.join("tenants.yaml")).unwrap();
+    for (generation, added) in [(2, 1), (3, 2)] {
+        let new_tenants: String = (0..added)
+            .map(|n| format!("  - id: team-new-{n}\n    namespaces: [team-new-{n}]\n"))
+            .collect();
+        let edited = original.replacen("tenants:\n", &format!("tenants:\n{new_tenants}"), 1);
+        // Replaced by rename, as tenant-sync and kubelet do: the reloader
+        // sees the old file or the new one, never half of one.
+        std::fs::write(data.join("next.yaml"), edited).unwrap();
+        std::fs::rename(data.join("next.yaml"), data.join("tenants.yaml")).unwrap();
+        signal(&child, "HUP");
+        let loaded = wait_for_log(&lines, "tenants file loaded", |f| {
+            f["generation"] == generation
+        });
+        assert_eq!(loaded["fields"]["tenants"], 2 + added, "{loaded}");
+    }
+
+    // Still serving, and SIGTERM still stops it cleanly.
+    let mut stream = std::net::TcpStream::connect(&admin).unwrap();
+    stream
+        .write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut reply = String::new();
+    std::io::Read::read_to_string(&mut stream, &mut reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    signal(&child, "TERM");
+    let status = child.wait().unwrap();
+    assert!(status.success(), "exit after SIGTERM: {status}");
+}
+
 #[test]
 fn runs_until_sigterm_then_exits_cleanly() {
     let (_dir, mut proxy) = proxy_on_free_ports();

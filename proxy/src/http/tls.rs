@@ -75,10 +75,12 @@ pub(crate) fn roots_from(path: &Path) -> Result<RootCertStore, String> {
     Ok(roots)
 }
 
-/// Calls `check` every `interval` until `shutdown` resolves.
+/// Calls `check` every `interval`, and whenever `recheck` asks, until
+/// `shutdown` resolves.
 pub(crate) async fn every(
     interval: Duration,
     shutdown: impl std::future::Future<Output = ()>,
+    mut recheck: watch::Receiver<u64>,
     mut check: impl FnMut(),
 ) {
     let mut ticks = tokio::time::interval(interval);
@@ -88,6 +90,7 @@ pub(crate) async fn every(
         tokio::select! {
             _ = &mut shutdown => return,
             _ = ticks.tick() => check(),
+            Ok(()) = recheck.changed() => check(),
         }
     }
 }
@@ -125,13 +128,15 @@ impl TlsReloader {
         self.reloads.subscribe()
     }
 
-    /// Checks the files every `interval` until `shutdown` resolves.
+    /// Checks the files every `interval`, and when `recheck` asks, until
+    /// `shutdown` resolves.
     pub async fn run(
         mut self,
         interval: Duration,
         shutdown: impl std::future::Future<Output = ()>,
+        recheck: watch::Receiver<u64>,
     ) {
-        every(interval, shutdown, || self.check()).await;
+        every(interval, shutdown, recheck, || self.check()).await;
     }
 
     fn check(&mut self) {
@@ -172,4 +177,36 @@ pub(crate) fn digest_files(files: [Option<&PathBuf>; 3]) -> blake3::Hash {
         hasher.update(&bytes);
     }
     hasher.finalize()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::process::Recheck;
+    use tokio::time::Instant;
+
+    /// On tokio's paused clock, a check that waited for the next tick
+    /// would come an hour later.
+    #[tokio::test(start_paused = true)]
+    async fn files_are_checked_at_every_tick_and_whenever_asked() {
+        let recheck = Recheck::default();
+        let (checked, mut checks) = tokio::sync::mpsc::unbounded_channel();
+        let hour = Duration::from_secs(3600);
+        tokio::spawn(every(
+            hour,
+            std::future::pending(),
+            recheck.subscribe(),
+            move || {
+                let _ = checked.send(Instant::now());
+            },
+        ));
+        let start = checks.recv().await.unwrap();
+        recheck.now();
+        assert_eq!(checks.recv().await.unwrap(), start, "checked when asked");
+        assert_eq!(
+            checks.recv().await.unwrap(),
+            start + hour,
+            "and at the tick"
+        );
+    }
 }

@@ -1,7 +1,11 @@
-//! Process plumbing both binaries share: logging set-up and the shutdown
-//! signal.
+//! Process plumbing both binaries share: logging set-up and the signals
+//! (SIGTERM and SIGINT stop, SIGHUP re-reads files).
 
+use std::future::Future;
 use std::io::IsTerminal;
+
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::watch;
 
 use tracing::Subscriber;
 use tracing_subscriber::fmt::MakeWriter;
@@ -70,11 +74,46 @@ fn log_panics() {
 
 /// Resolves on SIGTERM (Kubernetes) or SIGINT (a terminal).
 pub async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
     tokio::select! {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}
     }
     tracing::info!("shutting down; letting in-flight work finish");
+}
+
+/// Asks everything that follows files on a clock (the tenants file, TLS
+/// certificates) to look at them now. Each still skips content it has
+/// seen, so asking costs a read and a digest per file.
+#[derive(Clone, Debug)]
+pub struct Recheck(watch::Sender<u64>);
+
+impl Default for Recheck {
+    fn default() -> Self {
+        Self(watch::Sender::new(0))
+    }
+}
+
+impl Recheck {
+    pub fn now(&self) {
+        self.0.send_modify(|asked| *asked = asked.wrapping_add(1));
+    }
+
+    /// Changes at every later [`Recheck::now`].
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.0.subscribe()
+    }
+}
+
+/// Takes over SIGHUP now (its default ends the process, which operators
+/// used to Prometheus, Alertmanager or nginx send to reload) and returns
+/// the loop that turns each one into [`Recheck::now`].
+pub fn recheck_on_hangup(recheck: Recheck) -> std::io::Result<impl Future<Output = ()>> {
+    let mut hangups = signal(SignalKind::hangup())?;
+    Ok(async move {
+        while hangups.recv().await.is_some() {
+            tracing::info!("SIGHUP: re-reading the tenants file and the TLS files");
+            recheck.now();
+        }
+    })
 }

@@ -100,11 +100,13 @@ impl Reloader {
         }
     }
 
-    /// Watches and polls until `shutdown` resolves.
+    /// Follows the file (its directory's events, every `poll_interval`,
+    /// and whenever `recheck` asks) until `shutdown` resolves.
     pub async fn run(
         mut self,
         poll_interval: Duration,
         shutdown: impl std::future::Future<Output = ()>,
+        mut recheck: watch::Receiver<u64>,
     ) {
         let (events_tx, mut events_rx) = mpsc::channel::<()>(1);
         // Keep the watcher alive for as long as we run; without it we still poll.
@@ -119,6 +121,7 @@ impl Reloader {
                 _ = &mut shutdown => return,
                 _ = poll.tick() => {}
                 Some(()) = events_rx.recv() => {}
+                Ok(()) = recheck.changed() => {}
             }
             self.check().await;
         }

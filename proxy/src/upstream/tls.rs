@@ -64,8 +64,14 @@ impl UpstreamTlsReloader {
         }
     }
 
-    pub async fn run(mut self, shutdown: impl std::future::Future<Output = ()>) {
-        every(self.tls.reload_interval, shutdown, || self.check()).await;
+    /// Checks the files every `reload_interval`, and when `recheck` asks,
+    /// until `shutdown` resolves.
+    pub async fn run(
+        mut self,
+        shutdown: impl std::future::Future<Output = ()>,
+        recheck: tokio::sync::watch::Receiver<u64>,
+    ) {
+        every(self.tls.reload_interval, shutdown, recheck, || self.check()).await;
     }
 
     fn check(&mut self) {
