@@ -434,6 +434,27 @@ async fn corrupt_tenants_file_keeps_the_last_good_generation() {
     assert!(metrics.contains("tenant_proxy_tenants_generation 1"));
 }
 
+/// A writer that truncates before it writes (an editor, `>`) leaves the
+/// file empty for a moment: read then, it must not log everyone out.
+#[tokio::test]
+async fn an_emptied_tenants_file_keeps_the_last_good_generation() {
+    let (_loki, mut proxy) = setup().await;
+    let alice = basic("alice", "alice-pw");
+    let status = proxy.rewrite_tenants("").await;
+    let error = status.last_error.expect("the empty file is refused");
+    assert!(error.contains("tenants: []"), "{error}");
+    assert_eq!(status.generation, 1);
+    assert_eq!(get(&proxy.url(QUERY), &alice).await.status, StatusCode::OK);
+
+    // An explicit empty list does log everyone out.
+    let status = proxy.rewrite_tenants("tenants: []\n").await;
+    assert_eq!((status.generation, status.last_error), (2, None));
+    assert_eq!(
+        get(&proxy.url(QUERY), &alice).await.status,
+        StatusCode::UNAUTHORIZED
+    );
+}
+
 #[tokio::test]
 async fn missing_tenants_file_answers_503_until_it_appears() {
     support::captured_logs();

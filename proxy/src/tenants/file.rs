@@ -151,12 +151,22 @@ pub fn parse(text: &str, generation: u64) -> Result<(TenantStore, LoadNotes), St
                 "`users` (k8spin's format) cannot be mixed with `version`, `tenants` or `replicas`"
                     .into(),
             ),
+            // Most likely a file read while a writer that does not rename
+            // had emptied it: loading it would log every tenant out.
+            TenantsFile { tenants: None, .. } => {
+                return Err(
+                    "no `tenants` list (an empty or cut-off file?); write `tenants: []` for none"
+                        .into(),
+                )
+            }
             TenantsFile {
-                version, tenants, ..
+                version,
+                tenants: Some(tenants),
+                ..
             } => {
                 let file = NativeFile {
                     version: version.unwrap_or(CURRENT_VERSION),
-                    tenants: tenants.unwrap_or_default(),
+                    tenants,
                 };
                 let (tenants, credentials) = from_native(file)?;
                 (tenants, credentials, false)
@@ -171,7 +181,7 @@ pub fn parse(text: &str, generation: u64) -> Result<(TenantStore, LoadNotes), St
 }
 
 /// Both formats' top-level keys; which are present decides the format.
-/// An empty document is an empty native file.
+/// One of `tenants` and `users` must be: an empty document is refused.
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
 struct TenantsFile {
@@ -425,6 +435,28 @@ mod tests {
         assert!(parse("tenants:\n- id: a\n- id: a\n", 1)
             .unwrap_err()
             .contains("twice"));
+    }
+
+    #[test]
+    fn a_file_without_a_tenants_list_is_refused_and_an_empty_list_is_not() {
+        for text in [
+            "",
+            "\n",
+            "# being written\n",
+            "version: 1\n",
+            "replicas: 2\n",
+            "{}",
+        ] {
+            let error = parse(text, 1).unwrap_err();
+            assert!(
+                error.contains("write `tenants: []` for none"),
+                "{text:?}: {error}"
+            );
+        }
+        for text in ["tenants: []\n", "{\"version\": 1, \"tenants\": []}"] {
+            let (store, _) = parse(text, 1).unwrap();
+            assert!(store.tenants().is_empty(), "{text:?}");
+        }
     }
 
     #[test]
