@@ -201,7 +201,7 @@ fn missing_config_flag_is_a_clear_error() {
 
 /// The proxy's log lines (`--log-format json`), read on a thread of their
 /// own so that waiting for one can give up.
-fn log_lines(child: &mut std::process::Child) -> std::sync::mpsc::Receiver<serde_json::Value> {
+fn log_lines(child: &mut std::process::Child) -> LogLines {
     let (tx, rx) = std::sync::mpsc::channel();
     let stderr = child.stderr.take().unwrap();
     std::thread::spawn(move || {
@@ -218,7 +218,7 @@ fn log_lines(child: &mut std::process::Child) -> std::sync::mpsc::Receiver<serde
 /// The first log line whose message is `message` and whose fields satisfy
 /// `fields`, within 10 s; panics if the log ends or the time runs out.
 fn wait_for_log(
-    lines: &std::sync::mpsc::Receiver<serde_json::Value>,
+    lines: &LogLines,
     message: &str,
     fields: impl Fn(&serde_json::Value) -> bool,
 ) -> serde_json::Value {
@@ -234,6 +234,33 @@ fn wait_for_log(
         }
     }
 }
+
+type LogLines = std::sync::mpsc::Receiver<serde_json::Value>;
+
+/// Starts the proxy with JSON logs and waits until it serves: the process,
+/// its log lines after that one, and its listen and admin addresses.
+fn spawn_serving(proxy: &mut Command) -> (std::process::Child, LogLines, String, String) {
+    let mut child = proxy
+        .args(["--log-format", "json"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = log_lines(&mut child);
+    let serving = wait_for_log(&lines, "tenant-proxy serving", |_| true);
+    let field = |name: &str| serving["fields"][name].as_str().unwrap().to_owned();
+    (child, lines, field("listen"), field("admin"))
+}
+
+/// One HTTP/1.1 exchange on a connection of its own: the whole answer.
+fn exchange(addr: &str, request: &str) -> String {
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut reply = String::new();
+    std::io::Read::read_to_string(&mut stream, &mut reply).unwrap();
+    reply
+}
+
+const READYZ: &str = "GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
 
 fn signal(child: &std::process::Child, name: &str) {
     let sent = Command::new("kill")
@@ -257,14 +284,7 @@ fn sighup_rereads_the_tenants_file_and_the_proxy_keeps_serving() {
     let text = std::fs::read_to_string(&config).unwrap();
     std::fs::write(&config, format!("{text}tenants_poll_interval: 1h\n")).unwrap();
 
-    let mut child = proxy
-        .args(["--log-format", "json"])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let lines = log_lines(&mut child);
-    let serving = wait_for_log(&lines, "tenant-proxy serving", |_| true);
-    let admin = serving["fields"]["admin"].as_str().unwrap().to_owned();
+    let (mut child, lines, _listen, admin) = spawn_serving(&mut proxy);
 
     // Each SIGHUP after an edit loads it. The first may also be read by
     // the reloader's first look at the file, as it starts after the log
@@ -287,12 +307,7 @@ fn sighup_rereads_the_tenants_file_and_the_proxy_keeps_serving() {
     }
 
     // Still serving, and SIGTERM still stops it cleanly.
-    let mut stream = std::net::TcpStream::connect(&admin).unwrap();
-    stream
-        .write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut reply = String::new();
-    std::io::Read::read_to_string(&mut stream, &mut reply).unwrap();
+    let reply = exchange(&admin, READYZ);
     assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
     signal(&child, "TERM");
     let status = child.wait().unwrap();
@@ -302,56 +317,26 @@ fn sighup_rereads_the_tenants_file_and_the_proxy_keeps_serving() {
 #[test]
 fn runs_until_sigterm_then_exits_cleanly() {
     let (_dir, mut proxy) = proxy_on_free_ports();
-    let mut child = proxy
-        .args(["--log-format", "json"])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let (listen, admin) = loop {
-        let line = lines
-            .next()
-            .expect("the proxy logs that it serves")
-            .unwrap();
-        let entry: serde_json::Value = serde_json::from_str(&line).unwrap();
-        if entry["fields"]["message"] == "tenant-proxy serving" {
-            let field = |name: &str| entry["fields"][name].as_str().unwrap().to_owned();
-            break (field("listen"), field("admin"));
-        }
-    };
-    let mut stream = std::net::TcpStream::connect(&admin).unwrap();
-    stream
-        .write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut reply = String::new();
-    std::io::Read::read_to_string(&mut stream, &mut reply).unwrap();
+    let (mut child, lines, listen, admin) = spawn_serving(&mut proxy);
+    let reply = exchange(&admin, READYZ);
     assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
 
     // A query that makes promql-parser panic: answered 400, and the panic
     // is a JSON log line like any other.
-    let mut stream = std::net::TcpStream::connect(&listen).unwrap();
     let auth = base64::engine::general_purpose::STANDARD.encode("team-b:team-b-password");
     let request = format!(
         "GET /api/v1/query?query=x%5B99999999999999999999999%5D HTTP/1.1\r\nHost: x\r\n\
          Authorization: Basic {auth}\r\nConnection: close\r\n\r\n"
     );
-    stream.write_all(request.as_bytes()).unwrap();
-    let mut reply = String::new();
-    std::io::Read::read_to_string(&mut stream, &mut reply).unwrap();
+    let reply = exchange(&listen, &request);
     assert!(reply.starts_with("HTTP/1.1 400"), "{reply}");
     assert!(reply.contains(r#""errorType":"bad_data""#), "{reply}");
 
-    let killed = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    signal(&child, "TERM");
     let status = child.wait().unwrap();
     assert!(status.success(), "exit after SIGTERM: {status}");
-    let rest: Vec<serde_json::Value> = lines
-        .map_while(Result::ok)
-        .map(|line| serde_json::from_str(&line).unwrap_or_else(|_| panic!("not JSON: {line}")))
-        .collect();
+    // Every line up to the end: the reader's thread ends with the log.
+    let rest: Vec<serde_json::Value> = lines.iter().collect();
     let logged = |message: &str| rest.iter().find(|e| e["fields"]["message"] == message);
     assert!(logged("tenant-proxy stopped").is_some(), "{rest:?}");
     let panic = logged("panic").expect("the parser's panic is logged");
