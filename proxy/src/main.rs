@@ -116,8 +116,11 @@ async fn run(config: Config) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}", config.admin_listen))?;
     let proxy = Proxy::new(config)?;
-    let hangups = tenant_proxy::ops::process::recheck_on_hangup(proxy.recheck_files())
-        .context("installing a SIGHUP handler")?;
+    let hangups = tenant_proxy::ops::process::recheck_on_hangup(
+        proxy.recheck_files(),
+        "re-reading the tenants file and the TLS files",
+    )
+    .context("installing a SIGHUP handler")?;
     tokio::spawn(hangups);
     tracing::info!(listen = %listener.local_addr()?, admin = %admin.local_addr()?, "tenant-proxy serving");
     proxy

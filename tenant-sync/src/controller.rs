@@ -18,6 +18,7 @@ use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::hashes::HashCache;
@@ -135,6 +136,8 @@ pub struct Syncer {
     status: Arc<Status>,
     last_skipped: BTreeSet<(SecretKey, SkipReason)>,
     last_invalid_limits: BTreeSet<(String, String)>,
+    /// Asks for a resync now (SIGHUP), besides the resync clock.
+    resync_asked: Option<watch::Receiver<u64>>,
 }
 
 impl Syncer {
@@ -151,7 +154,15 @@ impl Syncer {
             status,
             last_skipped: BTreeSet::new(),
             last_invalid_limits: BTreeSet::new(),
+            resync_asked: None,
         }
+    }
+
+    /// Resyncs (puts the file right, as at a resync tick) whenever `asks`
+    /// changes, not only on the clock: `main` asks on SIGHUP.
+    pub fn resync_when_asked(mut self, asks: watch::Receiver<u64>) -> Self {
+        self.resync_asked = Some(asks);
+        self
     }
 
     /// Runs until `shutdown` resolves (or, with `once`, after one sync).
@@ -166,7 +177,18 @@ impl Syncer {
         let mut resync = tokio::time::interval(self.options.resync_interval);
         resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         resync.reset(); // the first sync follows the initial lists, not this
+        let mut asked = self.resync_asked.take();
         loop {
+            let resync_asked = async {
+                let answered = match &mut asked {
+                    Some(asks) => asks.changed().await.is_ok(),
+                    None => false,
+                };
+                if !answered {
+                    // Never asked, or no one left to ask: the clock alone.
+                    std::future::pending::<()>().await;
+                }
+            };
             let wait = async {
                 match due {
                     Some(at) => tokio::time::sleep_until(at).await,
@@ -188,11 +210,8 @@ impl Syncer {
                         due = Some(Instant::now() + self.options.debounce);
                     }
                 }
-                _ = resync.tick() => {
-                    if self.index.is_synced() && due.is_none() {
-                        due = Some(Instant::now());
-                    }
-                }
+                _ = resync.tick() => self.resync_due(&mut due),
+                _ = resync_asked => self.resync_due(&mut due),
                 _ = wait => {
                     due = None;
                     match self.sync().await {
@@ -206,6 +225,14 @@ impl Syncer {
                     }
                 }
             }
+        }
+    }
+
+    /// A resync, once the index holds the whole cluster, and unless a sync
+    /// is due anyway.
+    fn resync_due(&self, due: &mut Option<Instant>) {
+        if self.index.is_synced() && due.is_none() {
+            *due = Some(Instant::now());
         }
     }
 

@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use tenant_proxy::http::server::Shutdown;
+use tenant_proxy::ops::process::{recheck_on_hangup, Recheck};
 use tenant_sync::controller::{Options, PeerService, Status, Syncer};
 use tenant_sync::index::Conventions;
 use tenant_sync::metrics::Metrics;
@@ -114,7 +115,16 @@ async fn main() -> anyhow::Result<()> {
         });
     }
     tracing::info!(tenants_file = %options.tenants_file.display(), "tenant-sync starting");
+    // SIGHUP puts the file right now, as the next resync would.
+    let resync = Recheck::default();
+    let hangups = recheck_on_hangup(
+        resync.clone(),
+        "writing the tenants file again if it differs",
+    )
+    .context("installing a SIGHUP handler")?;
+    tokio::spawn(hangups);
     Syncer::new(options, metrics, status)
+        .resync_when_asked(resync.subscribe())
         .run(client, shutdown.wait())
         .await?;
     tracing::info!("tenant-sync stopped");

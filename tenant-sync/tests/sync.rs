@@ -95,6 +95,18 @@ async fn a_quiet_cluster_is_resynced_without_rewriting_and_a_tampered_file_is_re
     sync.stop().await.unwrap();
 }
 
+/// What SIGHUP does: the resync an hour away happens now.
+#[tokio::test]
+async fn a_resync_asked_for_restores_a_tampered_file_at_once() {
+    let api = cluster().await;
+    let mut sync = RunningSync::start(&api, |_| {});
+    let written = sync.next_write().await;
+    std::fs::write(&sync.file, "tenants: []\n").unwrap();
+    sync.resync.now();
+    assert_eq!(sync.next_write().await, written, "put right when asked");
+    sync.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn a_selector_annotation_reaches_the_proxy() {
     let api = cluster().await;

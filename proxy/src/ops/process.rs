@@ -107,12 +107,16 @@ impl Recheck {
 
 /// Takes over SIGHUP now (its default ends the process, which operators
 /// used to Prometheus, Alertmanager or nginx send to reload) and returns
-/// the loop that turns each one into [`Recheck::now`].
-pub fn recheck_on_hangup(recheck: Recheck) -> std::io::Result<impl Future<Output = ()>> {
+/// the loop that turns each one into [`Recheck::now`]; `what` says in the
+/// log what that does.
+pub fn recheck_on_hangup(
+    recheck: Recheck,
+    what: &'static str,
+) -> std::io::Result<impl Future<Output = ()>> {
     let mut hangups = signal(SignalKind::hangup())?;
     Ok(async move {
         while hangups.recv().await.is_some() {
-            tracing::info!("SIGHUP: re-reading the tenants file and the TLS files");
+            tracing::info!("SIGHUP: {what}");
             recheck.now();
         }
     })

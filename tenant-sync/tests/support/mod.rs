@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use apiserver::ApiServer;
+use tenant_proxy::ops::process::Recheck;
 use tenant_sync::controller::{Options, Status, SyncError, Syncer};
 use tenant_sync::index::Conventions;
 use tenant_sync::metrics::Metrics;
@@ -35,6 +36,8 @@ pub struct RunningSync {
     pub file: PathBuf,
     pub status: Arc<Status>,
     pub metrics: Arc<Metrics>,
+    /// Asks for a resync now, as SIGHUP does.
+    pub resync: Recheck,
     writes: watch::Receiver<u64>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<Result<(), SyncError>>>,
@@ -55,7 +58,9 @@ impl RunningSync {
         let writes = status.writes();
         let file = options.tenants_file.clone();
         let (stop, stopped) = oneshot::channel::<()>();
-        let syncer = Syncer::new(options, metrics.clone(), status.clone());
+        let resync = Recheck::default();
+        let syncer = Syncer::new(options, metrics.clone(), status.clone())
+            .resync_when_asked(resync.subscribe());
         let task = tokio::spawn(syncer.run(api.client(), async {
             let _ = stopped.await;
         }));
@@ -63,6 +68,7 @@ impl RunningSync {
             file,
             status,
             metrics,
+            resync,
             writes,
             stop: Some(stop),
             task: Some(task),
