@@ -5,6 +5,8 @@ mod support;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 use support::apiserver::ApiServer;
@@ -64,46 +66,83 @@ async fn once_writes_the_file_and_exits_zero() {
     );
 }
 
+/// The sidecar's log lines, read on a thread of their own so that waiting
+/// for one can give up.
+fn log_lines(child: &mut std::process::Child) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// Waits (at most 10 s) for a log line containing `text`.
+fn wait_for_log(lines: &mpsc::Receiver<String>, text: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match lines.recv_timeout(left) {
+            Ok(line) if line.contains(text) => return,
+            Ok(_) => {}
+            Err(e) => panic!("no log line with {text:?}: {e}"),
+        }
+    }
+}
+
+fn signal(child: &std::process::Child, name: &str) {
+    let sent = Command::new("kill")
+        .args([&format!("-{name}"), &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn serves_readiness_and_stops_on_sigterm() {
+async fn serves_readiness_resyncs_on_sighup_and_stops_on_sigterm() {
     let (_api, dir) = cluster().await;
     let admin = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap();
+    let file = dir.path().join("tenants.yaml");
     let mut child = command(dir.path())
         .args(["--admin-listen", &admin.to_string(), "--log-format", "json"])
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let stderr = child.stderr.take().unwrap();
     let outcome = tokio::task::spawn_blocking(move || {
-        let mut lines = BufReader::new(stderr).lines();
+        let lines = log_lines(&mut child);
         // Ready once the first file is written: wait for that log line.
-        for line in lines.by_ref() {
-            if line.unwrap().contains("tenants file written") {
-                break;
-            }
-        }
+        wait_for_log(&lines, "tenants file written");
+        let written = std::fs::read_to_string(&file).unwrap();
+        // Changed behind its back, the file is put right at SIGHUP, not at
+        // the resync five minutes away; the sidecar runs on.
+        std::fs::write(&file, "tenants: []\n").unwrap();
+        signal(&child, "HUP");
+        wait_for_log(&lines, "tenants file written");
+        let restored = std::fs::read_to_string(&file).unwrap();
         let mut stream = std::net::TcpStream::connect(admin).unwrap();
         stream
             .write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             .unwrap();
         let mut reply = String::new();
         stream.read_to_string(&mut reply).unwrap();
-        let killed = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status()
-            .unwrap();
+        signal(&child, "TERM");
         let status = child.wait().unwrap();
-        let rest: Vec<String> = lines.map_while(Result::ok).collect();
-        (reply, killed.success(), status, rest)
+        let rest: Vec<String> = lines.iter().collect();
+        (written == restored, reply, status, rest)
     })
     .await
     .unwrap();
-    let (reply, killed, status, rest) = outcome;
+    let (restored, reply, status, rest) = outcome;
+    assert!(restored, "the file as it was written first");
     assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
-    assert!(killed && status.success(), "exit after SIGTERM: {status}");
+    assert!(status.success(), "exit after SIGTERM: {status}");
     assert!(
         rest.iter().any(|l| l.contains("tenant-sync stopped")),
         "{rest:?}"
