@@ -47,7 +47,7 @@ struct Cli {
     debounce: Duration,
     /// Render from what is known this often even when nothing changes, so
     /// `tenant_sync_last_successful_sync_timestamp_seconds` shows liveness.
-    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "5m", value_parser = above_zero)]
     resync_interval: Duration,
     /// Render once after the initial lists and exit (init containers, CI).
     #[arg(long)]
@@ -129,6 +129,14 @@ async fn main() -> anyhow::Result<()> {
         .await?;
     tracing::info!("tenant-sync stopped");
     Ok(())
+}
+
+/// A duration a clock ticks by: zero would panic it (tokio's interval).
+fn above_zero(text: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(text) {
+        Ok(d) if d.is_zero() => Err("must be above zero".into()),
+        parsed => parsed.map_err(|e| e.to_string()),
+    }
 }
 
 /// The namespace this pod runs in, from its service account.

@@ -148,3 +148,18 @@ async fn serves_readiness_resyncs_on_sighup_and_stops_on_sigterm() {
         "{rest:?}"
     );
 }
+
+#[test]
+fn a_zero_resync_interval_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = command(dir.path())
+        .args(["--resync-interval", "0s"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--resync-interval") && stderr.contains("must be above zero"),
+        "{stderr}"
+    );
+}

@@ -214,7 +214,43 @@ impl Config {
         if self.auth.max_concurrent_verifications == 0 {
             return Err("auth.max_concurrent_verifications must be at least 1".into());
         }
+        self.check_no_zero_durations()?;
         self.tenant_limits.validate()
+    }
+
+    /// Durations that zero would break: a clock that follows files cannot
+    /// tick every 0 s (tokio panics, and the files would never be read
+    /// again), and a zero timeout or window refuses every request or
+    /// forgets every failure.
+    fn check_no_zero_durations(&self) -> Result<(), String> {
+        let fixed = [
+            ("tenants_poll_interval", self.tenants_poll_interval),
+            (
+                "limits.header_read_timeout",
+                self.limits.header_read_timeout,
+            ),
+            ("limits.body_read_timeout", self.limits.body_read_timeout),
+            ("limits.upstream_timeout", self.limits.upstream_timeout),
+            ("auth.failure_window", self.auth.failure_window),
+        ]
+        .map(|(name, duration)| (name.to_owned(), duration));
+        let listener =
+            (self.tls.as_ref()).map(|t| ("tls.reload_interval".to_owned(), t.reload_interval));
+        let upstreams = self.upstream_tls().map(|(section, tls)| {
+            (
+                format!("{section}.tls.reload_interval"),
+                tls.reload_interval,
+            )
+        });
+        match fixed
+            .into_iter()
+            .chain(listener)
+            .chain(upstreams)
+            .find(|(_, d)| d.is_zero())
+        {
+            Some((name, _)) => Err(format!("{name} must be above zero")),
+            None => Ok(()),
+        }
     }
 }
 

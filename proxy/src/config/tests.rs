@@ -208,3 +208,49 @@ fn every_relative_file_is_taken_from_the_config_files_directory() {
         );
     }
 }
+
+#[test]
+fn a_zero_interval_or_timeout_is_refused_by_name() {
+    let tls =
+        |reload: &str| format!("  tls:\n    ca_file: ca.pem\n    reload_interval: {reload}\n");
+    let config = |zero: &str| {
+        let value = |name: &str| if name == zero { "0s" } else { "1s" };
+        format!(
+            "listen: 127.0.0.1:8080\nadmin_listen: 127.0.0.1:8081\ntenants_file: t.yaml\n\
+             tenants_poll_interval: {}\n\
+             tls:\n  cert_file: c.pem\n  key_file: k.pem\n  reload_interval: {}\n\
+             logs:\n  upstream: https://loki:3100\n{}\
+             metrics:\n  upstream: https://prometheus:9090\n{}\
+             alerts:\n  upstream: https://alertmanager:9093\n{}\
+             tracing:\n  otlp_endpoint: https://collector:4318/v1/traces\n{}\
+             limits:\n  header_read_timeout: {}\n  body_read_timeout: {}\n  upstream_timeout: {}\n\
+             auth:\n  failure_window: {}\n",
+            value("tenants_poll_interval"),
+            value("tls.reload_interval"),
+            tls(value("logs.tls.reload_interval")),
+            tls(value("metrics.tls.reload_interval")),
+            tls(value("alerts.tls.reload_interval")),
+            tls(value("tracing.tls.reload_interval")),
+            value("limits.header_read_timeout"),
+            value("limits.body_read_timeout"),
+            value("limits.upstream_timeout"),
+            value("auth.failure_window"),
+        )
+    };
+    Config::parse(&config("none")).expect("every duration above zero");
+    for name in [
+        "tenants_poll_interval",
+        "tls.reload_interval",
+        "logs.tls.reload_interval",
+        "metrics.tls.reload_interval",
+        "alerts.tls.reload_interval",
+        "tracing.tls.reload_interval",
+        "limits.header_read_timeout",
+        "limits.body_read_timeout",
+        "limits.upstream_timeout",
+        "auth.failure_window",
+    ] {
+        let error = Config::parse(&config(name)).unwrap_err();
+        assert_eq!(error, format!("{name} must be above zero"));
+    }
+}
