@@ -102,12 +102,19 @@ pub fn prepare_request_headers(
     }
     headers.remove(header::HOST);
 
-    let previous = headers.remove(X_FORWARDED_FOR);
-    let previous = previous.as_ref().map(|v| v.to_str().unwrap_or_default());
+    // Every copy the client sent, in order, as one list (as nginx's
+    // `$proxy_add_x_forwarded_for` joins them); a copy that is not visible
+    // ASCII or is blank adds nothing. Informational only: never trusted.
+    let previous = || {
+        (headers.get_all(X_FORWARDED_FOR).iter())
+            .filter_map(|v| v.to_str().ok())
+            .filter(|v| !v.trim().is_empty())
+    };
     // Sized once: an address is at most 45 bytes (IPv6 with an IPv4 tail).
-    let mut forwarded_for = String::with_capacity(previous.map_or(0, |p| p.len() + 2) + 45);
-    if let Some(previous) = previous {
-        forwarded_for.push_str(previous);
+    let mut forwarded_for =
+        String::with_capacity(previous().map(|p| p.len() + 2).sum::<usize>() + 45);
+    for copy in previous() {
+        forwarded_for.push_str(copy);
         forwarded_for.push_str(", ");
     }
     push_address(&mut forwarded_for, client);
@@ -250,5 +257,22 @@ mod tests {
         prepare_request_headers(&mut h, ip, None, None).unwrap();
         assert!(!h.contains_key(X_SCOPE_ORGID));
         assert_eq!(h[X_FORWARDED_FOR], "10.0.0.1, 127.0.0.1");
+    }
+
+    #[test]
+    fn every_forwarded_for_copy_is_kept_in_order_and_unreadable_ones_add_nothing() {
+        let mut h = HeaderMap::new();
+        for copy in [
+            &b"10.0.0.1, 10.0.0.2"[..],
+            b"  ",
+            b"caf\xc3\xa9",
+            b"10.0.0.3",
+        ] {
+            h.append(X_FORWARDED_FOR, HeaderValue::from_bytes(copy).unwrap());
+        }
+        let ip: IpAddr = "127.0.0.1".parse().unwrap();
+        prepare_request_headers(&mut h, ip, None, None).unwrap();
+        let sent: Vec<_> = h.get_all(X_FORWARDED_FOR).iter().collect();
+        assert_eq!(sent, ["10.0.0.1, 10.0.0.2, 10.0.0.3, 127.0.0.1"]);
     }
 }
