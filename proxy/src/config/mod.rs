@@ -71,6 +71,20 @@ pub struct Config {
 
 // === loading ===
 
+/// The sections that carry TLS to an upstream, by name, each `Option`
+/// taken `as_ref` or `as_mut`: one list for reading the files (checks) and
+/// for resolving their paths (`load`), so no section is left out of one.
+macro_rules! upstream_tls_sections {
+    ($config:expr, $as:ident) => {
+        [
+            ("logs", $config.logs.$as().and_then(|s| s.tls.$as())),
+            ("metrics", $config.metrics.$as().and_then(|s| s.tls.$as())),
+            ("alerts", $config.alerts.$as().and_then(|s| s.tls.$as())),
+            ("tracing", $config.tracing.$as().and_then(|s| s.tls.$as())),
+        ]
+    };
+}
+
 impl Config {
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let error = |message: String| ConfigError {
@@ -93,13 +107,10 @@ impl Config {
                 resolve(ca);
             }
         }
-        let upstream_tls = [
-            config.logs.as_mut().and_then(|l| l.tls.as_mut()),
-            config.metrics.as_mut().and_then(|m| m.tls.as_mut()),
-            config.alerts.as_mut().and_then(|a| a.tls.as_mut()),
-            config.tracing.as_mut().and_then(|t| t.tls.as_mut()),
-        ];
-        for tls in upstream_tls.into_iter().flatten() {
+        for tls in upstream_tls_sections!(config, as_mut)
+            .into_iter()
+            .filter_map(|(_, tls)| tls)
+        {
             for file in [&mut tls.ca_file, &mut tls.cert_file, &mut tls.key_file]
                 .into_iter()
                 .flatten()
@@ -110,23 +121,11 @@ impl Config {
         Ok(config)
     }
 
-    /// Every section's TLS to its upstream, named by the section. The
-    /// paths in them are resolved by `load` (the same four sections).
+    /// Every section's TLS to its upstream, named by the section.
     pub fn upstream_tls(&self) -> impl Iterator<Item = (&'static str, &UpstreamTls)> {
-        [
-            ("logs", self.logs.as_ref().and_then(|l| l.tls.as_ref())),
-            (
-                "metrics",
-                self.metrics.as_ref().and_then(|m| m.tls.as_ref()),
-            ),
-            ("alerts", self.alerts.as_ref().and_then(|a| a.tls.as_ref())),
-            (
-                "tracing",
-                self.tracing.as_ref().and_then(|t| t.tls.as_ref()),
-            ),
-        ]
-        .into_iter()
-        .filter_map(|(section, tls)| Some((section, tls?)))
+        upstream_tls_sections!(self, as_ref)
+            .into_iter()
+            .filter_map(|(section, tls)| Some((section, tls?)))
     }
 
     pub fn parse(text: &str) -> Result<Self, String> {
