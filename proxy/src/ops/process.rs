@@ -6,7 +6,6 @@ use std::io::IsTerminal;
 
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
-
 use tracing::Subscriber;
 use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::util::SubscriberInitExt;
