@@ -11,7 +11,7 @@ use std::pin::{pin, Pin};
 use std::task::Poll;
 use std::time::Duration;
 
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, Entry, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response};
 use hyper_rustls::{FixedServerNameResolver, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -102,25 +102,16 @@ pub fn prepare_request_headers(
     }
     headers.remove(header::HOST);
 
-    // Every copy the client sent, in order, as one list (as nginx's
-    // `$proxy_add_x_forwarded_for` joins them); a copy that is not visible
-    // ASCII or is blank adds nothing. Informational only: never trusted.
-    let previous = || {
-        (headers.get_all(X_FORWARDED_FOR).iter())
-            .filter_map(|v| v.to_str().ok())
-            .filter(|v| !v.trim().is_empty())
-    };
-    // Sized once: an address is at most 45 bytes (IPv6 with an IPv4 tail).
-    let mut forwarded_for =
-        String::with_capacity(previous().map(|p| p.len() + 2).sum::<usize>() + 45);
-    for copy in previous() {
-        forwarded_for.push_str(copy);
-        forwarded_for.push_str(", ");
+    // One lookup for reading the client's copies and replacing them.
+    match headers.entry(X_FORWARDED_FOR) {
+        Entry::Vacant(slot) => {
+            slot.insert(forwarded_for(std::iter::empty(), client)?);
+        }
+        Entry::Occupied(mut slot) => {
+            let value = forwarded_for(slot.iter(), client)?;
+            slot.insert(value);
+        }
     }
-    push_address(&mut forwarded_for, client);
-    let forwarded_for = HeaderValue::from_str(&forwarded_for)
-        .map_err(|_| ProxyError::Internal("unencodable X-Forwarded-For".into()))?;
-    headers.insert(X_FORWARDED_FOR, forwarded_for);
 
     if let Some((name, tenant)) = tenant_header {
         headers.insert(name.clone(), tenant.clone());
@@ -131,6 +122,28 @@ pub fn prepare_request_headers(
         headers.insert(header::UPGRADE, protocol);
     }
     Ok(())
+}
+
+/// `X-Forwarded-For`: every copy the client sent, in order, as one list (as
+/// nginx's `$proxy_add_x_forwarded_for` joins them), then `client`. A copy
+/// that is not visible ASCII or is blank adds nothing. Informational only:
+/// never trusted.
+fn forwarded_for<'a>(
+    previous: impl Iterator<Item = &'a HeaderValue>,
+    client: IpAddr,
+) -> Result<HeaderValue, ProxyError> {
+    // An address is at most 45 bytes (IPv6 with an IPv4 tail).
+    let mut list = String::with_capacity(45);
+    let copies = previous
+        .filter_map(|v| v.to_str().ok())
+        .filter(|v| !v.trim().is_empty());
+    for copy in copies {
+        list.push_str(copy);
+        list.push_str(", ");
+    }
+    push_address(&mut list, client);
+    HeaderValue::from_str(&list)
+        .map_err(|_| ProxyError::Internal("unencodable X-Forwarded-For".into()))
 }
 
 /// Appends `ip` as `Display` writes it; IPv4 (the usual peer) without the
