@@ -318,31 +318,43 @@ async fn limits_from_the_tenants_file_are_shared_by_the_replicas_and_follow_relo
     );
 }
 
+/// Reads until a response head (or the end) has come; `None` if nothing
+/// came in time.
+async fn answered(stream: &mut tokio::net::TcpStream, within: Duration) -> Option<String> {
+    let mut head = vec![0; 4096];
+    let n = tokio::time::timeout(within, stream.read(&mut head))
+        .await
+        .ok()?
+        .unwrap();
+    Some(String::from_utf8_lossy(&head[..n]).into_owned())
+}
+
+/// A query over a connection of its own, answered; the connection is kept
+/// open (idle, holding a slot) for the caller.
+async fn connection_after_one_query(proxy: &RunningProxy, request: &str) -> tokio::net::TcpStream {
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let head = answered(&mut stream, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    stream
+}
+
+fn query_request() -> String {
+    format!(
+        "GET {QUERY} HTTP/1.1\r\nHost: p\r\nAuthorization: {}\r\n\r\n",
+        basic("alice", "alice-pw")
+    )
+}
+
 #[tokio::test]
 async fn connections_beyond_the_limit_wait_until_one_ends() {
     let (loki, proxy) = start("  max_connections: 2\n", "").await;
-    let request = format!(
-        "GET {QUERY} HTTP/1.1\r\nHost: p\r\nAuthorization: {}\r\n\r\n",
-        basic("alice", "alice-pw")
-    );
-    // Reads until a response head has come; `None` if nothing came in time.
-    async fn answered(stream: &mut tokio::net::TcpStream, within: Duration) -> Option<String> {
-        let mut head = vec![0; 4096];
-        let n = tokio::time::timeout(within, stream.read(&mut head))
-            .await
-            .ok()?
-            .unwrap();
-        Some(String::from_utf8_lossy(&head[..n]).into_owned())
-    }
+    let request = query_request();
     let mut held = Vec::new();
     for _ in 0..2 {
-        let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
-        stream.write_all(request.as_bytes()).await.unwrap();
-        let head = answered(&mut stream, Duration::from_secs(10))
-            .await
-            .unwrap();
-        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-        held.push(stream); // kept alive: each holds a slot
+        held.push(connection_after_one_query(&proxy, &request).await);
     }
     // The third connects (the kernel's backlog takes it) but is not served.
     let mut third = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
@@ -367,4 +379,32 @@ async fn connections_beyond_the_limit_wait_until_one_ends() {
     let head = answered(&mut third, Duration::from_secs(10)).await.unwrap();
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     assert_eq!(loki.received().len(), 3);
+}
+
+/// A full listener shortens the quiet period to an eighth (here 16 s to
+/// 2 s): an idle connection is closed within 2-4 s to let a waiting one
+/// in, where nothing would close for 16 s otherwise.
+#[tokio::test]
+async fn a_full_listener_closes_idle_connections_sooner() {
+    let (loki, proxy) = start("  max_connections: 2\n  header_read_timeout: 16s\n", "").await;
+    let request = query_request();
+    let mut held = vec![
+        connection_after_one_query(&proxy, &request).await,
+        connection_after_one_query(&proxy, &request).await,
+    ];
+    let mut third = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    third.write_all(request.as_bytes()).await.unwrap();
+    let head = answered(&mut third, Duration::from_secs(12))
+        .await
+        .expect("answered before the whole quiet period passed");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert_eq!(loki.received().len(), 3);
+    // An idle one made room: the proxy closed it (a read sees the end).
+    let mut closed = 0;
+    for stream in &mut held {
+        if answered(stream, Duration::from_millis(100)).await == Some(String::new()) {
+            closed += 1;
+        }
+    }
+    assert!(closed >= 1, "an idle connection was closed");
 }

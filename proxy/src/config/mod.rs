@@ -328,7 +328,9 @@ pub struct Limits {
     /// wait in the kernel's listen backlog until one ends: a flood of
     /// connections (no credentials needed to open one) must not take the
     /// proxy's memory (about 24 KiB an idle HTTP/1.1 connection) or its
-    /// file descriptors, which its upstream connections need too.
+    /// file descriptors, which its upstream connections need too. While it
+    /// is reached, the quiet period (`header_read_timeout`) is an eighth
+    /// as long, so idle connections make room sooner.
     #[serde(default = "defaults::max_connections")]
     pub max_connections: usize,
     /// How long the upstream may take to answer with its response head (504 after).

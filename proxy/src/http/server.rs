@@ -79,6 +79,7 @@ pub async fn serve_connections<H, F>(
     let (drain, draining) = watch::channel(false);
     // One slot per open connection; a connection's task holds its slot.
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let crowding = Arc::new(Crowding::new(slots.clone(), limits.max_connections));
     // Logged at most once a minute, not per connection held back.
     let mut warned: Option<tokio::time::Instant> = None;
     let stop = shutdown.wait();
@@ -87,10 +88,12 @@ pub async fn serve_connections<H, F>(
         let slot = match slots.clone().try_acquire_owned() {
             Ok(slot) => slot,
             Err(_) => {
+                crowding.full();
                 if warned.is_none_or(|at| at.elapsed() >= Duration::from_secs(60)) {
                     tracing::warn!(
                         max_connections = limits.max_connections,
-                        "connection limit reached; new connections wait until one ends"
+                        "connection limit reached; new connections wait until one ends, \
+                         and connections close after an eighth of the usual quiet time"
                     );
                     warned = Some(tokio::time::Instant::now());
                 }
@@ -125,7 +128,8 @@ pub async fn serve_connections<H, F>(
         let tls = tls
             .as_ref()
             .map(|current| TlsAcceptor::from(current.load_full()));
-        let held = Held::new(slot, open.clone());
+        let held = Held::new(slot, open.clone(), crowding.clone());
+        let crowded = crowding.subscribe();
         tokio::spawn(async move {
             let _held = held;
             let transport = match tls {
@@ -149,7 +153,7 @@ pub async fn serve_connections<H, F>(
             let stop = async move {
                 tokio::select! {
                     _ = draining.wait_for(|stop| *stop) => {}
-                    () = quiet.for_a_whole(head_time) => {
+                    () = quiet.for_a_whole(head_time, crowded) => {
                         tracing::debug!(%peer, "connection quiet, told to finish");
                     }
                 }
@@ -177,14 +181,19 @@ pub async fn serve_connections<H, F>(
 struct Held {
     _slot: OwnedSemaphorePermit,
     open: Option<Gauge>,
+    crowding: Arc<Crowding>,
 }
 
 impl Held {
-    fn new(slot: OwnedSemaphorePermit, open: Option<Gauge>) -> Self {
+    fn new(slot: OwnedSemaphorePermit, open: Option<Gauge>, crowding: Arc<Crowding>) -> Self {
         if let Some(open) = &open {
             open.inc();
         }
-        Self { _slot: slot, open }
+        Self {
+            _slot: slot,
+            open,
+            crowding,
+        }
     }
 }
 
@@ -192,6 +201,47 @@ impl Drop for Held {
     fn drop(&mut self) {
         if let Some(open) = &self.open {
             open.dec();
+        }
+        self.crowding.ending();
+    }
+}
+
+/// Whether a listener is full, for its connections' quiet clocks: full
+/// once no slot is left for the next connection, and no longer once a
+/// tenth of the slots are free again. The gap keeps a listener that
+/// churns at its limit from waking every connection at each accept and
+/// each close.
+struct Crowding {
+    slots: Arc<Semaphore>,
+    /// Free slots that end it.
+    room: usize,
+    full: watch::Sender<bool>,
+}
+
+impl Crowding {
+    fn new(slots: Arc<Semaphore>, max_connections: usize) -> Self {
+        Self {
+            slots,
+            room: (max_connections / 10).max(1),
+            full: watch::Sender::new(false),
+        }
+    }
+
+    fn subscribe(&self) -> watch::Receiver<bool> {
+        self.full.subscribe()
+    }
+
+    fn full(&self) {
+        self.full
+            .send_if_modified(|full| !std::mem::replace(full, true));
+    }
+
+    /// A connection is ending: its slot is about to be free (the permit
+    /// goes after this runs).
+    fn ending(&self) {
+        if self.slots.available_permits() + 1 >= self.room {
+            self.full
+                .send_if_modified(|full| std::mem::replace(full, false));
         }
     }
 }
