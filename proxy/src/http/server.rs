@@ -77,18 +77,15 @@ pub async fn serve_connections<H, F>(
     // Each connection holds a receiver: the sender's `closed()` is "every
     // connection has ended".
     let (drain, draining) = watch::channel(false);
-    // One slot per open connection; a connection's task holds its slot.
-    let slots = Arc::new(Semaphore::new(limits.max_connections));
-    let crowding = Arc::new(Crowding::new(slots.clone(), limits.max_connections));
+    let slots = Slots::new(limits.max_connections, open);
     // Logged at most once a minute, not per connection held back.
     let mut warned: Option<tokio::time::Instant> = None;
     let stop = shutdown.wait();
     tokio::pin!(stop);
     loop {
-        let slot = match slots.clone().try_acquire_owned() {
-            Ok(slot) => slot,
-            Err(_) => {
-                crowding.full();
+        let slot = match slots.try_reserve() {
+            Some(slot) => slot,
+            None => {
                 if warned.is_none_or(|at| at.elapsed() >= Duration::from_secs(60)) {
                     tracing::warn!(
                         max_connections = limits.max_connections,
@@ -99,9 +96,9 @@ pub async fn serve_connections<H, F>(
                 }
                 tokio::select! {
                     _ = &mut stop => break,
-                    slot = slots.clone().acquire_owned() => match slot {
-                        Ok(slot) => slot,
-                        Err(_) => break, // closed: never, the semaphore is ours
+                    slot = slots.reserve() => match slot {
+                        Some(slot) => slot,
+                        None => break, // closed: never, the semaphore is ours
                     },
                 }
             }
@@ -128,8 +125,8 @@ pub async fn serve_connections<H, F>(
         let tls = tls
             .as_ref()
             .map(|current| TlsAcceptor::from(current.load_full()));
-        let held = Held::new(slot, open.clone(), crowding.clone());
-        let crowded = crowding.subscribe();
+        let held = slots.hold(slot);
+        let crowded = slots.crowded();
         tokio::spawn(async move {
             let _held = held;
             let transport = match tls {
@@ -177,70 +174,78 @@ pub async fn serve_connections<H, F>(
     }
 }
 
-/// A connection's slot, counted in the open-connections gauge while held.
-struct Held {
-    _slot: OwnedSemaphorePermit,
+/// A listener's connection slots: at most `limits.max_connections`
+/// connections open, counted in the open-connections gauge, and whether
+/// the listener is full, for its connections' quiet clocks. Full once no
+/// slot is left for the next connection, and no longer once a tenth of the
+/// slots are free again: the gap keeps a listener that churns at its limit
+/// from waking every connection at each accept and each close.
+struct Slots {
+    free: Arc<Semaphore>,
     open: Option<Gauge>,
-    crowding: Arc<Crowding>,
-}
-
-impl Held {
-    fn new(slot: OwnedSemaphorePermit, open: Option<Gauge>, crowding: Arc<Crowding>) -> Self {
-        if let Some(open) = &open {
-            open.inc();
-        }
-        Self {
-            _slot: slot,
-            open,
-            crowding,
-        }
-    }
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        if let Some(open) = &self.open {
-            open.dec();
-        }
-        self.crowding.ending();
-    }
-}
-
-/// Whether a listener is full, for its connections' quiet clocks: full
-/// once no slot is left for the next connection, and no longer once a
-/// tenth of the slots are free again. The gap keeps a listener that
-/// churns at its limit from waking every connection at each accept and
-/// each close.
-struct Crowding {
-    slots: Arc<Semaphore>,
-    /// Free slots that end it.
+    /// Free slots that end being full.
     room: usize,
     full: watch::Sender<bool>,
 }
 
-impl Crowding {
-    fn new(slots: Arc<Semaphore>, max_connections: usize) -> Self {
-        Self {
-            slots,
+impl Slots {
+    fn new(max_connections: usize, open: Option<Gauge>) -> Arc<Self> {
+        Arc::new(Self {
+            free: Arc::new(Semaphore::new(max_connections)),
+            open,
             room: (max_connections / 10).max(1),
             full: watch::Sender::new(false),
+        })
+    }
+
+    /// A slot for the next connection if one is free; if none is, the
+    /// listener is full.
+    fn try_reserve(&self) -> Option<OwnedSemaphorePermit> {
+        let slot = self.free.clone().try_acquire_owned().ok();
+        if slot.is_none() {
+            self.full
+                .send_if_modified(|full| !std::mem::replace(full, true));
+        }
+        slot
+    }
+
+    /// Waits for a slot to be free (`None`: the semaphore closed, never).
+    async fn reserve(&self) -> Option<OwnedSemaphorePermit> {
+        self.free.clone().acquire_owned().await.ok()
+    }
+
+    /// The slot, held by an accepted connection until its task ends.
+    fn hold(self: &Arc<Self>, slot: OwnedSemaphorePermit) -> Held {
+        if let Some(open) = &self.open {
+            open.inc();
+        }
+        Held {
+            _slot: slot,
+            slots: self.clone(),
         }
     }
 
-    fn subscribe(&self) -> watch::Receiver<bool> {
+    fn crowded(&self) -> watch::Receiver<bool> {
         self.full.subscribe()
     }
+}
 
-    fn full(&self) {
-        self.full
-            .send_if_modified(|full| !std::mem::replace(full, true));
-    }
+/// An open connection's slot.
+struct Held {
+    _slot: OwnedSemaphorePermit,
+    slots: Arc<Slots>,
+}
 
-    /// A connection is ending: its slot is about to be free (the permit
-    /// goes after this runs).
-    fn ending(&self) {
-        if self.slots.available_permits() + 1 >= self.room {
-            self.full
+impl Drop for Held {
+    fn drop(&mut self) {
+        let slots = &self.slots;
+        if let Some(open) = &slots.open {
+            open.dec();
+        }
+        // The slot itself is freed after this runs.
+        if slots.free.available_permits() + 1 >= slots.room {
+            slots
+                .full
                 .send_if_modified(|full| std::mem::replace(full, false));
         }
     }
