@@ -162,17 +162,31 @@ fn tracing_is_off_unless_configured_and_is_validated() {
     }
 }
 
+/// The four sections with TLS to an upstream, every upstream https://,
+/// each with the `tls` block `tls(section)` gives.
+fn every_upstream_over_tls(tls: impl Fn(&str) -> String) -> String {
+    format!(
+        "logs:\n  upstream: https://loki:3100\n{}\
+         metrics:\n  upstream: https://prometheus:9090\n{}\
+         alerts:\n  upstream: https://alertmanager:9093\n{}\
+         tracing:\n  otlp_endpoint: https://collector:4318/v1/traces\n{}",
+        tls("logs"),
+        tls("metrics"),
+        tls("alerts"),
+        tls("tracing"),
+    )
+}
+
 #[test]
 fn every_relative_file_is_taken_from_the_config_files_directory() {
     let dir = tempfile::tempdir().unwrap();
-    let tls = "  tls:\n    ca_file: ca.pem\n    cert_file: client.pem\n    key_file: client.key\n";
+    let upstreams = every_upstream_over_tls(|_| {
+        "  tls:\n    ca_file: ca.pem\n    cert_file: client.pem\n    key_file: client.key\n".into()
+    });
     let text = format!(
         "listen: 127.0.0.1:8080\nadmin_listen: 127.0.0.1:8081\ntenants_file: tenants.yaml\n\
          tls:\n  cert_file: server.pem\n  key_file: server.key\n  client_ca_file: clients.pem\n\
-         logs:\n  upstream: https://loki:3100\n{tls}\
-         metrics:\n  upstream: https://prometheus:9090\n{tls}\
-         alerts:\n  upstream: https://alertmanager:9093\n{tls}\
-         tracing:\n  otlp_endpoint: https://collector:4318/v1/traces\n{tls}"
+         {upstreams}"
     );
     let path = dir.path().join("config.yaml");
     std::fs::write(&path, text).unwrap();
@@ -211,26 +225,21 @@ fn every_relative_file_is_taken_from_the_config_files_directory() {
 
 #[test]
 fn a_zero_interval_or_timeout_is_refused_by_name() {
-    let tls =
-        |reload: &str| format!("  tls:\n    ca_file: ca.pem\n    reload_interval: {reload}\n");
     let config = |zero: &str| {
         let value = |name: &str| if name == zero { "0s" } else { "1s" };
+        let upstreams = every_upstream_over_tls(|section| {
+            let reload = value(&format!("{section}.tls.reload_interval"));
+            format!("  tls:\n    ca_file: ca.pem\n    reload_interval: {reload}\n")
+        });
         format!(
             "listen: 127.0.0.1:8080\nadmin_listen: 127.0.0.1:8081\ntenants_file: t.yaml\n\
              tenants_poll_interval: {}\n\
              tls:\n  cert_file: c.pem\n  key_file: k.pem\n  reload_interval: {}\n\
-             logs:\n  upstream: https://loki:3100\n{}\
-             metrics:\n  upstream: https://prometheus:9090\n{}\
-             alerts:\n  upstream: https://alertmanager:9093\n{}\
-             tracing:\n  otlp_endpoint: https://collector:4318/v1/traces\n{}\
+             {upstreams}\
              limits:\n  header_read_timeout: {}\n  body_read_timeout: {}\n  upstream_timeout: {}\n\
              auth:\n  failure_window: {}\n",
             value("tenants_poll_interval"),
             value("tls.reload_interval"),
-            tls(value("logs.tls.reload_interval")),
-            tls(value("metrics.tls.reload_interval")),
-            tls(value("alerts.tls.reload_interval")),
-            tls(value("tracing.tls.reload_interval")),
             value("limits.header_read_timeout"),
             value("limits.body_read_timeout"),
             value("limits.upstream_timeout"),
