@@ -39,6 +39,11 @@ pub struct Options {
     pub secret_namespaces: Vec<String>,
     /// Quiet time after the last event before rendering.
     pub debounce: Duration,
+    /// The longest a change waits for a render however busy the cluster:
+    /// events closer together than `debounce` would otherwise put the
+    /// render off for as long as they keep coming, and a revoked
+    /// credential with it.
+    pub max_delay: Duration,
     /// Render from the index this often even without events: a quiet
     /// cluster still proves the file current (the `last_successful_sync`
     /// metric advances, so a stuck sidecar is told from an idle one), and
@@ -174,6 +179,9 @@ impl Syncer {
         let mut changes = watch_streams(client, &self.options);
         tokio::pin!(shutdown);
         let mut due: Option<Instant> = None;
+        // When the first change not yet rendered came: `due` is never
+        // later than `max_delay` after it.
+        let mut pending_since: Option<Instant> = None;
         let mut resync = tokio::time::interval(self.options.resync_interval);
         resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         resync.reset(); // the first sync follows the initial lists, not this
@@ -207,13 +215,16 @@ impl Syncer {
                         tracing::warn!(error = %e, "watch error; retrying");
                     }
                     if self.index.is_synced() {
-                        due = Some(Instant::now() + self.options.debounce);
+                        let now = Instant::now();
+                        let deadline = *pending_since.get_or_insert(now) + self.options.max_delay;
+                        due = Some((now + self.options.debounce).min(deadline));
                     }
                 }
                 _ = resync.tick() => self.resync_due(&mut due),
                 _ = resync_asked => self.resync_due(&mut due),
                 _ = wait => {
                     due = None;
+                    pending_since = None;
                     match self.sync().await {
                         Ok(()) if self.options.once => return Ok(()),
                         Ok(()) => {}

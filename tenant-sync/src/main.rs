@@ -45,6 +45,11 @@ struct Cli {
     /// Quiet time after the last change before the file is rendered.
     #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
     debounce: Duration,
+    /// The longest a change waits for the file however busy the cluster
+    /// (changes closer together than `--debounce` would otherwise put the
+    /// render off for as long as they keep coming).
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    max_delay: Duration,
     /// Render from what is known this often even when nothing changes, so
     /// `tenant_sync_last_successful_sync_timestamp_seconds` shows liveness.
     #[arg(long, default_value = "5m", value_parser = above_zero)]
@@ -80,6 +85,7 @@ async fn main() -> anyhow::Result<()> {
         namespace_selector: cli.namespace_selector,
         secret_namespaces: cli.secret_namespaces,
         debounce: cli.debounce,
+        max_delay: cli.max_delay,
         resync_interval: cli.resync_interval,
         once: cli.once,
         peer_service: match cli.peer_service {

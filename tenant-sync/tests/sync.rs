@@ -107,6 +107,41 @@ async fn a_resync_asked_for_restores_a_tampered_file_at_once() {
     sync.stop().await.unwrap();
 }
 
+/// A cluster whose Namespaces change more often than the debounce (a
+/// controller annotating them, say) must not hold a new or revoked
+/// credential back for as long as it keeps changing.
+#[tokio::test]
+async fn a_busy_cluster_still_gets_its_changes_written_within_the_max_delay() {
+    let api = cluster().await;
+    let mut sync = RunningSync::start(&api, |o| {
+        o.debounce = Duration::from_millis(300);
+        o.max_delay = Duration::from_millis(900);
+    });
+    sync.next_write().await;
+    api.secret(
+        "team-b",
+        "push",
+        &[("username", "push-b"), ("password", "pw-b")],
+        json!({}),
+    );
+    // An unrelated change every 50 ms, six times within each debounce;
+    // bounded at 20 s, long after the 900 ms the write may take.
+    let churn = async {
+        for round in 0..400 {
+            api.namespace("team-a", json!({"churn": round.to_string()}));
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::select! {
+        users = sync.next_write() => assert_eq!(
+            users,
+            map(&[("grafana-a", "team-a"), ("push-b", "team-b")])
+        ),
+        () = churn => panic!("nothing was written while the cluster kept changing"),
+    }
+    sync.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn a_selector_annotation_reaches_the_proxy() {
     let api = cluster().await;

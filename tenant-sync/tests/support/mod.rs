@@ -26,6 +26,7 @@ pub fn options(tenants_file: PathBuf) -> Options {
         namespace_selector: None,
         secret_namespaces: Vec::new(),
         debounce: Duration::from_millis(50),
+        max_delay: Duration::from_secs(5),
         resync_interval: Duration::from_secs(3600),
         once: false,
         peer_service: None,
