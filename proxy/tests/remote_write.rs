@@ -478,6 +478,53 @@ fn now_ms() -> i64 {
         .as_millis() as i64
 }
 
+/// Headers a client's `Connection` names are for the proxy alone: they are
+/// gone before the body is read, so the proxy never checks a body by a
+/// header the receiver will not see, and the headers it sets for the body
+/// it forwards cannot be named away. Before, a 2.0 body was checked as 2.0
+/// and forwarded without its Content-Type, which a receiver reads as 1.0.
+#[tokio::test]
+async fn headers_named_in_connection_never_decide_how_a_push_is_read() {
+    let receiver = LokiStandIn::start().await;
+    let proxy = label_mode_proxy(&receiver.url(), "").await;
+    let named = "content-type, content-encoding, x-prometheus-remote-write-version";
+
+    let mut headers = V1_HEADERS.to_vec();
+    headers.push(("connection", named));
+    let reply = push(&proxy, &headers, v1_body(&[(&[("__name__", "up")], 1.0)])).await;
+    assert_eq!(reply.status, StatusCode::NO_CONTENT);
+    let seen = receiver.last();
+    assert_eq!(seen.headers["content-type"], "application/x-protobuf");
+    assert_eq!(seen.headers["content-encoding"], "snappy");
+    assert_eq!(seen.headers["x-prometheus-remote-write-version"], "0.1.0");
+    assert!(!seen.headers.contains_key("connection"));
+
+    // A 2.0 body whose Content-Type was for the proxy alone is read as
+    // 1.0 (as a receiver without the header would), where it is no
+    // WriteRequest: refused, never forwarded.
+    let forwarded = receiver.received().len();
+    let request = v2::Request {
+        symbols: vec!["".into(), "__name__".into(), "up".into()],
+        timeseries: vec![v2::TimeSeries {
+            labels_refs: vec![1, 2],
+            samples: vec![v2::Sample {
+                value: 1.0,
+                timestamp: 1,
+            }],
+            ..Default::default()
+        }],
+    };
+    let headers = [
+        ("content-type", V2_CT),
+        ("content-encoding", "snappy"),
+        ("x-prometheus-remote-write-version", "2.0.0"),
+        ("connection", "content-type"),
+    ];
+    let reply = push(&proxy, &headers, snappy(&request)).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text());
+    assert_eq!(receiver.received().len(), forwarded, "nothing forwarded");
+}
+
 /// A compressed 1.0 body of one series stamped with team-b's namespace.
 fn v1_for_team_b(metric: &str) -> Vec<u8> {
     let request = WriteRequest {

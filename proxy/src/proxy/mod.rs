@@ -244,6 +244,12 @@ async fn proxy(
         _ => None,
     };
     let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut request));
+    // Hop-by-hop headers, and any the client's `Connection` names, were for
+    // this proxy alone (the credential in them is read above): gone before
+    // the body is checked by them, so the upstream reads it by the same
+    // headers, and so no header set below (Content-Type, Content-Encoding,
+    // Content-Length of a rewritten body) can be named away after it is set.
+    upstream::strip_hop_by_hop(request.headers_mut());
 
     let (mut parts, body) = request.into_parts();
     let body = body::guarded(body, state.limits.body_read_timeout, meter);

@@ -81,7 +81,9 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-/// Makes a client's headers fit to forward: hop-by-hop and identity headers
+/// Makes a client's headers fit to forward, once `strip_hop_by_hop` has
+/// removed what was for the proxy alone (before the request was read, so
+/// nothing the proxy sets since can be named away): identity headers
 /// removed (every copy, any case), `Host` left for the client to set from the
 /// upstream URI, the client's address appended to `X-Forwarded-For`, and
 /// finally the tenant header set (when the target takes one; in label mode
@@ -93,7 +95,6 @@ pub fn prepare_request_headers(
     tenant_header: Option<(&HeaderName, &HeaderValue)>,
     upgrade: Option<HeaderValue>,
 ) -> Result<(), ProxyError> {
-    strip_hop_by_hop(headers);
     for name in IDENTITY_HEADERS
         .iter()
         .chain(tenant_header.map(|(name, _)| name))
@@ -241,6 +242,7 @@ mod tests {
         h.append("x-secret", HeaderValue::from_static("1"));
         h.append(header::HOST, HeaderValue::from_static("attacker"));
         let ip: IpAddr = "127.0.0.2".parse().unwrap();
+        strip_hop_by_hop(&mut h);
         prepare_request_headers(
             &mut h,
             ip,
