@@ -324,9 +324,12 @@ impl Bucket {
         self.at = now;
     }
 
-    /// How long until `n` tokens are there.
+    /// How long until `n` tokens are there; at most `Duration::MAX`, which
+    /// a rate of, say, `1e-300` per second (valid in a tenants file) would
+    /// pass, and `from_secs_f64` would panic on.
     fn wait_for(&self, n: f64) -> Duration {
-        Duration::from_secs_f64(((n - self.tokens) / self.rate).max(0.0))
+        Duration::try_from_secs_f64(((n - self.tokens) / self.rate).max(0.0))
+            .unwrap_or(Duration::MAX)
     }
 
     fn take(&mut self, n: f64, now: Instant) -> Result<(), Duration> {
@@ -538,6 +541,16 @@ mod tests {
                 "overridden: unlimited"
             );
         }
+    }
+
+    #[test]
+    fn a_vanishingly_small_rate_refuses_with_the_longest_wait_instead_of_panicking() {
+        let a = admission(rate(1e-300, 1), RequestLimits::default());
+        assert!(a.admit(&empty(), "team-a", Kind::Query).is_ok());
+        let Err(Refusal::Rate(wait)) = a.admit(&empty(), "team-a", Kind::Query) else {
+            panic!("the burst of one is spent");
+        };
+        assert_eq!(wait, Duration::MAX);
     }
 
     #[test]
