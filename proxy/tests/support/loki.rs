@@ -1,6 +1,7 @@
 //! An in-process stand-in for Loki (behaviour of Loki 3.x with
 //! `auth_enabled: true`): it refuses requests without exactly one
-//! `X-Scope-OrgID`, stores pushed bodies per tenant, answers queries with the
+//! `X-Scope-OrgID`, stores pushed lines per tenant (a push body real Loki
+//! would refuse is refused, see `loki_push`), answers queries with the
 //! asking tenant's data only, and serves live tail over WebSocket. It records
 //! every request so tests can assert on what the upstream actually received.
 //! On `/api/v1/write` it plays a Prometheus 3 remote-write receiver instead
@@ -192,25 +193,25 @@ async fn handle(
             &body,
         ));
     }
-    if path.ends_with("/otlp/v1/logs") {
-        if let Err((status, text)) = loki_otlp_logs(&parts.headers, &body) {
-            return Ok(reply(status, text));
-        }
-    }
-    // Mimir's OTLP endpoint is a push like its remote write.
-    if path.ends_with("/push")
-        || path.ends_with("/otlp/v1/logs")
-        || path.ends_with("/otlp/v1/metrics")
-    {
-        let line = String::from_utf8_lossy(&body).into_owned();
-        state
-            .pushed
-            .lock()
-            .unwrap()
-            .entry(tenant)
-            .or_default()
-            .push(line);
-        return Ok(reply(StatusCode::NO_CONTENT, ""));
+    let pushed = if path.ends_with("/loki/api/v1/push") || path.ends_with("/api/prom/push") {
+        Some(super::loki_push::lines(path, &parts.headers, &body))
+    } else if path.ends_with("/otlp/v1/logs") {
+        Some(loki_otlp_logs(&parts.headers, &body).map(|()| lossy(&body)))
+    } else if path.ends_with("/push") || path.ends_with("/otlp/v1/metrics") {
+        // Mimir's remote write and OTLP endpoint, taken as they come.
+        Some(Ok(lossy(&body)))
+    } else {
+        None
+    };
+    if let Some(pushed) = pushed {
+        return Ok(match pushed {
+            Ok(lines) => {
+                let mut stored = state.pushed.lock().unwrap();
+                stored.entry(tenant).or_default().extend(lines);
+                reply(StatusCode::NO_CONTENT, "")
+            }
+            Err((status, text)) => reply(status, text),
+        });
     }
     if path.ends_with("/tail") {
         return Ok(accept_websocket(&parts.headers, upgrade, tenant));
@@ -353,7 +354,7 @@ fn prometheus3_remote_write(headers: &HeaderMap, body: &[u8]) -> Response<Full<B
 }
 
 /// A refusal by a stand-in endpoint: status and error text.
-type Refusal = (StatusCode, String);
+pub type Refusal = (StatusCode, String);
 
 /// An OTLP body as the receiver reads it: gzip undone, size unbounded
 /// (the proxy bounds it), protobuf or JSON by `Content-Type`.
@@ -425,6 +426,11 @@ fn prometheus3_otlp(
     let request = ExportMetricsServiceRequest::decode(raw.as_slice())
         .map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))?;
     Ok(super::otlp_metrics::series(&request))
+}
+
+/// A body stored as one line, as it came.
+fn lossy(body: &[u8]) -> Vec<String> {
+    vec![String::from_utf8_lossy(body).into_owned()]
 }
 
 fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {

@@ -5,6 +5,7 @@
 pub mod alertmanager;
 pub mod certs;
 pub mod loki;
+pub mod loki_push;
 pub mod otlp;
 pub mod otlp_metrics;
 pub mod prometheus;
