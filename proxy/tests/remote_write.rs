@@ -671,6 +671,18 @@ async fn header_mode_streams_the_push_untouched_with_the_tenant_header() {
         body.as_slice(),
         "header mode does not rewrite"
     );
+    // Mimir reads what it is sent: a body that is no snappy WriteRequest
+    // is refused there (400, passed on: the sender drops it).
+    let reply = send(
+        Method::POST,
+        &proxy.url("/api/v1/push"),
+        Some(&basic("alice", "alice-pw")),
+        V1_HEADERS,
+        b"not snappy".to_vec(),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    assert_eq!(mimir.last().body.as_ref(), b"not snappy");
 }
 
 /// Mimir: queries under `/prometheus`, pushes at the root.

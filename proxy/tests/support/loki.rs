@@ -20,6 +20,8 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
+use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
+use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use tokio::net::TcpListener;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::Role;
@@ -196,10 +198,14 @@ async fn handle(
     let pushed = if path.ends_with("/loki/api/v1/push") || path.ends_with("/api/prom/push") {
         Some(super::loki_push::lines(path, &parts.headers, &body))
     } else if path.ends_with("/otlp/v1/logs") {
-        Some(loki_otlp_logs(&parts.headers, &body).map(|()| lossy(&body)))
-    } else if path.ends_with("/push") || path.ends_with("/otlp/v1/metrics") {
-        // Mimir's remote write and OTLP endpoint, taken as they come.
-        Some(Ok(lossy(&body)))
+        Some(otlp_decodes::<ExportLogsServiceRequest>(&parts.headers, &body).map(|()| lossy(&body)))
+    } else if path.ends_with("/push") {
+        Some(mimir_remote_write(&body).map(|()| lossy(&body)))
+    } else if path.ends_with("/otlp/v1/metrics") {
+        Some(
+            otlp_decodes::<ExportMetricsServiceRequest>(&parts.headers, &body)
+                .map(|()| lossy(&body)),
+        )
     } else {
         None
     };
@@ -389,18 +395,34 @@ fn otlp_body(headers: &HeaderMap, body: &[u8]) -> Result<(Vec<u8>, bool), Refusa
     Ok((raw, json))
 }
 
-/// Loki 3.x's `/otlp/v1/logs` (`pkg/loghttp/push/otlp.go`): protobuf or
-/// JSON, gzip or not; a body that does not decode is 400. Stored like a push.
-fn loki_otlp_logs(headers: &HeaderMap, body: &[u8]) -> Result<(), Refusal> {
-    use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
+/// Mimir 2.x's remote write (`/api/v1/push`, the distributor's handler):
+/// snappy-compressed, whatever the headers say, and a 1.0 `WriteRequest`;
+/// anything else 400. Stored like a push, as it came.
+fn mimir_remote_write(body: &[u8]) -> Result<(), Refusal> {
     use prost::Message;
+    use tenant_proxy::enforce::prompb::WriteRequest;
+    let bad = |e: String| (StatusCode::BAD_REQUEST, e);
+    let raw = snap::raw::Decoder::new()
+        .decompress_vec(body)
+        .map_err(|e| bad(e.to_string()))?;
+    WriteRequest::decode(raw.as_slice()).map_err(|e| bad(e.to_string()))?;
+    Ok(())
+}
+
+/// An OTLP export request of type `M` as Loki's `/otlp/v1/logs`
+/// (`pkg/loghttp/push/otlp.go`) and Mimir's `/otlp/v1/metrics` read it:
+/// protobuf or JSON, gzip or not; a body that does not decode is 400.
+fn otlp_decodes<M: prost::Message + Default>(
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<(), Refusal> {
     let (raw, json) = otlp_body(headers, body)?;
     let decoded = if json {
         serde_json::from_slice::<serde_json::Value>(&raw)
             .map(|_| ())
             .map_err(|e| e.to_string())
     } else {
-        ExportLogsServiceRequest::decode(raw.as_slice())
+        M::decode(raw.as_slice())
             .map(|_| ())
             .map_err(|e| e.to_string())
     };
@@ -414,7 +436,6 @@ fn prometheus3_otlp(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<Vec<super::otlp_metrics::Series>, Refusal> {
-    use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
     use prost::Message;
     let (raw, json) = otlp_body(headers, body)?;
     if json {
