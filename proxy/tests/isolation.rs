@@ -134,6 +134,7 @@ fn case_strategy() -> impl Strategy<Value = Case> {
                 "x-scope-orgid",
                 "X-SCOPE-ORGID",
                 "X-Prom-Label-Policy",
+                "THANOS-TENANT",
             ][..],
         ),
         prop::sample::select(&["team-b", "team-a|team-b", "team-b:%7B%7D", ""][..]),
@@ -231,7 +232,10 @@ fn check_forwarded(seen: &Received, tenant: &str, by_header: bool) -> Result<(),
             .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
             .collect()
     };
-    if !values("authorization").is_empty() || !values("x-prom-label-policy").is_empty() {
+    if !values("authorization").is_empty()
+        || !values("x-prom-label-policy").is_empty()
+        || !values("thanos-tenant").is_empty()
+    {
         return Err(format!("identity header forwarded to {}", seen.path));
     }
     if by_header {

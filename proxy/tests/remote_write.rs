@@ -685,6 +685,32 @@ async fn header_mode_streams_the_push_untouched_with_the_tenant_header() {
     assert_eq!(mimir.last().body.as_ref(), b"not snappy");
 }
 
+/// Header mode for Thanos (`metrics.header: THANOS-TENANT`): the client's
+/// copies of either tenant header never reach it, and the tenant is set
+/// once, from the credential.
+#[tokio::test]
+async fn a_thanos_tenant_header_is_set_once_from_the_credential() {
+    support::captured_logs();
+    let thanos = LokiStandIn::start().await;
+    let section = format!(
+        "  upstream: {}\n  mode: header\n  header: THANOS-TENANT\n",
+        thanos.url()
+    );
+    let proxy = RunningProxy::start(ProxyOptions::metrics(tenants(), section)).await;
+    let mut headers = V1_HEADERS.to_vec();
+    headers.extend([
+        ("THANOS-TENANT", "team-b"),
+        ("thanos-tenant", "team-c"),
+        ("X-Scope-OrgID", "team-b"),
+    ]);
+    let reply = push(&proxy, &headers, v1_body(&[(&[("__name__", "up")], 1.0)])).await;
+    assert_eq!(reply.status, StatusCode::NO_CONTENT, "{}", reply.text());
+    let seen = thanos.last();
+    let tenant: Vec<_> = seen.headers.get_all("thanos-tenant").iter().collect();
+    assert_eq!(tenant, ["team-a"]);
+    assert!(!seen.headers.contains_key("x-scope-orgid"));
+}
+
 /// Mimir: queries under `/prometheus`, pushes at the root.
 #[tokio::test]
 async fn pushes_go_to_the_push_upstream_when_one_is_set() {

@@ -18,13 +18,20 @@ pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for
 pub const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 pub const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
+/// Thanos' tenant header, the default of Receive's `--receive.tenant-header`
+/// and Querier's `--query.tenant-header` (read with
+/// `--query.enforce-tenancy`): like `X-Scope-OrgID`, never the client's to
+/// choose, in any mode, whether or not `metrics.header` names it.
+pub const THANOS_TENANT: HeaderName = HeaderName::from_static("thanos-tenant");
+
 /// Headers that identify the caller to a multi-tenant backend. Every client
 /// copy of each, in any letter case, is removed before the proxy sets its own.
 /// (`http::HeaderMap` stores names lower-cased, so one `remove` drops them all.)
-pub const IDENTITY_HEADERS: [HeaderName; 3] = [
+pub const IDENTITY_HEADERS: [HeaderName; 4] = [
     http::header::AUTHORIZATION,
     X_SCOPE_ORGID,
     X_PROM_LABEL_POLICY,
+    THANOS_TENANT,
 ];
 
 /// A remote-write 2.0 receiver confirms what it stored with these; a 2xx

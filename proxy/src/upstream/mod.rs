@@ -235,6 +235,7 @@ mod tests {
         h.append("x-scope-orgid", HeaderValue::from_static("evil2"));
         h.append(header::AUTHORIZATION, HeaderValue::from_static("Basic abc"));
         h.append("x-prom-label-policy", HeaderValue::from_static("evil:{}"));
+        h.append("THANOS-TENANT", HeaderValue::from_static("evil"));
         h.append(
             header::CONNECTION,
             HeaderValue::from_static("x-secret, keep-alive"),
@@ -255,6 +256,7 @@ mod tests {
         for gone in [
             "authorization",
             "x-prom-label-policy",
+            "thanos-tenant",
             "connection",
             "x-secret",
             "host",
