@@ -357,6 +357,66 @@ async fn live_tail_websocket_streams_both_ways_and_closes() {
     assert!(!seen.headers.contains_key("authorization"));
 }
 
+/// A tail streams for as long as Loki lets it (an hour by default): a
+/// reload that removes its credential ends it, where one that leaves the
+/// credential as it was does not.
+#[tokio::test]
+async fn a_live_tail_ends_when_its_credential_is_removed() {
+    let (_loki, mut proxy) = setup().await;
+    let initial = support::two_tenants();
+    assert_eq!(proxy.rewrite_tenants(&initial).await.last_error, None);
+    let addr = proxy.addr;
+    let open = || async move {
+        let mut request = format!("ws://{addr}/loki/api/v1/tail?query=%7Bapp%3D%22x%22%7D")
+            .into_client_request()
+            .unwrap();
+        request.headers_mut().insert(
+            "authorization",
+            basic("reader-a", "reader-pw").parse().unwrap(),
+        );
+        tokio_tungstenite::connect_async(request).await
+    };
+    let (mut ws, _) = open().await.unwrap();
+    assert_eq!(
+        ws.next().await.unwrap().unwrap(),
+        Message::text("tenant=team-a")
+    );
+
+    // Another tenant added; reader-a's entry (and hash) as it was.
+    let team_c = support::tenants_yaml(&[support::TenantSpec {
+        id: "team-c",
+        users: &[("carol", "carol-pw", None)],
+    }]);
+    let added = format!("{initial}{}", team_c.split_once("tenants:\n").unwrap().1);
+    assert_eq!(proxy.rewrite_tenants(&added).await.last_error, None);
+    ws.send(Message::text("still-there")).await.unwrap();
+    assert_eq!(
+        ws.next().await.unwrap().unwrap(),
+        Message::text("echo:still-there"),
+        "an unchanged credential keeps its tail"
+    );
+
+    let without_reader = support::tenants_yaml(&[support::TenantSpec {
+        id: "team-a",
+        users: &[("alice", "alice-pw", None)],
+    }]);
+    assert_eq!(
+        proxy.rewrite_tenants(&without_reader).await.last_error,
+        None
+    );
+    let after = tokio::time::timeout(Duration::from_secs(10), ws.next())
+        .await
+        .expect("the tail ends once its credential is gone");
+    assert!(
+        !matches!(after, Some(Ok(Message::Text(_)))),
+        "no more data after the removal: {after:?}"
+    );
+    let Err(tokio_tungstenite::tungstenite::Error::Http(refused)) = open().await else {
+        panic!("reconnecting must be refused");
+    };
+    assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
+}
+
 #[tokio::test]
 async fn tail_without_upgrade_or_read_scope_is_refused() {
     let (loki, proxy) = setup().await;

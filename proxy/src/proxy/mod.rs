@@ -357,7 +357,17 @@ async fn proxy(
         // The tail counts against the tenant's concurrency for as long as
         // it streams, not just until its 101.
         let held = outcome.admitted.take();
-        tail::splice_upgraded(client_upgrade, hyper::upgrade::on(&mut response), held);
+        let grant = tail::Grant {
+            tenants: state.tenants.clone(),
+            credential,
+            scope: route.scope,
+        };
+        tail::splice_upgraded(
+            client_upgrade,
+            hyper::upgrade::on(&mut response),
+            held,
+            grant,
+        );
         let (parts, _) = response.into_parts();
         return Ok(Response::from_parts(parts, body::empty()));
     }

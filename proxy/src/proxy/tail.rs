@@ -1,5 +1,8 @@
 //! Live tail: a WebSocket upgrade passed on, then both upgraded
-//! connections spliced.
+//! connections spliced, for as long as the tenants file still grants what
+//! opened the tail.
+
+use std::sync::Arc;
 
 use http::header::{self, HeaderValue};
 use http::Request;
@@ -7,6 +10,8 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
 use crate::admission::Admitted;
+use crate::tenants::reload::Tenants;
+use crate::tenants::{Credential, Scope, TenantStore};
 
 /// `Some(protocol)` for a WebSocket upgrade request (live tail).
 pub(super) fn websocket_upgrade(request: &Request<Incoming>) -> Option<HeaderValue> {
@@ -22,13 +27,57 @@ pub(super) fn websocket_upgrade(request: &Request<Incoming>) -> Option<HeaderVal
         .then(|| protocol.clone())
 }
 
+/// What opened a tail: checked again at every reload of the tenants file.
+pub(super) struct Grant {
+    pub tenants: Arc<Tenants>,
+    pub credential: Arc<Credential>,
+    pub scope: Scope,
+}
+
+impl Grant {
+    /// Whether `store` grants it still: the same user with the same
+    /// password hash, tenant, scope and selector. A request is over in
+    /// seconds, so one in flight may finish under the file it began with;
+    /// a tail streams for as long as Loki lets it (an hour by default), so
+    /// a removed or changed credential must end it.
+    fn holds_in(&self, store: &TenantStore) -> bool {
+        let opened = &self.credential;
+        store.credential(&opened.username).is_some_and(|now| {
+            now.fingerprint == opened.fingerprint
+                && now.tenant.id == opened.tenant.id
+                && now.scopes.contains(self.scope)
+                && now.selector.as_ref().map(|s| s.as_str())
+                    == opened.selector.as_ref().map(|s| s.as_str())
+        })
+    }
+
+    /// Resolves once a reload no longer grants it (at once if the file in
+    /// force already does not).
+    async fn revoked(self) {
+        let mut reloads = self.tenants.subscribe();
+        loop {
+            let store = self.tenants.current();
+            if !store.is_some_and(|store| self.holds_in(&store)) {
+                return;
+            }
+            if reloads.changed().await.is_err() {
+                // No reloader left: the file in force is the last.
+                return std::future::pending().await;
+            }
+        }
+    }
+}
+
 /// Once both sides have switched protocols, copies bytes both ways until
-/// either closes. The upstream already answered 101 with the tenant header
-/// in force, so nothing in the stream can change the tenant.
+/// either closes, or until the tenants file no longer grants what opened
+/// the tail: then both connections are dropped (a client that reconnects
+/// gets its 401 or 403). The upstream already answered 101 with the
+/// tenant header in force, so nothing in the stream can change the tenant.
 pub(super) fn splice_upgraded(
     client: hyper::upgrade::OnUpgrade,
     upstream: hyper::upgrade::OnUpgrade,
     held: Option<Admitted>,
+    grant: Grant,
 ) {
     tokio::spawn(async move {
         let _held = held;
@@ -41,8 +90,19 @@ pub(super) fn splice_upgraded(
         };
         let mut client = TokioIo::new(client);
         let mut upstream = TokioIo::new(upstream);
-        if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
-            tracing::debug!(error = %e, "websocket stream ended with an error");
+        let tenant = grant.credential.tenant.id.clone();
+        tokio::select! {
+            copied = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {
+                if let Err(e) = copied {
+                    tracing::debug!(error = %e, "websocket stream ended with an error");
+                }
+            }
+            () = grant.revoked() => {
+                tracing::info!(
+                    tenant = tenant.as_str(),
+                    "live tail closed: the tenants file no longer grants its credential"
+                );
+            }
         }
     });
 }
