@@ -96,6 +96,9 @@ pub enum SkipReason {
     MissingUsername,
     InvalidUsername,
     MissingPassword,
+    /// Not UTF-8: the proxy reads `user:password` as UTF-8, so no client
+    /// could ever present it.
+    InvalidPassword,
     InvalidPasswordHash,
     InvalidScopes,
     InvalidSelector,
@@ -110,6 +113,7 @@ impl SkipReason {
             Self::MissingUsername => "missing_username",
             Self::InvalidUsername => "invalid_username",
             Self::MissingPassword => "missing_password",
+            Self::InvalidPassword => "invalid_password",
             Self::InvalidPasswordHash => "invalid_password_hash",
             Self::InvalidScopes => "invalid_scopes",
             Self::InvalidSelector => "invalid_selector",
@@ -170,6 +174,7 @@ fn read_credential(
         }
         (Some(Err(_)), _) => return Err(SkipReason::InvalidPasswordHash),
         (None, Some(Ok(plain))) if !plain.is_empty() => Password::Plain(plain),
+        (None, Some(Err(_))) => return Err(SkipReason::InvalidPassword),
         (None, _) => return Err(SkipReason::MissingPassword),
     };
     let scopes = match secret.annotations().get(&conventions.scopes_annotation) {

@@ -3,7 +3,11 @@ use base64::Engine;
 use serde_json::json;
 
 fn b64(s: &str) -> String {
-    base64::engine::general_purpose::STANDARD.encode(s)
+    b64_bytes(s.as_bytes())
+}
+
+fn b64_bytes(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
 fn conventions(tenant_label: Option<&str>) -> Conventions {
@@ -232,6 +236,13 @@ fn invalid_secrets_are_skipped_with_a_reason_and_break_nothing_else() {
         ),
         secret(
             "a",
+            "latin1-pass",
+            "2026-01-01T00:00:00Z",
+            json!({"username": b64("w"), "password": b64_bytes(b"caf\xe9")}),
+            json!({}),
+        ),
+        secret(
+            "a",
             "bad-hash",
             "2026-01-01T00:00:00Z",
             json!({"username": b64("y"), "password-hash": b64("$2b$bcrypt")}),
@@ -261,6 +272,7 @@ fn invalid_secrets_are_skipped_with_a_reason_and_break_nothing_else() {
             ("bad-hash", SkipReason::InvalidPasswordHash),
             ("bad-scopes", SkipReason::InvalidScopes),
             ("colon", SkipReason::InvalidUsername),
+            ("latin1-pass", SkipReason::InvalidPassword),
             ("no-pass", SkipReason::MissingPassword),
             ("no-user", SkipReason::MissingUsername),
         ]
