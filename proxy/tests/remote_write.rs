@@ -242,6 +242,21 @@ fn v1_body(series: &[(&[(&str, &str)], f64)]) -> Vec<u8> {
     snappy(&request)
 }
 
+/// A 2.0 request of one series, `metric`, with one sample.
+fn v2_series(metric: &str) -> v2::Request {
+    v2::Request {
+        symbols: vec!["".into(), "__name__".into(), metric.into()],
+        timeseries: vec![v2::TimeSeries {
+            labels_refs: vec![1, 2],
+            samples: vec![v2::Sample {
+                value: 1.0,
+                timestamp: 1,
+            }],
+            ..Default::default()
+        }],
+    }
+}
+
 const V1_HEADERS: &[(&str, &str)] = &[
     ("content-type", "application/x-protobuf"),
     ("content-encoding", "snappy"),
@@ -323,17 +338,7 @@ async fn remote_write_2_0_is_rewritten_and_confirmed_by_a_2_0_receiver() {
 async fn remote_write_2_0_to_a_1_0_receiver_is_415_so_the_sender_falls_back() {
     let receiver = PrometheusProcess::start("groups: []\n").await;
     let proxy = label_mode_proxy(&receiver.url(), "").await;
-    let request = v2::Request {
-        symbols: vec!["".into(), "__name__".into(), "v2_only_metric".into()],
-        timeseries: vec![v2::TimeSeries {
-            labels_refs: vec![1, 2],
-            samples: vec![v2::Sample {
-                value: 1.0,
-                timestamp: 1,
-            }],
-            ..Default::default()
-        }],
-    };
+    let request = v2_series("v2_only_metric");
     let body = snappy(&request);
     let reply = push(
         &proxy,
@@ -503,17 +508,7 @@ async fn headers_named_in_connection_never_decide_how_a_push_is_read() {
     // 1.0 (as a receiver without the header would), where it is no
     // WriteRequest: refused, never forwarded.
     let forwarded = receiver.received().len();
-    let request = v2::Request {
-        symbols: vec!["".into(), "__name__".into(), "up".into()],
-        timeseries: vec![v2::TimeSeries {
-            labels_refs: vec![1, 2],
-            samples: vec![v2::Sample {
-                value: 1.0,
-                timestamp: 1,
-            }],
-            ..Default::default()
-        }],
-    };
+    let request = v2_series("up");
     let headers = [
         ("content-type", V2_CT),
         ("content-encoding", "snappy"),
