@@ -106,3 +106,66 @@ pub(super) fn splice_upgraded(
         }
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::password;
+    use crate::tenants::file as tenants_file;
+
+    /// A store of tenants `a` and `b`; alice in `alice_in`, with one hash
+    /// whatever the rest of the entry says.
+    fn store(hash: &str, alice_in: &str, alice_extra: &str) -> TenantStore {
+        let mut text = String::from("tenants:\n");
+        for id in ["a", "b"] {
+            text.push_str(&format!("- id: {id}\n  users:\n"));
+            if id == alice_in {
+                text.push_str(&format!(
+                    "  - username: alice\n    password_hash: \"{hash}\"\n{alice_extra}"
+                ));
+            }
+            text.push_str(&format!(
+                "  - username: other-{id}\n    password_hash: \"{hash}\"\n"
+            ));
+        }
+        tenants_file::parse(&text, 1).unwrap().0
+    }
+
+    #[test]
+    fn a_grant_holds_while_user_hash_tenant_scope_and_selector_are_unchanged() {
+        let hash = password::hash_password("pw").unwrap();
+        let read_only = "    scopes: [logs:read]\n";
+        let opened = store(&hash, "a", read_only);
+        let grant = Grant {
+            tenants: Arc::new(Tenants::default()),
+            credential: opened.credential("alice").unwrap().clone(),
+            scope: Scope::LogsRead,
+        };
+        assert!(grant.holds_in(&opened));
+        assert!(
+            grant.holds_in(&store(&hash, "a", read_only)),
+            "a new generation, alike"
+        );
+        let other_hash = password::hash_password("pw").unwrap();
+        let lost = [
+            ("removed", store(&hash, "none", "")),
+            ("another hash", store(&other_hash, "a", read_only)),
+            ("another tenant", store(&hash, "b", read_only)),
+            (
+                "no read scope",
+                store(&hash, "a", "    scopes: [logs:write]\n"),
+            ),
+            (
+                "a selector added",
+                store(
+                    &hash,
+                    "a",
+                    &format!("{read_only}    selector: '{{app=\"x\"}}'\n"),
+                ),
+            ),
+        ];
+        for (what, store) in lost {
+            assert!(!grant.holds_in(&store), "{what}");
+        }
+    }
+}
