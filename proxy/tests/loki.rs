@@ -321,6 +321,50 @@ async fn repeated_failures_from_a_client_are_throttled_with_retry_after() {
         .contains("tenant_proxy_auth_failures_total{reason=\"throttled\"} 1"));
 }
 
+/// Behind the operator's ingress every client has its address: with
+/// `trusted_proxies`, the client `X-Forwarded-For` names is the one
+/// throttled, so one guesser does not lock out everyone behind it; its
+/// own entries (left of the ingress's) change nothing. Without, the header
+/// is never believed.
+#[tokio::test]
+async fn behind_a_trusted_proxy_failures_are_counted_per_forwarded_client() {
+    support::captured_logs();
+    let loki = LokiStandIn::start().await;
+    for trusted in [true, false] {
+        let mut options = ProxyOptions::new(loki.url());
+        options.auth = "  max_failures_per_client: 3\n";
+        if trusted {
+            options.extra = "trusted_proxies: [127.0.0.0/8]\n";
+        }
+        let proxy = RunningProxy::start(options).await;
+        let from = |forwarded: String, auth: String| {
+            let url = proxy.url(QUERY);
+            async move {
+                let headers = [("x-forwarded-for", forwarded.as_str())];
+                send(Method::GET, &url, Some(&auth), &headers, "")
+                    .await
+                    .status
+            }
+        };
+        for attempt in 0..3 {
+            // The guesser varies what it writes itself; the ingress appends
+            // the address it saw.
+            let forwarded = format!("198.51.100.{attempt}, 203.0.113.1");
+            let status = from(forwarded, basic("alice", &format!("guess{attempt}"))).await;
+            assert_eq!(status, StatusCode::UNAUTHORIZED);
+        }
+        let guesser = from("203.0.113.1".into(), basic("bob", "bob-pw")).await;
+        assert_eq!(guesser, StatusCode::TOO_MANY_REQUESTS, "trusted: {trusted}");
+        let neighbour = from("203.0.113.2".into(), basic("bob", "bob-pw")).await;
+        let expected = if trusted {
+            StatusCode::OK
+        } else {
+            StatusCode::TOO_MANY_REQUESTS
+        };
+        assert_eq!(neighbour, expected, "trusted: {trusted}");
+    }
+}
+
 #[tokio::test]
 async fn live_tail_websocket_streams_both_ways_and_closes() {
     let (loki, proxy) = setup().await;

@@ -13,6 +13,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::http::client_address::TrustedProxies;
 use http::header::HeaderName;
 use http::Uri;
 use serde::Deserialize;
@@ -65,6 +66,11 @@ pub struct Config {
     pub tenant_limits: TenantLimitsConfig,
     #[serde(default)]
     pub auth: AuthConfig,
+    /// The operator's own proxies in front (an ingress, a load balancer):
+    /// behind them, the client named in `X-Forwarded-For` is the one
+    /// throttled and logged. Empty: the TCP peer is the client.
+    #[serde(default)]
+    pub trusted_proxies: TrustedProxies,
     /// OpenTelemetry spans over OTLP/HTTP; absent: none are made.
     pub tracing: Option<TracingConfig>,
 }

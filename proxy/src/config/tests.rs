@@ -23,6 +23,28 @@ fn a_listener_takes_at_least_one_connection() {
 }
 
 #[test]
+fn trusted_proxies_are_none_by_default_and_read_strictly() {
+    let peer: std::net::IpAddr = "10.1.2.3".parse().unwrap();
+    let mut headers = http::HeaderMap::new();
+    headers.insert("x-forwarded-for", "203.0.113.9".parse().unwrap());
+    let none = Config::parse(MINIMAL).unwrap();
+    assert_eq!(none.trusted_proxies.client(peer, &headers), peer);
+    let set = Config::parse(&format!(
+        "{MINIMAL}trusted_proxies: [10.0.0.0/8, fd00::1]\n"
+    ))
+    .unwrap();
+    assert_eq!(
+        set.trusted_proxies.client(peer, &headers),
+        "203.0.113.9".parse::<std::net::IpAddr>().unwrap()
+    );
+    let err = Config::parse(&format!("{MINIMAL}trusted_proxies: [10.0.0.1/8]\n")).unwrap_err();
+    assert!(
+        err.contains("trusted_proxies: \"10.0.0.1/8\": host bits"),
+        "{err}"
+    );
+}
+
+#[test]
 fn unknown_keys_name_their_line() {
     let err = Config::parse(&format!("{MINIMAL}colour: blue\n")).unwrap_err();
     assert!(

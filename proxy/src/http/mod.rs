@@ -1,8 +1,9 @@
 //! What speaks HTTP to tenants' clients: the listener and its TLS, request
-//! paths, identity headers, bodies and their limits, and the one place that
+//! paths, the client's address, identity headers, bodies and their limits, and the one place that
 //! turns every failure into a status and a body.
 
 pub mod body;
+pub mod client_address;
 pub mod connection;
 pub mod error;
 pub mod headers;

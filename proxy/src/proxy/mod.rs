@@ -18,7 +18,7 @@
 //! Every failure is a `ProxyError`, turned into a response in `http/error.rs` only.
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -89,6 +89,8 @@ pub async fn handle(
         value.set_sensitive(true);
     }
     let method = request.method().clone();
+    // The TCP peer, or the client a trusted proxy in front names.
+    let client = state.trusted_proxies.client(peer.ip(), request.headers());
     let mut outcome = Outcome::default();
     let span = state
         .tracing
@@ -96,7 +98,7 @@ pub async fn handle(
         .map(|tracing| tracing.start_request(&method, request.headers()));
     let entered = state.admission.enter();
     let result = match &entered {
-        Ok(_) => proxy(&state, peer, request, &mut outcome, span.as_ref()).await,
+        Ok(_) => proxy(&state, (peer, client), request, &mut outcome, span.as_ref()).await,
         Err(_) => Err(ProxyError::Overloaded),
     };
     let mut failure = None;
@@ -157,7 +159,7 @@ pub async fn handle(
         surface = outcome.surface.unwrap_or("none"),
         tenant = outcome.tenant().unwrap_or("-"),
         user = outcome.username().unwrap_or("-"),
-        client = %peer.ip(),
+        client = %client,
         status = status.as_u16(),
         duration_ms = started.elapsed().as_secs_f64() * 1000.0,
     );
@@ -174,9 +176,11 @@ pub async fn handle(
     Ok(response.map(|body| body::holding(body, span_end)))
 }
 
+/// `(peer, client)`: the TCP peer (appended to `X-Forwarded-For`), and the
+/// client it stands for (throttled by address).
 async fn proxy(
     state: &AppState,
-    peer: SocketAddr,
+    (peer, client): (SocketAddr, IpAddr),
     mut request: Request<Incoming>,
     outcome: &mut Outcome,
     span: Option<&RequestSpan>,
@@ -202,7 +206,7 @@ async fn proxy(
         .tenants
         .current()
         .ok_or(ProxyError::TenantsNotLoaded)?;
-    let credential = authenticate(state, &store, &request, peer).await?;
+    let credential = authenticate(state, &store, &request, client).await?;
     outcome.credential = Some(credential.clone());
     if !credential.scopes.contains(route.scope) {
         return Err(ProxyError::MissingScope(route.scope));
@@ -429,11 +433,11 @@ async fn authenticate(
     state: &AppState,
     store: &crate::tenants::TenantStore,
     request: &Request<Incoming>,
-    peer: SocketAddr,
+    client: IpAddr,
 ) -> Result<Arc<Credential>, ProxyError> {
     state
         .auth
-        .authenticate(store, request.headers(), peer.ip())
+        .authenticate(store, request.headers(), client)
         .await
         .map_err(|failure| {
             state

@@ -15,6 +15,7 @@ use crate::config::{
 use crate::enforce::alertmanager::TenantAlerts;
 use crate::enforce::promql::{Memo, TenantMatcher};
 use crate::enforce::tenant_label::TenantLabel;
+use crate::http::client_address::TrustedProxies;
 use crate::http::error::ProxyError;
 use crate::http::headers::X_SCOPE_ORGID;
 use crate::ops::metrics::Metrics;
@@ -127,6 +128,8 @@ pub struct AppState {
     pub alerts_target: Option<Target>,
     pub tenants: Arc<Tenants>,
     pub auth: Authenticator,
+    /// Whose `X-Forwarded-For` names the client (throttles, access log).
+    pub trusted_proxies: TrustedProxies,
     pub metrics: Arc<Metrics>,
     pub limits: Limits,
     pub admission: Admission,
@@ -214,6 +217,7 @@ impl AppState {
             alerts_target,
             tenants,
             auth: Authenticator::new(&config.auth, metrics.password_verifications.clone()),
+            trusted_proxies: config.trusted_proxies.clone(),
             limits: config.limits.clone(),
             admission: Admission::new(
                 config.limits.max_concurrent_requests,
