@@ -133,6 +133,17 @@ pub fn parse_basic(headers: &HeaderMap) -> Result<BasicCredentials, AuthFailure>
     Ok(BasicCredentials { decoded, colon })
 }
 
+/// The address failures are counted under: an IPv6 client's /64, which
+/// one host is usually given whole and can walk through address by address
+/// (privacy addresses, or on purpose) to start a fresh count with each; an
+/// IPv4 client's own address (also when it arrives as `::ffff:a.b.c.d`).
+fn throttled_as(client: IpAddr) -> IpAddr {
+    match client.to_canonical() {
+        IpAddr::V6(v6) => IpAddr::from((u128::from(v6) & (u128::MAX << 64)).to_be_bytes()),
+        v4 => v4,
+    }
+}
+
 // === impl Authenticator ===
 
 pub struct Authenticator {
@@ -197,6 +208,7 @@ impl Authenticator {
         }
 
         let now = Instant::now();
+        let client = throttled_as(client);
         self.per_user
             .check(presented.username(), now)
             .and_then(|()| self.per_client.check(&client, now))
@@ -595,6 +607,44 @@ mod tests {
             .authenticate(&s, &basic("alice", "right"), CLIENT)
             .await
             .is_ok());
+    }
+
+    /// A host walking through its IPv6 /64 keeps one count; another /64,
+    /// or an IPv4 client, has its own.
+    #[tokio::test]
+    async fn an_ipv6_client_is_counted_by_its_64() {
+        let config = AuthConfig {
+            max_failures_per_user: 0,
+            max_failures_per_client: 2,
+            ..AuthConfig::default()
+        };
+        let auth = Authenticator::new(&config, Counter::default());
+        let s = store("right", 1);
+        let ip = |text: &str| text.parse::<IpAddr>().unwrap();
+        for host in ["2001:db8:0:1::1", "2001:db8:0:1:ffff::2"] {
+            let failed = auth
+                .authenticate(&s, &basic("alice", "wrong"), ip(host))
+                .await;
+            assert_eq!(failed.unwrap_err(), AuthFailure::WrongPassword);
+        }
+        let walked = auth
+            .authenticate(&s, &basic("alice", "wrong"), ip("2001:db8:0:1:abcd::3"))
+            .await;
+        assert!(
+            matches!(walked, Err(AuthFailure::Throttled(_))),
+            "{walked:?}"
+        );
+        for other in ["2001:db8:0:2::1", "192.0.2.1"] {
+            let own_count = auth
+                .authenticate(&s, &basic("alice", "wrong"), ip(other))
+                .await;
+            assert_eq!(
+                own_count.unwrap_err(),
+                AuthFailure::WrongPassword,
+                "{other}"
+            );
+        }
+        assert_eq!(throttled_as(ip("::ffff:192.0.2.1")), ip("192.0.2.1"));
     }
 
     #[tokio::test]
