@@ -13,10 +13,11 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::http::client_address::TrustedProxies;
 use http::header::HeaderName;
 use http::Uri;
 use serde::Deserialize;
+
+use crate::http::client_address::TrustedProxies;
 
 use backends::check_upstream_tls;
 pub use backends::{
