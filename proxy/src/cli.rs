@@ -34,6 +34,9 @@ pub fn check_config(config: &Config) -> CliResult {
         config.tenants_file.display(),
         store.tenants().len()
     )?;
+    for warning in config.warnings() {
+        writeln!(out, "warning: {warning}")?;
+    }
     if notes.plaintext_passwords {
         writeln!(
             out,

@@ -115,6 +115,9 @@ async fn run(config: Config) -> anyhow::Result<()> {
     let admin = tokio::net::TcpListener::bind(config.admin_listen)
         .await
         .with_context(|| format!("binding {}", config.admin_listen))?;
+    for warning in config.warnings() {
+        tracing::warn!("{warning}");
+    }
     let proxy = Proxy::new(config)?;
     let hangups = tenant_proxy::ops::process::recheck_on_hangup(
         proxy.recheck_files(),

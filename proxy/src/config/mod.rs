@@ -142,6 +142,23 @@ impl Config {
     }
 
     /// Rules serde cannot express.
+    /// What is allowed but likely wrong: `check-config` prints these and
+    /// the proxy logs them at start.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        if let Some(m) = &self.metrics {
+            let prefix = &m.upstream.path_prefix;
+            if m.mode == MetricsMode::Header && !prefix.is_empty() && m.push_upstream.is_none() {
+                warnings.push(format!(
+                    "metrics.upstream has the path prefix {prefix:?} and there is no \
+                     metrics.push_upstream: pushes go to {prefix}/api/v1/push, where Mimir \
+                     and Cortex answer 404 (they take pushes at their root)"
+                ));
+            }
+        }
+        warnings
+    }
+
     fn validate(&self) -> Result<(), String> {
         if self.logs.is_none() && self.metrics.is_none() {
             return Err("configure at least one of `logs` and `metrics`".into());

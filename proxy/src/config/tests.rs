@@ -45,6 +45,25 @@ fn trusted_proxies_are_none_by_default_and_read_strictly() {
 }
 
 #[test]
+fn a_header_mode_prefix_without_a_push_upstream_is_warned_about() {
+    let metrics = |rest: &str| {
+        Config::parse(&format!("{MINIMAL}metrics:\n  mode: header\n{rest}"))
+            .unwrap()
+            .warnings()
+    };
+    let warned = metrics("  upstream: http://mimir:8080/prometheus\n");
+    assert_eq!(warned.len(), 1);
+    assert!(warned[0].contains("\"/prometheus\""), "{warned:?}");
+    for fine in [
+        "  upstream: http://mimir:8080/prometheus\n  push_upstream: http://mimir:8080\n",
+        "  upstream: http://mimir:8080\n",
+    ] {
+        assert!(metrics(fine).is_empty(), "{fine}");
+    }
+    assert!(Config::parse(MINIMAL).unwrap().warnings().is_empty());
+}
+
+#[test]
 fn unknown_keys_name_their_line() {
     let err = Config::parse(&format!("{MINIMAL}colour: blue\n")).unwrap_err();
     assert!(
