@@ -133,6 +133,7 @@ impl TrustedProxies {
 mod tests {
     use super::*;
     use http::HeaderValue;
+    use proptest::prelude::*;
 
     fn trusted(list: &[&str]) -> TrustedProxies {
         TrustedProxies::try_from(list.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap()
@@ -200,6 +201,48 @@ mod tests {
                 ip(client),
                 "{copies:?}"
             );
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever a client writes: the address chosen is the peer's or
+        /// one in the header, and every entry to its right is a trusted
+        /// proxy's, so no address the client wrote before its first
+        /// untrusted hop is ever believed.
+        #[test]
+        fn the_client_is_the_peer_or_left_of_trusted_hops_only(
+            entries in proptest::collection::vec(
+                proptest::prop_oneof![
+                    (0u8..4).prop_map(|n| format!("10.0.0.{n}")),
+                    (0u8..4).prop_map(|n| format!("203.0.113.{n}")),
+                    proptest::sample::select(vec!["unknown", "", " ", "fd00::1", "2001:db8::7"])
+                        .prop_map(str::to_owned),
+                ],
+                0..6,
+            ),
+            split in 0usize..6,
+            peer_trusted in proptest::bool::ANY,
+        ) {
+            let t = trusted(&["10.0.0.0/8", "fd00::/8"]);
+            let peer = ip(if peer_trusted { "10.9.9.9" } else { "198.51.100.1" });
+            let split = split.min(entries.len());
+            let copies = [entries[..split].join(","), entries[split..].join(",")];
+            let copies: Vec<&str> = copies.iter().map(String::as_str).collect();
+            let client = t.client(peer, &forwarded(&copies));
+            if !peer_trusted {
+                prop_assert_eq!(client, peer);
+                return Ok(());
+            }
+            if client == peer {
+                return Ok(());
+            }
+            let parsed: Vec<Option<IpAddr>> =
+                entries.iter().map(|e| e.trim().parse().ok()).collect();
+            let at = parsed.iter().rposition(|a| *a == Some(client));
+            prop_assert!(at.is_some(), "{client} is not in {entries:?}");
+            for right in &parsed[at.unwrap() + 1..] {
+                prop_assert!(right.is_some_and(|a| t.trusts(a)), "{entries:?} -> {client}");
+            }
         }
     }
 
