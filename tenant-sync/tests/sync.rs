@@ -242,6 +242,42 @@ async fn once_renders_after_the_initial_lists_and_exits() {
     assert_eq!(sync.users(), map(&[("grafana-a", "team-a")]));
 }
 
+/// `--namespace-selector` as the API server reads it (`!=` also picks a
+/// namespace without the label): the others' Secrets make no credential.
+/// A selector the server refuses makes `--once` fail, never write.
+#[tokio::test]
+async fn only_namespaces_the_selector_picks_are_tenants() {
+    let api = ApiServer::start().await;
+    api.namespace("team-a", json!({"env": "dev"}));
+    api.namespace("team-b", json!({"env": "prod"}));
+    api.namespace("team-c", json!({}));
+    for namespace in ["team-a", "team-b", "team-c"] {
+        let username = format!("push-{namespace}");
+        api.secret(
+            namespace,
+            "push",
+            &[("username", &username), ("password", "pw")],
+            json!({}),
+        );
+    }
+    let mut sync = RunningSync::start(&api, |o| {
+        o.namespace_selector = Some("env!=prod".into());
+    });
+    assert_eq!(
+        sync.next_write().await,
+        map(&[("push-team-a", "team-a"), ("push-team-c", "team-c")])
+    );
+    sync.stop().await.unwrap();
+
+    let mut refused = RunningSync::start(&api, |o| {
+        o.namespace_selector = Some("=prod".into());
+        o.once = true;
+    });
+    let error = refused.finished().await.unwrap_err();
+    assert!(error.to_string().contains("namespaces"), "{error}");
+    assert!(!refused.file.exists(), "nothing written");
+}
+
 #[tokio::test]
 async fn skipped_secrets_are_counted_by_reason() {
     let api = cluster().await;

@@ -294,11 +294,81 @@ fn json_response(code: StatusCode, value: Value) -> Response<Body> {
 struct Query {
     kind: Kind,
     namespace: Option<String>,
-    labels: Vec<(String, Option<String>)>,
-    fields: Vec<(String, String)>,
+    labels: Vec<Requirement>,
+    /// (field path, value, equal): `metadata.name`, `metadata.namespace`
+    /// and, for Secrets, `type`.
+    fields: Vec<(String, String, bool)>,
     watch: bool,
     rv: u64,
     bookmarks: bool,
+}
+
+/// One label requirement, as the API server's selector grammar reads the
+/// forms tenant-sync can be given: `k=v`, `k==v`, `k!=v`, `k`, `!k`.
+enum Requirement {
+    Equal(String, String),
+    NotEqual(String, String),
+    Exists(String),
+    Absent(String),
+}
+
+/// Label selectors in the forms above; anything else (the set-based `in`
+/// and `notin`, which this stand-in does not read, or a malformed one) is
+/// refused with 400, never matched loosely.
+fn label_selector(text: &str) -> Result<Vec<Requirement>, String> {
+    let valid = |key: &str| {
+        !key.is_empty()
+            && key
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
+    };
+    let mut requirements = Vec::new();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let requirement = if let Some((k, v)) = part.split_once("!=") {
+            Requirement::NotEqual(k.trim().into(), v.trim().into())
+        } else if let Some((k, v)) = part.split_once("==").or_else(|| part.split_once('=')) {
+            Requirement::Equal(k.trim().into(), v.trim().into())
+        } else if let Some(k) = part.strip_prefix('!') {
+            Requirement::Absent(k.trim().into())
+        } else {
+            Requirement::Exists(part.into())
+        };
+        let key = match &requirement {
+            Requirement::Equal(k, _) | Requirement::NotEqual(k, _) => k,
+            Requirement::Exists(k) | Requirement::Absent(k) => k,
+        };
+        if !valid(key) || key.contains(' ') {
+            return Err(format!("unable to parse requirement: {part:?}"));
+        }
+        requirements.push(requirement);
+    }
+    Ok(requirements)
+}
+
+/// Field selectors the real server supports for `kind` (`=`, `==`, `!=`);
+/// any other field is 400 `field label not supported`, as there.
+fn field_selector(kind: Kind, text: &str) -> Result<Vec<(String, String, bool)>, String> {
+    let mut fields = Vec::new();
+    for part in text.split(',').filter(|p| !p.is_empty()) {
+        let (key, value, equal) = match part.split_once("!=") {
+            Some((k, v)) => (k, v, false),
+            None => match part.split_once("==").or_else(|| part.split_once('=')) {
+                Some((k, v)) => (k, v, true),
+                None => return Err(format!("invalid field selector: {part:?}")),
+            },
+        };
+        let supported = match key {
+            "metadata.name" => true,
+            "metadata.namespace" => kind != Kind::Namespace,
+            "type" => kind == Kind::Secret,
+            _ => false,
+        };
+        if !supported {
+            return Err(format!("field label not supported: {key}"));
+        }
+        fields.push((key.to_owned(), value.to_owned(), equal));
+    }
+    Ok(fields)
 }
 
 impl Query {
@@ -308,20 +378,28 @@ impl Query {
             .namespace
             .as_deref()
             .is_none_or(|ns| meta["namespace"] == ns);
-        let labels_ok = self.labels.iter().all(|(k, v)| match v {
-            Some(v) => meta["labels"][k] == v.as_str(),
-            None => !meta["labels"][k].is_null(),
+        let label = |k: &str| meta["labels"][k].as_str();
+        let labels_ok = self.labels.iter().all(|r| match r {
+            Requirement::Equal(k, v) => label(k) == Some(v.as_str()),
+            Requirement::NotEqual(k, v) => label(k) != Some(v.as_str()),
+            Requirement::Exists(k) => label(k).is_some(),
+            Requirement::Absent(k) => label(k).is_none(),
         });
-        let fields_ok = self.fields.iter().all(|(k, v)| match k.as_str() {
-            "type" => object["type"] == v.as_str(),
-            "metadata.namespace" => meta["namespace"] == v.as_str(),
-            _ => false,
+        let fields_ok = self.fields.iter().all(|(k, v, equal)| {
+            let actual = match k.as_str() {
+                "type" => &object["type"],
+                "metadata.name" => &meta["name"],
+                _ => &meta["namespace"],
+            };
+            (actual.as_str() == Some(v.as_str())) == *equal
         });
         namespace_ok && labels_ok && fields_ok
     }
 }
 
-fn parse(request: &Request<Incoming>) -> Option<Query> {
+/// `None`: no such collection (404); `Some(Err)`: a selector the real
+/// server refuses (400).
+fn parse(request: &Request<Incoming>) -> Option<Result<Query, String>> {
     let path: Vec<&str> = request.uri().path().trim_matches('/').split('/').collect();
     let (kind, namespace) = match path.as_slice() {
         ["api", "v1", "namespaces"] => (Kind::Namespace, None),
@@ -342,30 +420,25 @@ fn parse(request: &Request<Incoming>) -> Option<Query> {
             .find(|(k, _)| k == key)
             .map(|(_, v)| v.clone())
     };
-    let pairs = |s: Option<String>| -> Vec<(String, Option<String>)> {
-        s.unwrap_or_default()
-            .split(',')
-            .filter(|p| !p.is_empty())
-            .map(|p| match p.split_once('=') {
-                Some((k, v)) => (k.to_owned(), Some(v.to_owned())),
-                None => (p.to_owned(), None),
-            })
-            .collect()
-    };
-    Some(Query {
-        kind,
-        namespace,
-        labels: pairs(get("labelSelector")),
-        fields: pairs(get("fieldSelector"))
-            .into_iter()
-            .map(|(k, v)| (k, v.unwrap_or_default()))
-            .collect(),
-        watch: matches!(get("watch").as_deref(), Some("true" | "1")),
-        rv: get("resourceVersion")
-            .and_then(|rv| rv.parse().ok())
-            .unwrap_or(0),
-        bookmarks: get("allowWatchBookmarks").as_deref() == Some("true"),
-    })
+    let selectors = label_selector(&get("labelSelector").unwrap_or_default()).and_then(|labels| {
+        Ok((
+            labels,
+            field_selector(kind, &get("fieldSelector").unwrap_or_default())?,
+        ))
+    });
+    Some(selectors.map(|(labels, fields)| {
+        Query {
+            kind,
+            namespace,
+            labels,
+            fields,
+            watch: matches!(get("watch").as_deref(), Some("true" | "1")),
+            rv: get("resourceVersion")
+                .and_then(|rv| rv.parse().ok())
+                .unwrap_or(0),
+            bookmarks: get("allowWatchBookmarks").as_deref() == Some("true"),
+        }
+    }))
 }
 
 async fn handle(
@@ -378,11 +451,21 @@ async fn handle(
         request.uri().query().unwrap_or_default()
     );
     state.requests.send_modify(|all| all.push(seen));
-    let Some(query) = parse(&request) else {
-        return Ok(json_response(
-            StatusCode::NOT_FOUND,
-            json!({"kind": "Status", "code": 404}),
-        ));
+    let query = match parse(&request) {
+        None => {
+            return Ok(json_response(
+                StatusCode::NOT_FOUND,
+                json!({"kind": "Status", "code": 404}),
+            ))
+        }
+        Some(Err(message)) => {
+            return Ok(json_response(
+                StatusCode::BAD_REQUEST,
+                json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                       "message": message, "reason": "BadRequest", "code": 400}),
+            ))
+        }
+        Some(Ok(query)) => query,
     };
     loop {
         let notified = state.release.notified();
