@@ -5,8 +5,9 @@
 //! Read as nginx's `real_ip_recursive on` reads it: from the right, every
 //! address of a trusted proxy is skipped, and the first other one is the
 //! client. Anything to its left was written by the client itself and is
-//! never believed. An entry that is not an address ends the walk at the
-//! last trusted hop, as does a list of trusted addresses only.
+//! never believed. An entry that is not an address (with or without a
+//! port) ends the walk at the last trusted hop, as does a list of trusted
+//! addresses only.
 
 use std::net::IpAddr;
 
@@ -117,9 +118,7 @@ impl TrustedProxies {
             let Some(entry) = entries.next() else {
                 return client;
             };
-            let address = std::str::from_utf8(entry)
-                .ok()
-                .and_then(|text| text.trim().parse::<IpAddr>().ok());
+            let address = std::str::from_utf8(entry).ok().and_then(address);
             match address {
                 Some(address) if self.trusts(address) => client = address,
                 Some(address) => return address.to_canonical(),
@@ -127,6 +126,17 @@ impl TrustedProxies {
             }
         }
     }
+}
+
+/// An `X-Forwarded-For` entry's address: bare, or with a port as some load
+/// balancers write it (Azure Application Gateway: `203.0.113.9:4711`,
+/// `[2001:db8::1]:4711`).
+fn address(entry: &str) -> Option<IpAddr> {
+    let entry = entry.trim();
+    entry
+        .parse::<IpAddr>()
+        .or_else(|_| entry.parse::<std::net::SocketAddr>().map(|s| s.ip()))
+        .ok()
 }
 
 #[cfg(test)]
@@ -187,6 +197,9 @@ mod tests {
             (&["198.51.100.1, 203.0.113.9, 10.0.0.2"], "203.0.113.9"),
             (&["198.51.100.1", "203.0.113.9, 10.0.0.2"], "203.0.113.9"),
             (&[" 2001:db8::1 ,fd00::5"], "2001:db8::1"),
+            // With a port, as some load balancers write it.
+            (&["203.0.113.9:4711, 10.0.0.2:80"], "203.0.113.9"),
+            (&["[2001:db8::1]:4711"], "2001:db8::1"),
             // Only trusted hops: the leftmost of them.
             (&["10.0.0.3, 10.0.0.2"], "10.0.0.3"),
             // Not an address: the walk ends at the last trusted hop.
@@ -236,8 +249,7 @@ mod tests {
             if client == peer {
                 return Ok(());
             }
-            let parsed: Vec<Option<IpAddr>> =
-                entries.iter().map(|e| e.trim().parse().ok()).collect();
+            let parsed: Vec<Option<IpAddr>> = entries.iter().map(|e| address(e)).collect();
             let at = parsed.iter().rposition(|a| *a == Some(client));
             prop_assert!(at.is_some(), "{client} is not in {entries:?}");
             for right in &parsed[at.unwrap() + 1..] {
