@@ -156,6 +156,14 @@ impl Config {
                 ));
             }
         }
+        if self.trusted_proxies.trusts_everyone() {
+            warnings.push(
+                "trusted_proxies holds 0.0.0.0/0 or ::/0: any client is then believed about \
+                 the address it writes into X-Forwarded-For, and can start a fresh \
+                 auth.max_failures_per_client count with each"
+                    .into(),
+            );
+        }
         warnings
     }
 

@@ -64,6 +64,22 @@ fn a_header_mode_prefix_without_a_push_upstream_is_warned_about() {
 }
 
 #[test]
+fn trusting_every_address_is_warned_about() {
+    for everyone in ["0.0.0.0/0", "::/0"] {
+        let c = Config::parse(&format!(
+            "{MINIMAL}trusted_proxies: [10.0.0.0/8, \"{everyone}\"]\n"
+        ));
+        let warnings = c.unwrap().warnings();
+        assert!(
+            warnings.len() == 1 && warnings[0].contains("any client"),
+            "{warnings:?}"
+        );
+    }
+    let c = Config::parse(&format!("{MINIMAL}trusted_proxies: [10.0.0.0/8]\n"));
+    assert!(c.unwrap().warnings().is_empty());
+}
+
+#[test]
 fn unknown_keys_name_their_line() {
     let err = Config::parse(&format!("{MINIMAL}colour: blue\n")).unwrap_err();
     assert!(

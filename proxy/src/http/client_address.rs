@@ -98,6 +98,12 @@ impl TryFrom<Vec<String>> for TrustedProxies {
 }
 
 impl TrustedProxies {
+    /// Whether a network in the list spans a whole address family
+    /// (`0.0.0.0/0`, `::/0`): then any client is believed about itself.
+    pub fn trusts_everyone(&self) -> bool {
+        self.networks.iter().any(|n| n.prefix == 0)
+    }
+
     fn trusts(&self, ip: IpAddr) -> bool {
         self.networks.iter().any(|n| n.contains(ip))
     }
