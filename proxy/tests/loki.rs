@@ -425,6 +425,12 @@ async fn a_live_tail_ends_when_its_credential_is_removed() {
         ws.next().await.unwrap().unwrap(),
         Message::text("tenant=team-a")
     );
+    // Counted once both sides switched: the stand-in's first message is
+    // sent after that.
+    assert!(proxy
+        .metrics()
+        .await
+        .contains("tenant_proxy_live_tails 1\n"));
 
     // Another tenant added; reader-a's entry (and hash) as it was.
     let team_c = support::tenants_yaml(&[support::TenantSpec {
@@ -455,6 +461,9 @@ async fn a_live_tail_ends_when_its_credential_is_removed() {
         !matches!(after, Some(Ok(Message::Text(_)))),
         "no more data after the removal: {after:?}"
     );
+    let metrics = proxy.metrics().await;
+    assert!(metrics.contains("tenant_proxy_live_tails 0\n"), "{metrics}");
+    assert!(metrics.contains("tenant_proxy_live_tails_revoked_total 1\n"));
     let Err(tokio_tungstenite::tungstenite::Error::Http(refused)) = open().await else {
         panic!("reconnecting must be refused");
     };

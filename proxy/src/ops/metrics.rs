@@ -115,6 +115,10 @@ pub struct Metrics {
     pub otlp_tenant_label: Family<TenantActionLabels, Counter>,
     pub otlp_decode_errors: Family<TenantLabels, Counter>,
     pub trace_exports: Family<OutcomeLabels, Counter>,
+    /// Live tails spliced to Loki now, and those closed because the
+    /// tenants file no longer granted their credential.
+    pub live_tails: Gauge,
+    pub live_tails_revoked: Counter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -290,6 +294,18 @@ impl Default for Metrics {
             "OTLP span exports sent to the collector (2xx) or failed (error, timeout, non-2xx)",
             trace_exports.clone(),
         );
+        let live_tails = Gauge::default();
+        registry.register(
+            "live_tails",
+            "Live tails (WebSockets) spliced to Loki now",
+            live_tails.clone(),
+        );
+        let live_tails_revoked = Counter::default();
+        registry.register(
+            "live_tails_revoked",
+            "Live tails closed because the tenants file no longer grants their credential",
+            live_tails_revoked.clone(),
+        );
         Self {
             registry,
             requests,
@@ -320,6 +336,8 @@ impl Default for Metrics {
             otlp_tenant_label,
             otlp_decode_errors,
             trace_exports,
+            live_tails,
+            live_tails_revoked,
         }
     }
 }

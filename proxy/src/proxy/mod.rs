@@ -371,6 +371,7 @@ async fn proxy(
             hyper::upgrade::on(&mut response),
             held,
             grant,
+            state.metrics.clone(),
         );
         let (parts, _) = response.into_parts();
         return Ok(Response::from_parts(parts, body::empty()));

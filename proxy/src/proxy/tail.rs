@@ -10,6 +10,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
 use crate::admission::Admitted;
+use crate::ops::metrics::Metrics;
 use crate::tenants::reload::Tenants;
 use crate::tenants::{Credential, Scope, TenantStore};
 
@@ -78,6 +79,7 @@ pub(super) fn splice_upgraded(
     upstream: hyper::upgrade::OnUpgrade,
     held: Option<Admitted>,
     grant: Grant,
+    metrics: Arc<Metrics>,
 ) {
     tokio::spawn(async move {
         let _held = held;
@@ -90,6 +92,9 @@ pub(super) fn splice_upgraded(
         };
         let mut client = TokioIo::new(client);
         let mut upstream = TokioIo::new(upstream);
+        // Declared after the connections, so dropped before them: the
+        // count is down before either side sees the tail end.
+        let _open = OpenTail::new(&metrics);
         let tenant = grant.credential.tenant.id.clone();
         tokio::select! {
             copied = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {
@@ -98,6 +103,7 @@ pub(super) fn splice_upgraded(
                 }
             }
             () = grant.revoked() => {
+                metrics.live_tails_revoked.inc();
                 tracing::info!(
                     tenant = tenant.as_str(),
                     "live tail closed: the tenants file no longer grants its credential"
@@ -105,6 +111,22 @@ pub(super) fn splice_upgraded(
             }
         }
     });
+}
+
+/// Counts a tail in `live_tails` for as long as it lives.
+struct OpenTail<'m>(&'m Metrics);
+
+impl<'m> OpenTail<'m> {
+    fn new(metrics: &'m Metrics) -> Self {
+        metrics.live_tails.inc();
+        Self(metrics)
+    }
+}
+
+impl Drop for OpenTail<'_> {
+    fn drop(&mut self) {
+        self.0.live_tails.dec();
+    }
 }
 
 #[cfg(test)]
