@@ -874,12 +874,19 @@ type Headers = &'static [(&'static str, &'static str)];
 #[tokio::test]
 async fn the_loki_stand_in_refuses_the_pushes_loki_refuses() {
     let (loki, proxy) = setup().await;
-    let cases: [(Headers, Vec<u8>); 6] = [
-        (&[], loki_push::json("no content type").into_bytes()),
-        (&[("content-type", "application/json")], b"line".to_vec()),
+    let json: Headers = &[("content-type", "application/json")];
+    // Each refused for its own reason, in Loki's words where it has them.
+    let cases: [(Headers, Vec<u8>, &str); 6] = [
+        (
+            &[],
+            loki_push::json("no content type").into_bytes(),
+            "mime: no media type",
+        ),
+        (json, b"line".to_vec(), "expected value"),
         (
             &[("content-type", "application/x-protobuf")],
             b"not snappy".to_vec(),
+            "snappy",
         ),
         (
             &[
@@ -887,6 +894,7 @@ async fn the_loki_stand_in_refuses_the_pushes_loki_refuses() {
                 ("content-encoding", "GZIP"),
             ],
             loki_push::json("coding compared exactly").into_bytes(),
+            "Content-Encoding \"GZIP\" not supported",
         ),
         (
             &[
@@ -894,13 +902,15 @@ async fn the_loki_stand_in_refuses_the_pushes_loki_refuses() {
                 ("content-encoding", "gzip"),
             ],
             loki_push::json("not gzipped").into_bytes(),
+            "gzip",
         ),
         (
-            &[("content-type", "application/json")],
+            json,
             br#"{"streams":[{"stream":{},"values":[["1","unlabelled"]]}]}"#.to_vec(),
+            "at least one label pair is required per stream",
         ),
     ];
-    for (headers, body) in cases {
+    for (headers, body, why) in cases {
         let reply = send(
             Method::POST,
             &proxy.url(PUSH),
@@ -910,6 +920,7 @@ async fn the_loki_stand_in_refuses_the_pushes_loki_refuses() {
         )
         .await;
         assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{headers:?}");
+        assert!(reply.text().contains(why), "{headers:?}: {}", reply.text());
         assert_eq!(loki.last().body.as_ref(), body.as_slice());
     }
     let read = get(&proxy.url(QUERY), &basic("alice", "alice-pw")).await;
