@@ -40,6 +40,7 @@ use self::password::Verifier;
 use crate::auth::throttle::FailureThrottle;
 use crate::auth::verifier_threads::{VerifierThreads, RELEASE_AFTER_IDLE};
 use crate::config::AuthConfig;
+use crate::http::client_address::network_of;
 use crate::http::error::ProxyError;
 use crate::tenants::{Credential, TenantStore};
 
@@ -139,7 +140,7 @@ pub fn parse_basic(headers: &HeaderMap) -> Result<BasicCredentials, AuthFailure>
 /// IPv4 client's own address (also when it arrives as `::ffff:a.b.c.d`).
 fn throttled_as(client: IpAddr) -> IpAddr {
     match client.to_canonical() {
-        IpAddr::V6(v6) => IpAddr::from((u128::from(v6) & (u128::MAX << 64)).to_be_bytes()),
+        v6 @ IpAddr::V6(_) => network_of(v6, 64),
         v4 => v4,
     }
 }

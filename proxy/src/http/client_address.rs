@@ -61,26 +61,28 @@ impl Network {
 
     /// `ip` with the bits past the prefix cleared.
     fn masked(&self, ip: IpAddr) -> IpAddr {
-        match ip {
-            IpAddr::V4(v4) => {
-                let mask = u32::MAX
-                    .checked_shl(32 - u32::from(self.prefix))
-                    .unwrap_or(0);
-                IpAddr::from((u32::from(v4) & mask).to_be_bytes())
-            }
-            IpAddr::V6(v6) => {
-                let mask = u128::MAX
-                    .checked_shl(128 - u32::from(self.prefix))
-                    .unwrap_or(0);
-                IpAddr::from((u128::from(v6) & mask).to_be_bytes())
-            }
-        }
+        network_of(ip, self.prefix)
     }
 
     fn contains(&self, ip: IpAddr) -> bool {
         // An IPv4 peer on a dual-stack socket arrives as `::ffff:a.b.c.d`.
         let ip = ip.to_canonical();
         ip.is_ipv4() == self.address.is_ipv4() && self.masked(ip) == self.address
+    }
+}
+
+/// `ip` with the bits past the first `prefix` cleared: the network of that
+/// size it is in (`prefix` at most the family's 32 or 128 bits).
+pub fn network_of(ip: IpAddr, prefix: u8) -> IpAddr {
+    match ip {
+        IpAddr::V4(v4) => {
+            let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
+            IpAddr::from((u32::from(v4) & mask).to_be_bytes())
+        }
+        IpAddr::V6(v6) => {
+            let mask = u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0);
+            IpAddr::from((u128::from(v6) & mask).to_be_bytes())
+        }
     }
 }
 
