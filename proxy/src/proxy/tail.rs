@@ -1,18 +1,24 @@
-//! Live tail: a WebSocket upgrade passed on, then both upgraded
-//! connections spliced, for as long as the tenants file still grants what
-//! opened the tail.
+//! Live tail: a WebSocket upgrade passed on, then bytes relayed between
+//! both upgraded connections, for as long as the tenants file still grants
+//! what opened the tail.
 
+mod frames;
+
+use std::io;
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::header::{self, HeaderValue};
 use http::Request;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::admission::Admitted;
 use crate::ops::metrics::Metrics;
 use crate::tenants::reload::Tenants;
 use crate::tenants::{Credential, Scope, TenantStore};
+use frames::FrameBoundary;
 
 /// `Some(protocol)` for a WebSocket upgrade request (live tail).
 pub(super) fn websocket_upgrade(request: &Request<Incoming>) -> Option<HeaderValue> {
@@ -69,11 +75,13 @@ impl Grant {
     }
 }
 
-/// Once both sides have switched protocols, copies bytes both ways until
+/// Once both sides have switched protocols, relays bytes both ways until
 /// either closes, or until the tenants file no longer grants what opened
-/// the tail: then both connections are dropped (a client that reconnects
-/// gets its 401 or 403). The upstream already answered 101 with the
-/// tenant header in force, so nothing in the stream can change the tenant.
+/// the tail: then the client is sent a close frame (1008, "credential
+/// revoked") if the server's stream stands between two frames, and both
+/// connections are dropped (a client that reconnects gets its 401 or
+/// 403). The upstream already answered 101 with the tenant header in
+/// force, so nothing in the stream can change the tenant.
 pub(super) fn splice_upgraded(
     client: hyper::upgrade::OnUpgrade,
     upstream: hyper::upgrade::OnUpgrade,
@@ -90,28 +98,76 @@ pub(super) fn splice_upgraded(
                 return;
             }
         };
-        let mut client = TokioIo::new(client);
-        let mut upstream = TokioIo::new(upstream);
+        let (mut from_client, mut to_client) = tokio::io::split(TokioIo::new(client));
+        let (mut from_upstream, mut to_upstream) = tokio::io::split(TokioIo::new(upstream));
         // Declared after the connections, so dropped before them: the
         // count is down before either side sees the tail end.
         let _open = OpenTail::new(&metrics);
         let tenant = grant.credential.tenant.id.clone();
-        tokio::select! {
-            copied = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {
-                if let Err(e) = copied {
-                    tracing::debug!(error = %e, "websocket stream ended with an error");
-                }
-            }
+        let mut server_frames = FrameBoundary::default();
+        let relayed = tokio::select! {
+            relayed = async {
+                tokio::try_join!(
+                    relay(&mut from_client, &mut to_upstream, |_| {}),
+                    relay(&mut from_upstream, &mut to_client, |sent| server_frames.advance(sent)),
+                )
+            } => relayed,
             () = grant.revoked() => {
                 metrics.live_tails_revoked.inc();
+                let closed = server_frames.may_close()
+                    && tokio::time::timeout(CLOSE_WRITE_TIMEOUT, async {
+                        to_client.write_all(&frames::policy_close("credential revoked")).await?;
+                        to_client.shutdown().await
+                    })
+                    .await
+                    .is_ok_and(|written| written.is_ok());
                 tracing::info!(
                     tenant = tenant.as_str(),
+                    close_frame_sent = closed,
                     "live tail closed: the tenants file no longer grants its credential"
                 );
+                return;
             }
+        };
+        if let Err(e) = relayed {
+            tracing::debug!(error = %e, "websocket stream ended with an error");
         }
     });
 }
+
+/// How long a revoked tail's client gets to take its close frame before
+/// the connection is dropped anyway.
+const CLOSE_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Copies `from` to `to` until `from` ends, then shuts `to`'s writing side
+/// (as `copy_bidirectional` does). `sent` sees each run of bytes once `to`
+/// took it, so what it has seen is what the peer may already hold.
+async fn relay<R, W>(from: &mut R, to: &mut W, mut sent: impl FnMut(&[u8])) -> io::Result<()>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut buffer = vec![0; RELAY_BUFFER];
+    loop {
+        let read = from.read(&mut buffer).await?;
+        if read == 0 {
+            return to.shutdown().await;
+        }
+        let mut pending = &buffer[..read];
+        while !pending.is_empty() {
+            let written = to.write(pending).await?;
+            if written == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            sent(&pending[..written]);
+            pending = &pending[written..];
+        }
+        to.flush().await?;
+    }
+}
+
+/// What `tokio::io::copy` reads at a time.
+const RELAY_BUFFER: usize = 8 * 1024;
 
 /// Counts a tail in `live_tails` for as long as it lives.
 struct OpenTail<'m>(&'m Metrics);

@@ -1,0 +1,218 @@
+//! Where a WebSocket stream from the server stands, read as it passes:
+//! whether the bytes relayed so far end on a frame boundary. The proxy
+//! relays a tail's frames untouched; to end a tail whose credential was
+//! revoked with a close frame rather than a cut connection, it may write
+//! that frame only between two of the server's (RFC 6455 §5.4: a control
+//! frame may come between the fragments of a message, never inside a
+//! frame).
+
+/// The longest frame header: two bytes, a 64-bit length, a masking key.
+const LONGEST_HEADER: usize = 2 + 8 + 4;
+
+const OPCODE_CLOSE: u8 = 0x8;
+
+/// Reads frame headers and skips payloads, across any split of the bytes.
+#[derive(Debug)]
+pub(super) struct FrameBoundary {
+    state: State,
+    /// The server has sent a close frame (its header at least): the
+    /// proxy must not send a second one.
+    server_closed: bool,
+}
+
+#[derive(Debug)]
+enum State {
+    /// Within a header, `have` bytes of it read (0: at a boundary).
+    Header {
+        have: usize,
+        bytes: [u8; LONGEST_HEADER],
+    },
+    /// Within a payload, `left` bytes still to come.
+    Payload { left: u64 },
+}
+
+impl Default for FrameBoundary {
+    fn default() -> Self {
+        Self {
+            state: State::at_boundary(),
+            server_closed: false,
+        }
+    }
+}
+
+impl State {
+    fn at_boundary() -> Self {
+        State::Header {
+            have: 0,
+            bytes: [0; LONGEST_HEADER],
+        }
+    }
+}
+
+impl FrameBoundary {
+    /// Takes in the next bytes the client was sent.
+    pub fn advance(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            match &mut self.state {
+                State::Payload { left } => {
+                    let taken = bytes
+                        .len()
+                        .min(usize::try_from(*left).unwrap_or(usize::MAX));
+                    *left -= taken as u64;
+                    bytes = &bytes[taken..];
+                    if *left == 0 {
+                        self.state = State::at_boundary();
+                    }
+                }
+                State::Header {
+                    have,
+                    bytes: header,
+                } => {
+                    header[*have] = bytes[0];
+                    *have += 1;
+                    bytes = &bytes[1..];
+                    if let Some(payload) = payload_length(&header[..*have]) {
+                        if header[0] & 0x0f == OPCODE_CLOSE {
+                            self.server_closed = true;
+                        }
+                        self.state = if payload == 0 {
+                            State::at_boundary()
+                        } else {
+                            State::Payload { left: payload }
+                        };
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether a frame of the proxy's own may be written now.
+    pub fn may_close(&self) -> bool {
+        matches!(self.state, State::Header { have: 0, .. }) && !self.server_closed
+    }
+}
+
+/// The payload length once `header` holds a whole frame header, else
+/// `None` (more bytes needed).
+fn payload_length(header: &[u8]) -> Option<u64> {
+    let [_, second, rest @ ..] = header else {
+        return None;
+    };
+    let masking_key = if second & 0x80 != 0 { 4 } else { 0 };
+    let (extended, short) = match second & 0x7f {
+        126 => (2, None),
+        127 => (8, None),
+        short => (0, Some(u64::from(short))),
+    };
+    if rest.len() < extended + masking_key {
+        return None;
+    }
+    Some(short.unwrap_or_else(|| {
+        rest[..extended]
+            .iter()
+            .fold(0, |length, &byte| length << 8 | u64::from(byte))
+    }))
+}
+
+/// A close frame from the server (unmasked), status 1008 "policy
+/// violation", with a reason the client may show.
+pub(super) fn policy_close(reason: &str) -> Vec<u8> {
+    // A control frame's payload is at most 125 bytes, the status two.
+    let reason = &reason.as_bytes()[..reason.len().min(123)];
+    let mut frame = vec![0x80 | OPCODE_CLOSE, 2 + reason.len() as u8];
+    frame.extend_from_slice(&1008u16.to_be_bytes());
+    frame.extend_from_slice(reason);
+    frame
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A frame as a server writes it (a client's, masked, when `mask`).
+    fn frame(opcode: u8, payload_len: usize, mask: bool) -> Vec<u8> {
+        let mask_bit = if mask { 0x80 } else { 0 };
+        let mut bytes = vec![0x80 | opcode];
+        match payload_len {
+            0..=125 => bytes.push(mask_bit | payload_len as u8),
+            126..=0xffff => {
+                bytes.push(mask_bit | 126);
+                bytes.extend_from_slice(&(payload_len as u16).to_be_bytes());
+            }
+            _ => {
+                bytes.push(mask_bit | 127);
+                bytes.extend_from_slice(&(payload_len as u64).to_be_bytes());
+            }
+        }
+        if mask {
+            bytes.extend_from_slice(&[1, 2, 3, 4]);
+        }
+        bytes.extend((0..payload_len).map(|i| i as u8));
+        bytes
+    }
+
+    #[test]
+    fn the_close_frame_is_one_a_client_reads_as_policy_violation() {
+        let close = policy_close("credential revoked");
+        assert_eq!(&close[..4], &[0x88, 20, 0x03, 0xf0]);
+        assert_eq!(&close[4..], b"credential revoked");
+        let long = policy_close(&"x".repeat(300));
+        assert_eq!(
+            long.len(),
+            2 + 125,
+            "a control frame's payload is 125 bytes at most"
+        );
+        let mut after = FrameBoundary::default();
+        after.advance(&close);
+        assert!(!after.may_close(), "one close frame, not two");
+    }
+
+    fn payload_lengths() -> impl Strategy<Value = usize> {
+        prop_oneof![
+            0..=2usize,
+            124..=127usize,
+            65_534..=65_537usize,
+            0..300usize
+        ]
+    }
+
+    proptest! {
+        /// Split anywhere, the stream is at a boundary exactly where a
+        /// frame ends, and a close frame from the server ends the right to
+        /// send one.
+        #[test]
+        fn boundaries_are_found_wherever_the_bytes_are_split(
+            frames in proptest::collection::vec(
+                (prop_oneof![Just(0x0u8), Just(0x1), Just(0x2), Just(0x9), Just(0xa)],
+                 payload_lengths(), any::<bool>()),
+                1..6),
+            cuts in proptest::collection::vec(any::<prop::sample::Index>(), 0..8),
+            close_last in any::<bool>(),
+        ) {
+            let mut stream = Vec::new();
+            let mut ends = vec![0]; // the start is a boundary too
+            for (opcode, len, mask) in &frames {
+                stream.extend(frame(*opcode, *len, *mask));
+                ends.push(stream.len());
+            }
+            if close_last {
+                stream.extend(frame(OPCODE_CLOSE, 2, false));
+                ends.push(stream.len());
+            }
+            let mut cuts: Vec<usize> = cuts.iter().map(|c| c.index(stream.len() + 1)).collect();
+            cuts.extend(ends.iter().copied());
+            cuts.push(stream.len());
+            cuts.sort_unstable();
+            cuts.dedup();
+            let mut boundary = FrameBoundary::default();
+            let mut at = 0;
+            for cut in cuts {
+                boundary.advance(&stream[at..cut]);
+                at = cut;
+                let closed = close_last && at == stream.len();
+                prop_assert_eq!(boundary.may_close(), ends.contains(&at) && !closed, "at byte {}", at);
+            }
+        }
+    }
+}
