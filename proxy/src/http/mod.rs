@@ -1,6 +1,7 @@
 //! What speaks HTTP to tenants' clients: the listener and its TLS, request
-//! paths, the client's address, identity headers, bodies and their limits, and the one place that
-//! turns every failure into a status and a body.
+//! paths, the client's address, identity headers, bodies and their limits,
+//! WebSocket framing, and the one place that turns every failure into a
+//! status and a body.
 
 pub mod body;
 pub mod client_address;
@@ -11,3 +12,4 @@ pub mod path;
 pub mod server;
 pub mod timer;
 pub mod tls;
+pub mod websocket;

@@ -2,8 +2,6 @@
 //! both upgraded connections, for as long as the tenants file still grants
 //! what opened the tail.
 
-mod frames;
-
 use std::io;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,10 +13,10 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::admission::Admitted;
+use crate::http::websocket::{self, FrameBoundary};
 use crate::ops::metrics::Metrics;
 use crate::tenants::reload::Tenants;
 use crate::tenants::{Credential, Scope, TenantStore};
-use frames::FrameBoundary;
 
 /// `Some(protocol)` for a WebSocket upgrade request (live tail).
 pub(super) fn websocket_upgrade(request: &Request<Incoming>) -> Option<HeaderValue> {
@@ -116,7 +114,7 @@ pub(super) fn splice_upgraded(
                 metrics.live_tails_revoked.inc();
                 let closed = server_frames.may_close()
                     && tokio::time::timeout(CLOSE_WRITE_TIMEOUT, async {
-                        to_client.write_all(&frames::policy_close("credential revoked")).await?;
+                        to_client.write_all(&websocket::policy_close("credential revoked")).await?;
                         to_client.shutdown().await
                     })
                     .await

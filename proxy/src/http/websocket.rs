@@ -1,10 +1,10 @@
-//! Where a WebSocket stream from the server stands, read as it passes:
-//! whether the bytes relayed so far end on a frame boundary. The proxy
-//! relays a tail's frames untouched; to end a tail whose credential was
-//! revoked with a close frame rather than a cut connection, it may write
-//! that frame only between two of the server's (RFC 6455 §5.4: a control
-//! frame may come between the fragments of a message, never inside a
-//! frame).
+//! WebSocket framing, as far as a relay needs it (RFC 6455 §5.2): where a
+//! server's stream stands as it passes, and a close frame of the proxy's
+//! own. The proxy relays a live tail's frames untouched; to end a tail
+//! whose credential was revoked with a close frame rather than a cut
+//! connection, it may write that frame only between two of the server's
+//! (§5.4: a control frame may come between the fragments of a message,
+//! never inside a frame).
 
 /// The longest frame header: two bytes, a 64-bit length, a masking key.
 const LONGEST_HEADER: usize = 2 + 8 + 4;
@@ -13,7 +13,7 @@ const OPCODE_CLOSE: u8 = 0x8;
 
 /// Reads frame headers and skips payloads, across any split of the bytes.
 #[derive(Debug)]
-pub(super) struct FrameBoundary {
+pub struct FrameBoundary {
     state: State,
     /// The server has sent a close frame (its header at least): the
     /// proxy must not send a second one.
@@ -116,7 +116,7 @@ fn payload_length(header: &[u8]) -> Option<u64> {
 
 /// A close frame from the server (unmasked), status 1008 "policy
 /// violation", with a reason the client may show.
-pub(super) fn policy_close(reason: &str) -> Vec<u8> {
+pub fn policy_close(reason: &str) -> Vec<u8> {
     // A control frame's payload is at most 125 bytes, the status two.
     let reason = &reason.as_bytes()[..reason.len().min(123)];
     let mut frame = vec![0x80 | OPCODE_CLOSE, 2 + reason.len() as u8];
