@@ -53,42 +53,65 @@ impl FrameBoundary {
     /// Takes in the next bytes the client was sent.
     pub fn advance(&mut self, mut bytes: &[u8]) {
         while !bytes.is_empty() {
+            let taken = self.advance_to_frame_end(bytes);
+            bytes = &bytes[taken..];
+        }
+    }
+
+    /// Takes in `bytes` up to the end of the frame under way (at a
+    /// boundary: the next one), or all of them if it does not end within;
+    /// returns how many it took.
+    pub fn advance_to_frame_end(&mut self, bytes: &[u8]) -> usize {
+        let mut taken = 0;
+        while taken < bytes.len() {
             match &mut self.state {
                 State::Payload { left } => {
-                    let taken = bytes
-                        .len()
-                        .min(usize::try_from(*left).unwrap_or(usize::MAX));
-                    *left -= taken as u64;
-                    bytes = &bytes[taken..];
+                    let step =
+                        (bytes.len() - taken).min(usize::try_from(*left).unwrap_or(usize::MAX));
+                    *left -= step as u64;
+                    taken += step;
                     if *left == 0 {
                         self.state = State::at_boundary();
+                        break;
                     }
                 }
                 State::Header {
                     have,
                     bytes: header,
                 } => {
-                    header[*have] = bytes[0];
+                    header[*have] = bytes[taken];
                     *have += 1;
-                    bytes = &bytes[1..];
+                    taken += 1;
                     if let Some(payload) = payload_length(&header[..*have]) {
                         if header[0] & 0x0f == OPCODE_CLOSE {
                             self.server_closed = true;
                         }
-                        self.state = if payload == 0 {
-                            State::at_boundary()
-                        } else {
-                            State::Payload { left: payload }
-                        };
+                        if payload == 0 {
+                            self.state = State::at_boundary();
+                            break;
+                        }
+                        self.state = State::Payload { left: payload };
                     }
                 }
             }
         }
+        taken
     }
 
-    /// Whether a frame of the proxy's own may be written now.
+    /// Whether the bytes so far end a frame.
+    pub fn at_boundary(&self) -> bool {
+        matches!(self.state, State::Header { have: 0, .. })
+    }
+
+    /// Whether the server sent a close frame (its header at least): the
+    /// stream is ending, and a second close frame must not follow.
+    pub fn server_closed(&self) -> bool {
+        self.server_closed
+    }
+
+    /// Whether a close frame of the proxy's own may be written now.
     pub fn may_close(&self) -> bool {
-        matches!(self.state, State::Header { have: 0, .. }) && !self.server_closed
+        self.at_boundary() && !self.server_closed
     }
 }
 
@@ -205,6 +228,14 @@ mod tests {
             cuts.push(stream.len());
             cuts.sort_unstable();
             cuts.dedup();
+            // Taken a frame at a time, each step ends exactly at a frame's end.
+            let mut framewise = FrameBoundary::default();
+            let mut at = 0;
+            for &end in &ends[1..] {
+                at += framewise.advance_to_frame_end(&stream[at..]);
+                prop_assert_eq!(at, end);
+                prop_assert!(framewise.at_boundary());
+            }
             let mut boundary = FrameBoundary::default();
             let mut at = 0;
             for cut in cuts {

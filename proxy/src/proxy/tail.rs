@@ -3,6 +3,7 @@
 //! what opened the tail.
 
 use std::io;
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -75,11 +76,12 @@ impl Grant {
 
 /// Once both sides have switched protocols, relays bytes both ways until
 /// either closes, or until the tenants file no longer grants what opened
-/// the tail: then the client is sent a close frame (1008, "credential
-/// revoked") if the server's stream stands between two frames, and both
-/// connections are dropped (a client that reconnects gets its 401 or
-/// 403). The upstream already answered 101 with the tenant header in
-/// force, so nothing in the stream can change the tenant.
+/// the tail: then the client gets the rest of the server's frame under way
+/// and a close frame (1008, "credential revoked"), unless that takes longer
+/// than `CLOSE_WRITE_TIMEOUT`, and both connections are dropped (a client
+/// that reconnects gets its 401 or 403). The upstream already answered 101
+/// with the tenant header in force, so nothing in the stream can change
+/// the tenant.
 pub(super) fn splice_upgraded(
     client: hyper::upgrade::OnUpgrade,
     upstream: hyper::upgrade::OnUpgrade,
@@ -102,21 +104,22 @@ pub(super) fn splice_upgraded(
         // count is down before either side sees the tail end.
         let _open = OpenTail::new(&metrics);
         let tenant = grant.credential.tenant.id.clone();
+        let (mut up, mut down) = (Relay::new(), Relay::new());
         let mut server_frames = FrameBoundary::default();
         let relayed = tokio::select! {
             relayed = async {
                 tokio::try_join!(
-                    relay(&mut from_client, &mut to_upstream, |_| {}),
-                    relay(&mut from_upstream, &mut to_client, |sent| server_frames.advance(sent)),
+                    up.run(&mut from_client, &mut to_upstream, |_| {}),
+                    down.run(&mut from_upstream, &mut to_client, |sent| server_frames.advance(sent)),
                 )
             } => relayed,
             () = grant.revoked() => {
                 metrics.live_tails_revoked.inc();
-                let closed = server_frames.may_close()
-                    && tokio::time::timeout(CLOSE_WRITE_TIMEOUT, async {
-                        to_client.write_all(&websocket::policy_close("credential revoked")).await?;
-                        to_client.shutdown().await
-                    })
+                let closed = !server_frames.server_closed()
+                    && tokio::time::timeout(
+                        CLOSE_WRITE_TIMEOUT,
+                        close_for_policy(&mut down, &mut from_upstream, &mut to_client, &mut server_frames),
+                    )
                     .await
                     .is_ok_and(|written| written.is_ok());
                 tracing::info!(
@@ -133,39 +136,94 @@ pub(super) fn splice_upgraded(
     });
 }
 
-/// How long a revoked tail's client gets to take its close frame before
-/// the connection is dropped anyway.
+/// How long a revoked tail's client gets to take the rest of the frame
+/// under way and the close frame before the connection is dropped anyway.
 const CLOSE_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// Copies `from` to `to` until `from` ends, then shuts `to`'s writing side
-/// (as `copy_bidirectional` does). `sent` sees each run of bytes once `to`
-/// took it, so what it has seen is what the peer may already hold.
-async fn relay<R, W>(from: &mut R, to: &mut W, mut sent: impl FnMut(&[u8])) -> io::Result<()>
+/// Ends a stream the relay `down` stopped copying at some point: the rest
+/// of the server's frame under way (what `down` read and had not written
+/// yet, then more from the server if needed, never beyond that frame),
+/// then the close frame, then the end of the client's stream.
+async fn close_for_policy<R, W>(
+    down: &mut Relay,
+    from: &mut R,
+    to: &mut W,
+    frames: &mut FrameBoundary,
+) -> io::Result<()>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let mut buffer = vec![0; RELAY_BUFFER];
-    loop {
-        let read = from.read(&mut buffer).await?;
-        if read == 0 {
-            return to.shutdown().await;
-        }
-        let mut pending = &buffer[..read];
-        while !pending.is_empty() {
-            let written = to.write(pending).await?;
-            if written == 0 {
-                return Err(io::ErrorKind::WriteZero.into());
+    while !frames.at_boundary() {
+        if down.pending.is_empty() {
+            let read = from.read(&mut down.buffer).await?;
+            if read == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
             }
-            sent(&pending[..written]);
-            pending = &pending[written..];
+            down.pending = 0..read;
         }
-        to.flush().await?;
+        let pending = &down.buffer[down.pending.clone()];
+        let frame_rest = frames.advance_to_frame_end(pending);
+        to.write_all(&pending[..frame_rest]).await?;
+        down.pending.start += frame_rest;
     }
+    to.write_all(&websocket::policy_close("credential revoked"))
+        .await?;
+    to.shutdown().await
 }
 
-/// What `tokio::io::copy` reads at a time.
-const RELAY_BUFFER: usize = 8 * 1024;
+/// One direction of the relay. What it read and has not written yet stays
+/// in `pending` when `run` is cancelled, so the stream can be ended
+/// cleanly from where it stood.
+struct Relay {
+    buffer: Box<[u8]>,
+    pending: Range<usize>,
+}
+
+impl Relay {
+    fn new() -> Self {
+        Self {
+            // What `tokio::io::copy` reads at a time.
+            buffer: vec![0; 8 * 1024].into_boxed_slice(),
+            pending: 0..0,
+        }
+    }
+
+    /// Copies `from` to `to` until `from` ends, then shuts `to`'s writing
+    /// side (as `copy_bidirectional` does). `sent` sees each run of bytes
+    /// once `to` took it, so what it has seen is what the peer may already
+    /// hold.
+    async fn run<R, W>(
+        &mut self,
+        from: &mut R,
+        to: &mut W,
+        mut sent: impl FnMut(&[u8]),
+    ) -> io::Result<()>
+    where
+        R: AsyncRead + Unpin,
+        W: AsyncWrite + Unpin,
+    {
+        loop {
+            if self.pending.is_empty() {
+                let read = from.read(&mut self.buffer).await?;
+                if read == 0 {
+                    return to.shutdown().await;
+                }
+                self.pending = 0..read;
+            }
+            while !self.pending.is_empty() {
+                let pending = &self.buffer[self.pending.clone()];
+                let written = to.write(pending).await?;
+                if written == 0 {
+                    return Err(io::ErrorKind::WriteZero.into());
+                }
+                sent(&pending[..written]);
+                self.pending.start += written;
+            }
+            to.flush().await?;
+        }
+    }
+}
 
 /// Counts a tail in `live_tails` for as long as it lives.
 struct OpenTail<'m>(&'m Metrics);
@@ -205,6 +263,61 @@ mod tests {
             ));
         }
         tenants_file::parse(&text, 1).unwrap().0
+    }
+
+    /// An unmasked text frame, as Loki sends one.
+    fn text_frame(text: &str) -> Vec<u8> {
+        let mut frame = vec![0x81, text.len() as u8];
+        frame.extend_from_slice(text.as_bytes());
+        frame
+    }
+
+    /// Revoked while the server's frame was half relayed, with some of it
+    /// read from the server and not yet taken by the client: the client
+    /// gets the rest of that frame, then the close frame, and nothing of
+    /// the server's next frame.
+    #[tokio::test]
+    async fn a_tail_revoked_mid_frame_ends_that_frame_before_closing() {
+        let (mut server, mut from_upstream) = tokio::io::duplex(64);
+        // The client takes 4 bytes at a time: the relay's writes stall.
+        let (mut to_client, mut client) = tokio::io::duplex(4);
+        let first = text_frame("{\"streams\":[\"a long line\"]}");
+        let (head, rest) = first.split_at(9);
+        server.write_all(head).await.unwrap();
+
+        let mut down = Relay::new();
+        let mut frames = FrameBoundary::default();
+        let mut relayed = [0; 4];
+        tokio::select! {
+            biased;
+            copied = down.run(&mut from_upstream, &mut to_client, |sent| frames.advance(sent)) => {
+                panic!("the relay ended early: {copied:?}")
+            }
+            read = client.read_exact(&mut relayed) => { read.unwrap(); }
+        }
+        assert_eq!(relayed, head[..4], "the first bytes reached the client");
+        assert_eq!(down.pending, 4..9, "read from the server, not yet written");
+        assert!(!frames.at_boundary(), "revoked mid-frame");
+
+        // The rest of the frame and the next one arrive together.
+        let next = text_frame("next");
+        server.write_all(&[rest, &next].concat()).await.unwrap();
+        let mut after = Vec::new();
+        let (closed, read) = tokio::join!(
+            close_for_policy(&mut down, &mut from_upstream, &mut to_client, &mut frames),
+            client.read_to_end(&mut after),
+        );
+        closed.unwrap();
+        read.unwrap();
+        assert_eq!(
+            after,
+            [
+                &head[4..],
+                rest,
+                &websocket::policy_close("credential revoked")
+            ]
+            .concat()
+        );
     }
 
     #[test]
