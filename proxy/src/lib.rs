@@ -101,7 +101,8 @@ impl Proxy {
 
     /// Serves tenant traffic on `listener` and the admin endpoints on
     /// `admin`, and follows the tenants file, until `shutdown` resolves; then
-    /// waits for in-flight requests (up to `limits.shutdown_grace`).
+    /// waits for in-flight requests (up to `limits.shutdown_grace`) and for
+    /// live tails to take their close frames (about a second at most).
     pub async fn serve(
         self,
         listener: TcpListener,
@@ -151,6 +152,14 @@ impl Proxy {
             tenants: state.tenants.clone(),
         });
         let admin_server = admin::serve(admin, admin_state, &config.limits, shutdown.clone());
+        // Tails outlive their connections' drain: told to close at the
+        // signal, so their clients reconnect elsewhere while requests drain.
+        let tails = state.tails.clone();
+        let stopping = shutdown.clone();
+        let close_tails = async move {
+            stopping.wait().await;
+            tails.close_all().await;
+        };
         let open_connections = state.metrics.client_connections.clone();
         state
             .metrics
@@ -164,7 +173,7 @@ impl Proxy {
             shutdown,
             Some(open_connections),
         );
-        tokio::join!(admin_server, tenant_server);
+        tokio::join!(admin_server, tenant_server, close_tails);
         let _ = reload.await;
         if let Some(flush) = flush_spans {
             flush.await;

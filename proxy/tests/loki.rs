@@ -473,6 +473,38 @@ async fn a_live_tail_ends_when_its_credential_is_removed() {
     assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
 }
 
+/// A tail outlives its HTTP connection's drain: at shutdown its client is
+/// told the proxy is going away, and reconnects to another replica.
+#[tokio::test]
+async fn a_live_tail_is_told_the_proxy_is_going_away_at_shutdown() {
+    let (_loki, mut proxy) = setup().await;
+    let mut request = format!(
+        "ws://{}/loki/api/v1/tail?query=%7Bapp%3D%22x%22%7D",
+        proxy.addr
+    )
+    .into_client_request()
+    .unwrap();
+    request
+        .headers_mut()
+        .insert("authorization", basic("alice", "alice-pw").parse().unwrap());
+    let (mut ws, _) = tokio_tungstenite::connect_async(request).await.unwrap();
+    assert_eq!(
+        ws.next().await.unwrap().unwrap(),
+        Message::text("tenant=team-a")
+    );
+
+    proxy.trigger_shutdown();
+    let after = tokio::time::timeout(Duration::from_secs(10), ws.next())
+        .await
+        .expect("the tail ends at shutdown");
+    let Some(Ok(Message::Close(Some(close)))) = after else {
+        panic!("a close frame at shutdown, got {after:?}");
+    };
+    assert_eq!(close.code, CloseCode::Away);
+    assert_eq!(close.reason.as_str(), "proxy shutting down");
+    proxy.join().await;
+}
+
 #[tokio::test]
 async fn tail_without_upgrade_or_read_scope_is_refused() {
     let (loki, proxy) = setup().await;

@@ -137,15 +137,40 @@ fn payload_length(header: &[u8]) -> Option<u64> {
     }))
 }
 
-/// A close frame from the server (unmasked), status 1008 "policy
-/// violation", with a reason the client may show.
-pub fn policy_close(reason: &str) -> Vec<u8> {
-    // A control frame's payload is at most 125 bytes, the status two.
-    let reason = &reason.as_bytes()[..reason.len().min(123)];
-    let mut frame = vec![0x80 | OPCODE_CLOSE, 2 + reason.len() as u8];
-    frame.extend_from_slice(&1008u16.to_be_bytes());
-    frame.extend_from_slice(reason);
-    frame
+/// Why the proxy ends a stream, as a close frame's status and reason.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Close {
+    /// 1008 "policy violation": the credential no longer grants the tail.
+    CredentialRevoked,
+    /// 1001 "going away": the proxy is shutting down; a reconnect goes to
+    /// another replica.
+    ShuttingDown,
+}
+
+impl Close {
+    fn status(self) -> u16 {
+        match self {
+            Close::CredentialRevoked => 1008,
+            Close::ShuttingDown => 1001,
+        }
+    }
+
+    /// Short ASCII: a control frame's payload is at most 125 bytes.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Close::CredentialRevoked => "credential revoked",
+            Close::ShuttingDown => "proxy shutting down",
+        }
+    }
+
+    /// The close frame as a server sends it (unmasked).
+    pub fn frame(self) -> Vec<u8> {
+        let reason = self.reason().as_bytes();
+        let mut frame = vec![0x80 | OPCODE_CLOSE, 2 + reason.len() as u8];
+        frame.extend_from_slice(&self.status().to_be_bytes());
+        frame.extend_from_slice(reason);
+        frame
+    }
 }
 
 #[cfg(test)]
@@ -176,19 +201,22 @@ mod tests {
     }
 
     #[test]
-    fn the_close_frame_is_one_a_client_reads_as_policy_violation() {
-        let close = policy_close("credential revoked");
-        assert_eq!(&close[..4], &[0x88, 20, 0x03, 0xf0]);
-        assert_eq!(&close[4..], b"credential revoked");
-        let long = policy_close(&"x".repeat(300));
-        assert_eq!(
-            long.len(),
-            2 + 125,
-            "a control frame's payload is 125 bytes at most"
-        );
-        let mut after = FrameBoundary::default();
-        after.advance(&close);
-        assert!(!after.may_close(), "one close frame, not two");
+    fn close_frames_carry_their_status_and_reason() {
+        let revoked = Close::CredentialRevoked.frame();
+        assert_eq!(&revoked[..4], &[0x88, 20, 0x03, 0xf0]);
+        assert_eq!(&revoked[4..], b"credential revoked");
+        let going_away = Close::ShuttingDown.frame();
+        assert_eq!(&going_away[..4], &[0x88, 21, 0x03, 0xe9]);
+        for close in [Close::CredentialRevoked, Close::ShuttingDown] {
+            let frame = close.frame();
+            assert!(
+                frame[1] <= 125,
+                "a control frame's payload is 125 bytes at most"
+            );
+            let mut after = FrameBoundary::default();
+            after.advance(&frame);
+            assert!(!after.may_close(), "one close frame, not two");
+        }
     }
 
     fn payload_lengths() -> impl Strategy<Value = usize> {

@@ -11,7 +11,7 @@
 //!    and rebuild the request for the upstream, with identity headers
 //!    stripped and the tenant header set;
 //! 7. forward and stream the response back (502/504 on upstream failure;
-//!    live tail spliced by `tail.rs`);
+//!    live tail relayed by `tail.rs`);
 //! 8. record metrics and an access log line.
 //!
 //! What every request shares (targets, limits, the memo) is in `state.rs`.
@@ -47,6 +47,7 @@ mod state;
 mod tail;
 
 pub use self::state::{AppState, Target};
+pub use self::tail::LiveTails;
 
 /// Largest upstream answer to a push read before answering the sender.
 const PUSH_ANSWER_LIMIT: usize = 1024 * 1024;
@@ -371,6 +372,7 @@ async fn proxy(
             hyper::upgrade::on(&mut response),
             held,
             grant,
+            &state.tails,
             state.metrics.clone(),
         );
         let (parts, _) = response.into_parts();

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use http::header::HeaderName;
 
+use super::tail::LiveTails;
 use crate::admission::Admission;
 use crate::auth::Authenticator;
 use crate::config::{
@@ -137,6 +138,8 @@ pub struct AppState {
     pub memo: Memo,
     /// Spans, when `tracing` is configured.
     pub tracing: Option<Tracing>,
+    /// Live tails, closed with a close frame at shutdown.
+    pub tails: Arc<LiveTails>,
 }
 
 impl AppState {
@@ -227,6 +230,7 @@ impl AppState {
             metrics,
             memo: Memo::new(config.metrics.as_ref().map_or(0, |m| m.query_cache_size)),
             tracing,
+            tails: Arc::default(),
         })
     }
 

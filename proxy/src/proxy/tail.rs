@@ -1,6 +1,6 @@
 //! Live tail: a WebSocket upgrade passed on, then bytes relayed between
 //! both upgraded connections, for as long as the tenants file still grants
-//! what opened the tail.
+//! what opened the tail and the proxy serves.
 
 use std::io;
 use std::ops::Range;
@@ -12,9 +12,10 @@ use http::Request;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::watch;
 
 use crate::admission::Admitted;
-use crate::http::websocket::{self, FrameBoundary};
+use crate::http::websocket::{Close, FrameBoundary};
 use crate::ops::metrics::Metrics;
 use crate::tenants::reload::Tenants;
 use crate::tenants::{Credential, Scope, TenantStore};
@@ -74,21 +75,51 @@ impl Grant {
     }
 }
 
+/// The live tails open now: told to close when the proxy shuts down,
+/// which waits (briefly) until they have.
+#[derive(Debug)]
+pub struct LiveTails {
+    /// Each tail holds a receiver for as long as it runs.
+    stop: watch::Sender<bool>,
+}
+
+impl Default for LiveTails {
+    fn default() -> Self {
+        Self {
+            stop: watch::Sender::new(false),
+        }
+    }
+}
+
+impl LiveTails {
+    /// Tells every tail to close (and any opened from now on to close at
+    /// once), then waits until each has sent its close frame or given up.
+    pub async fn close_all(&self) {
+        self.stop.send_replace(true);
+        // Each tail gives up after `CLOSE_WRITE_TIMEOUT`; the margin is for
+        // its task to be scheduled.
+        let _ = tokio::time::timeout(2 * CLOSE_WRITE_TIMEOUT, self.stop.closed()).await;
+    }
+}
+
 /// Once both sides have switched protocols, relays bytes both ways until
-/// either closes, or until the tenants file no longer grants what opened
-/// the tail: then the client gets the rest of the server's frame under way
-/// and a close frame (1008, "credential revoked"), unless that takes longer
-/// than `CLOSE_WRITE_TIMEOUT`, and both connections are dropped (a client
-/// that reconnects gets its 401 or 403). The upstream already answered 101
-/// with the tenant header in force, so nothing in the stream can change
-/// the tenant.
+/// either closes, until the tenants file no longer grants what opened the
+/// tail, or until the proxy shuts down. In the last two cases the client
+/// gets the rest of the server's frame under way and a close frame (1008
+/// "credential revoked", or 1001 "proxy shutting down"), unless that takes
+/// longer than `CLOSE_WRITE_TIMEOUT`, and both connections are dropped (a
+/// revoked client that reconnects gets its 401 or 403). The upstream
+/// already answered 101 with the tenant header in force, so nothing in the
+/// stream can change the tenant.
 pub(super) fn splice_upgraded(
     client: hyper::upgrade::OnUpgrade,
     upstream: hyper::upgrade::OnUpgrade,
     held: Option<Admitted>,
     grant: Grant,
+    tails: &LiveTails,
     metrics: Arc<Metrics>,
 ) {
+    let mut stopping = tails.stop.subscribe();
     tokio::spawn(async move {
         let _held = held;
         let (client, upstream) = match tokio::try_join!(client, upstream) {
@@ -106,45 +137,62 @@ pub(super) fn splice_upgraded(
         let tenant = grant.credential.tenant.id.clone();
         let (mut up, mut down) = (Relay::new(), Relay::new());
         let mut server_frames = FrameBoundary::default();
-        let relayed = tokio::select! {
+        let close = tokio::select! {
             relayed = async {
                 tokio::try_join!(
                     up.run(&mut from_client, &mut to_upstream, |_| {}),
                     down.run(&mut from_upstream, &mut to_client, |sent| server_frames.advance(sent)),
                 )
-            } => relayed,
-            () = grant.revoked() => {
-                metrics.live_tails_revoked.inc();
-                let closed = !server_frames.server_closed()
-                    && tokio::time::timeout(
-                        CLOSE_WRITE_TIMEOUT,
-                        close_for_policy(&mut down, &mut from_upstream, &mut to_client, &mut server_frames),
-                    )
-                    .await
-                    .is_ok_and(|written| written.is_ok());
-                tracing::info!(
-                    tenant = tenant.as_str(),
-                    close_frame_sent = closed,
-                    "live tail closed: the tenants file no longer grants its credential"
-                );
+            } => {
+                if let Err(e) = relayed {
+                    tracing::debug!(error = %e, "websocket stream ended with an error");
+                }
                 return;
             }
+            () = grant.revoked() => {
+                metrics.live_tails_revoked.inc();
+                Close::CredentialRevoked
+            }
+            () = async {
+                if stopping.wait_for(|stop| *stop).await.is_err() {
+                    // The state dropped without `close_all`, which is
+                    // what waits for tails: left to end with the process.
+                    std::future::pending::<()>().await;
+                }
+            } => Close::ShuttingDown,
         };
-        if let Err(e) = relayed {
-            tracing::debug!(error = %e, "websocket stream ended with an error");
-        }
+        let sent = !server_frames.server_closed()
+            && tokio::time::timeout(
+                CLOSE_WRITE_TIMEOUT,
+                end_stream(
+                    close,
+                    &mut down,
+                    &mut from_upstream,
+                    &mut to_client,
+                    &mut server_frames,
+                ),
+            )
+            .await
+            .is_ok_and(|written| written.is_ok());
+        tracing::info!(
+            tenant = tenant.as_str(),
+            reason = close.reason(),
+            close_frame_sent = sent,
+            "live tail closed by the proxy"
+        );
     });
 }
 
-/// How long a revoked tail's client gets to take the rest of the frame
-/// under way and the close frame before the connection is dropped anyway.
+/// How long a tail's client gets to take the rest of the frame under way
+/// and the close frame before the connection is dropped anyway.
 const CLOSE_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Ends a stream the relay `down` stopped copying at some point: the rest
 /// of the server's frame under way (what `down` read and had not written
 /// yet, then more from the server if needed, never beyond that frame),
 /// then the close frame, then the end of the client's stream.
-async fn close_for_policy<R, W>(
+async fn end_stream<R, W>(
+    close: Close,
     down: &mut Relay,
     from: &mut R,
     to: &mut W,
@@ -167,8 +215,7 @@ where
         to.write_all(&pending[..frame_rest]).await?;
         down.pending.start += frame_rest;
     }
-    to.write_all(&websocket::policy_close("credential revoked"))
-        .await?;
+    to.write_all(&close.frame()).await?;
     to.shutdown().await
 }
 
@@ -304,19 +351,20 @@ mod tests {
         server.write_all(&[rest, &next].concat()).await.unwrap();
         let mut after = Vec::new();
         let (closed, read) = tokio::join!(
-            close_for_policy(&mut down, &mut from_upstream, &mut to_client, &mut frames),
+            end_stream(
+                Close::CredentialRevoked,
+                &mut down,
+                &mut from_upstream,
+                &mut to_client,
+                &mut frames
+            ),
             client.read_to_end(&mut after),
         );
         closed.unwrap();
         read.unwrap();
         assert_eq!(
             after,
-            [
-                &head[4..],
-                rest,
-                &websocket::policy_close("credential revoked")
-            ]
-            .concat()
+            [&head[4..], rest, &Close::CredentialRevoked.frame()].concat()
         );
     }
 
