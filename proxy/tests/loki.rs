@@ -59,6 +59,38 @@ async fn push(proxy: &RunningProxy, auth: &str, line: &str) -> support::Reply {
     .await
 }
 
+/// curl (for large bodies) and some SDKs send `Expect: 100-continue` and
+/// hold the body back until told to go on. The proxy says so once it
+/// reads the body, and the push lands whole.
+#[tokio::test]
+async fn a_push_that_waits_for_100_continue_lands() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (loki, proxy) = setup().await;
+    let body = loki_push::json("after-continue");
+    let mut client = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let head = format!(
+        "POST {PUSH} HTTP/1.1\r\nhost: proxy\r\nauthorization: {}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\
+         expect: 100-continue\r\nconnection: close\r\n\r\n",
+        basic("alice", "alice-pw"),
+        body.len()
+    );
+    client.write_all(head.as_bytes()).await.unwrap();
+    let mut interim = [0; 25];
+    client.read_exact(&mut interim).await.unwrap();
+    assert_eq!(&interim, b"HTTP/1.1 100 Continue\r\n\r\n");
+    client.write_all(body.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    client.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 204"), "{answer}");
+    let seen = loki.last();
+    assert_eq!(seen.org_ids(), vec!["team-a"]);
+    assert_eq!(seen.body, body.as_bytes());
+    // Passed on (RFC 9110 §10.1.1): the stand-in (hyper) answered 100 in
+    // turn, which the proxy's upstream client read past to the 204.
+    assert_eq!(seen.headers["expect"], "100-continue");
+}
+
 #[tokio::test]
 async fn each_tenant_reads_back_only_what_it_pushed() {
     let (loki, proxy) = setup().await;
