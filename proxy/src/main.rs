@@ -125,14 +125,10 @@ async fn run(config: Config) -> anyhow::Result<()> {
     )
     .context("installing a SIGHUP handler")?;
     tokio::spawn(hangups);
+    let shutdown = tenant_proxy::ops::process::shutdown_signal()
+        .context("installing the SIGTERM and SIGINT handlers")?;
     tracing::info!(listen = %listener.local_addr()?, admin = %admin.local_addr()?, "tenant-proxy serving");
-    proxy
-        .serve(
-            listener,
-            admin,
-            tenant_proxy::ops::process::shutdown_signal(),
-        )
-        .await;
+    proxy.serve(listener, admin, shutdown).await;
     tracing::info!("tenant-proxy stopped");
     Ok(())
 }

@@ -105,7 +105,10 @@ async fn main() -> anyhow::Result<()> {
         .context("connecting to the Kubernetes API")?;
     let metrics = Arc::new(Metrics::default());
     let status = Arc::new(Status::default());
-    let shutdown = Shutdown::new(tenant_proxy::ops::process::shutdown_signal());
+    let shutdown = Shutdown::new(
+        tenant_proxy::ops::process::shutdown_signal()
+            .context("installing the SIGTERM and SIGINT handlers")?,
+    );
     if !options.once {
         let listener = tokio::net::TcpListener::bind(cli.admin_listen)
             .await

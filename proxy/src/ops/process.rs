@@ -71,14 +71,20 @@ fn log_panics() {
     }));
 }
 
-/// Resolves on SIGTERM (Kubernetes) or SIGINT (a terminal).
-pub async fn shutdown_signal() {
-    let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
-    tracing::info!("shutting down; letting in-flight work finish");
+/// Takes over SIGTERM (Kubernetes) and SIGINT (a terminal) now, and
+/// returns what resolves on either. Installed before the process says it
+/// serves: one that came between that and a first poll would otherwise end
+/// the process by the signal's default, with nothing drained.
+pub fn shutdown_signal() -> std::io::Result<impl Future<Output = ()>> {
+    let mut term = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = interrupt.recv() => {}
+        }
+        tracing::info!("shutting down; letting in-flight work finish");
+    })
 }
 
 /// Asks everything that follows files on a clock (the tenants file, TLS
