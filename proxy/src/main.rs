@@ -109,6 +109,7 @@ fn hash_password() -> anyhow::Result<()> {
 
 #[tokio::main]
 async fn run(config: Config) -> anyhow::Result<()> {
+    tenant_proxy::ops::open_files::raise_for(config.limits.max_connections);
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("binding {}", config.listen))?;

@@ -353,6 +353,77 @@ fn runs_until_sigterm_then_exits_cleanly() {
     );
 }
 
+/// `proxy` run by a shell that first sets `limits` (`ulimit ...`) on
+/// itself; `exec` keeps the process id.
+fn under_limits(limits: &str, proxy: &Command) -> Command {
+    let mut shell = Command::new("sh");
+    shell
+        .arg("-c")
+        .arg(format!("{limits} && exec \"$0\" \"$@\""))
+        .arg(proxy.get_program())
+        .args(proxy.get_args())
+        .args(["--log-format", "json"])
+        .stderr(Stdio::piped());
+    shell
+}
+
+/// `(soft, hard)` "Max open files" of a process, from /proc.
+fn open_files_limit(pid: &str) -> (u64, u64) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    let mut numbers = line.split_whitespace().filter_map(|word| match word {
+        "unlimited" => Some(u64::MAX),
+        number => number.parse().ok(),
+    });
+    (numbers.next().unwrap(), numbers.next().unwrap())
+}
+
+/// Started with the soft limit many hosts give (here 256), the proxy
+/// raises it to the hard limit: 4,096 connections need about 8,448.
+#[test]
+fn a_short_open_file_limit_is_raised_at_start() {
+    let (_dir, proxy) = proxy_on_free_ports();
+    let (_, hard) = open_files_limit("self");
+    // An unlimited hard limit cannot be the soft one: what is needed then.
+    let expected = if hard == u64::MAX { 8448 } else { hard };
+    let mut child = under_limits("ulimit -Sn 256", &proxy).spawn().unwrap();
+    let lines = log_lines(&mut child);
+    let raised = wait_for_log(&lines, "open-file limit raised", |_| true);
+    assert_eq!(raised["fields"]["from"], 256, "{raised}");
+    assert_eq!(raised["fields"]["to"], expected, "{raised}");
+    wait_for_log(&lines, "tenant-proxy serving", |_| true);
+    assert_eq!(open_files_limit(&child.id().to_string()), (expected, hard));
+    signal(&child, "TERM");
+    assert!(child.wait().unwrap().success());
+}
+
+/// A hard limit too low to raise to what `limits.max_connections` needs is
+/// said at start, with the numbers; the proxy serves anyway.
+#[test]
+fn an_open_file_limit_too_low_to_raise_is_a_warning() {
+    let (_dir, proxy) = proxy_on_free_ports();
+    let mut child = under_limits("ulimit -n 300", &proxy).spawn().unwrap();
+    let lines = log_lines(&mut child);
+    let warned = wait_for_log(
+        &lines,
+        "the open-file limit is below what limits.max_connections can need: \
+         connections beyond it fail; raise the hard limit (systemd LimitNOFILE=, \
+         ulimit -Hn) or lower limits.max_connections",
+        |_| true,
+    );
+    assert_eq!(warned["level"], "WARN", "{warned}");
+    assert_eq!(warned["fields"]["limit"], 300, "{warned}");
+    assert_eq!(warned["fields"]["needed"], 8448, "{warned}");
+    let serving = wait_for_log(&lines, "tenant-proxy serving", |_| true);
+    let admin = serving["fields"]["admin"].as_str().unwrap();
+    assert!(exchange(admin, READYZ).starts_with("HTTP/1.1 200"));
+    signal(&child, "TERM");
+    assert!(child.wait().unwrap().success());
+}
+
 #[test]
 fn text_logs_to_a_pipe_carry_no_colour_codes() {
     let (_dir, mut proxy) = proxy_on_free_ports();
