@@ -5,7 +5,7 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use http::Method;
 use std::hint::black_box;
-use tenant_proxy::config::MetricsMode;
+use tenant_proxy::config::MetricsScoping;
 use tenant_proxy::enforce::promql::{enforce_query, enforce_selector, TenantMatcher};
 use tenant_proxy::http::path;
 use tenant_proxy::routes::RouteTable;
@@ -83,7 +83,7 @@ fn promql(c: &mut Criterion) {
 }
 
 fn routing(c: &mut Criterion) {
-    let table = RouteTable::new(true, Some(MetricsMode::Label), false);
+    let table = RouteTable::new(true, Some(MetricsScoping::Label), false);
     c.bench_function("normalise_and_classify", |b| {
         b.iter(|| {
             let path = path::normalise(black_box("/loki/api/v1/query_range")).unwrap();

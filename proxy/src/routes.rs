@@ -8,7 +8,7 @@
 
 use http::Method;
 
-use crate::config::MetricsMode;
+use crate::config::MetricsScoping;
 use crate::enforce::alertmanager::AnswerFilter;
 use crate::enforce::prometheus::{ResponseFilter, Selectors};
 use crate::http::error::ProxyError;
@@ -248,6 +248,20 @@ pub const PROMETHEUS_ROUTES: &[Route] = &[
     metrics(POST, "/api/v1/otlp/v1/metrics", Operation::OtlpMetrics),
 ];
 
+/// What Thanos Query scopes by its tenant header (`--query.enforce-tenancy`:
+/// the query's selectors and `match[]`), and the push a Thanos Receive
+/// stamps with it: all that header mode serves with a header other than
+/// `X-Scope-OrgID`.
+const SCOPED_BY_A_QUERY_TENANT_HEADER: &[&str] = &[
+    "/api/v1/query",
+    "/api/v1/query_range",
+    "/api/v1/series",
+    "/api/v1/labels",
+    "/api/v1/label/{}/values",
+    "/api/v1/status/buildinfo",
+    "/api/v1/write",
+];
+
 /// Header mode also accepts Mimir's and Cortex's push path, and Mimir's
 /// OTLP path (Prometheus' `/api/v1/otlp/...` is label mode's only).
 const HEADER_MODE_EXTRA_ROUTES: &[Route] = &[
@@ -459,41 +473,55 @@ fn slashes(path: &str) -> usize {
 }
 
 impl RouteTable {
-    pub fn new(logs_enabled: bool, metrics: Option<MetricsMode>, alerts_enabled: bool) -> Self {
+    pub fn new(logs_enabled: bool, metrics: Option<MetricsScoping>, alerts_enabled: bool) -> Self {
         let mut routes = Vec::new();
         if logs_enabled {
             routes.extend_from_slice(LOKI_ROUTES);
             routes.extend(LOKI_RULER.iter().flatten().cloned());
         }
+        // A route forwarded with the tenant header only.
+        let by_header = |r: &Route| Route {
+            operation: if r.operation.is_push() {
+                Operation::Push
+            } else {
+                Operation::Read
+            },
+            ..r.clone()
+        };
         match metrics {
-            Some(MetricsMode::Label) => routes.extend_from_slice(PROMETHEUS_ROUTES),
+            Some(MetricsScoping::Label) => routes.extend_from_slice(PROMETHEUS_ROUTES),
             // Mimir and Cortex scope every one of these by the tenant header.
-            Some(MetricsMode::Header) => {
+            Some(MetricsScoping::HeaderScopesEveryApi) => {
                 let label_mode_only = |r: &&Route| r.operation != Operation::OtlpMetrics;
                 routes.extend(
                     PROMETHEUS_ROUTES
                         .iter()
                         .filter(label_mode_only)
-                        .map(|r| Route {
-                            operation: if r.operation.is_push() {
-                                Operation::Push
-                            } else {
-                                Operation::Read
-                            },
-                            ..r.clone()
-                        }),
+                        .map(by_header),
                 );
                 routes.extend_from_slice(HEADER_MODE_EXTRA_ROUTES);
                 routes.extend_from_slice(&MIMIR_RULER);
                 routes.extend_from_slice(&CORTEX_RULER);
             }
+            // Only what such an upstream scopes by the header; metadata is
+            // answered empty, as in label mode; the rest is refused by
+            // absence (rules, alerts and exemplars it would answer for
+            // every tenant).
+            Some(MetricsScoping::HeaderScopesQueries) => {
+                routes.extend(PROMETHEUS_ROUTES.iter().filter_map(|r| match r.operation {
+                    Operation::EmptyMetadata => Some(r.clone()),
+                    _ if SCOPED_BY_A_QUERY_TENANT_HEADER.contains(&r.pattern) => Some(by_header(r)),
+                    _ => None,
+                }));
+                routes.extend_from_slice(HEADER_MODE_EXTRA_ROUTES);
+            }
             None => {}
         }
         match metrics.filter(|_| alerts_enabled) {
-            Some(MetricsMode::Label) => routes.extend(ALERTMANAGER.iter().flatten().cloned()),
+            Some(MetricsScoping::Label) => routes.extend(ALERTMANAGER.iter().flatten().cloned()),
             // Mimir's Alertmanager, by the tenant header, at its own paths
             // and under the data-source root.
-            Some(MetricsMode::Header) => {
+            Some(MetricsScoping::HeaderScopesEveryApi) => {
                 let (api, config) = &MIMIR_ALERTMANAGER_DATASOURCE;
                 routes.extend(ALERTMANAGER[1].iter().chain(api).map(|r| Route {
                     operation: Operation::Read,
@@ -501,7 +529,9 @@ impl RouteTable {
                 }));
                 routes.push(config.clone());
             }
-            None => {}
+            // No Alertmanager scopes by such a header (the config refuses
+            // `alerts` with it).
+            Some(MetricsScoping::HeaderScopesQueries) | None => {}
         }
         let mut by_slashes: Vec<Vec<Candidate>> = Vec::new();
         for (index, route) in routes.iter().enumerate() {
@@ -553,7 +583,7 @@ mod tests {
 
     fn table() -> &'static RouteTable {
         static TABLE: std::sync::OnceLock<RouteTable> = std::sync::OnceLock::new();
-        TABLE.get_or_init(|| RouteTable::new(true, Some(MetricsMode::Label), true))
+        TABLE.get_or_init(|| RouteTable::new(true, Some(MetricsScoping::Label), true))
     }
 
     #[test]
@@ -627,7 +657,7 @@ mod tests {
         assert!(table().classify(&Method::POST, "/otlp/v1/metrics").is_err());
         assert!(table().classify(&Method::GET, "/otlp/v1/logs").is_err());
 
-        let header = RouteTable::new(false, Some(MetricsMode::Header), false);
+        let header = RouteTable::new(false, Some(MetricsScoping::HeaderScopesEveryApi), false);
         let mimir = header.classify(&Method::POST, "/otlp/v1/metrics").unwrap();
         assert_eq!(
             (mimir.operation, mimir.scope),
@@ -654,7 +684,12 @@ mod tests {
                     .zip(&b)
                     .all(|(x, y)| x == y || *x == "{}" || *y == "{}")
         };
-        for metrics in [None, Some(MetricsMode::Label), Some(MetricsMode::Header)] {
+        for metrics in [
+            None,
+            Some(MetricsScoping::Label),
+            Some(MetricsScoping::HeaderScopesEveryApi),
+            Some(MetricsScoping::HeaderScopesQueries),
+        ] {
             let table = RouteTable::new(true, metrics, true);
             for (i, a) in table.routes.iter().enumerate() {
                 for b in &table.routes[i + 1..] {
@@ -675,7 +710,12 @@ mod tests {
     /// a route with the same pattern.
     #[test]
     fn every_route_is_reachable_by_its_own_path() {
-        for metrics in [None, Some(MetricsMode::Label), Some(MetricsMode::Header)] {
+        for metrics in [
+            None,
+            Some(MetricsScoping::Label),
+            Some(MetricsScoping::HeaderScopesEveryApi),
+            Some(MetricsScoping::HeaderScopesQueries),
+        ] {
             let table = RouteTable::new(true, metrics, true);
             for route in &table.routes {
                 let path = route.pattern.replace("{}", "x-1");
@@ -738,6 +778,61 @@ mod tests {
             .is_err());
     }
 
+    /// Thanos Query scopes queries, series and labels by its tenant header,
+    /// not rules, alerts or exemplars: with such a header those are not
+    /// served, nor Mimir's and Cortex's own APIs, and metadata is empty.
+    #[test]
+    fn a_header_that_scopes_queries_only_serves_only_queries() {
+        let thanos = RouteTable::new(false, Some(MetricsScoping::HeaderScopesQueries), true);
+        for (method, path) in [
+            (Method::GET, "/api/v1/query"),
+            (Method::POST, "/api/v1/query_range"),
+            (Method::GET, "/api/v1/series"),
+            (Method::POST, "/api/v1/labels"),
+            (Method::GET, "/api/v1/label/job/values"),
+            (Method::GET, "/api/v1/status/buildinfo"),
+        ] {
+            let route = thanos.classify(&method, path).unwrap();
+            assert_eq!(
+                (route.operation, route.scope),
+                (Operation::Read, Scope::MetricsRead),
+                "{path}"
+            );
+        }
+        let push = thanos.classify(&Method::POST, "/api/v1/write").unwrap();
+        assert_eq!(push.operation, Operation::Push);
+        let metadata = thanos.classify(&Method::GET, "/api/v1/metadata").unwrap();
+        assert_eq!(metadata.operation, Operation::EmptyMetadata);
+        // Each served for Mimir and Cortex, refused here.
+        let mimir = RouteTable::new(false, Some(MetricsScoping::HeaderScopesEveryApi), true);
+        for path in [
+            "/api/v1/rules",
+            "/api/v1/alerts",
+            "/api/v1/query_exemplars",
+            "/federate",
+            "/config/v1/rules",
+            "/rules/namespace",
+            "/alertmanager/api/v2/silences",
+            "/am/alertmanager/api/v2/alerts",
+        ] {
+            assert!(
+                mimir.classify(&Method::GET, path).is_ok(),
+                "{path} for Mimir"
+            );
+            assert!(
+                thanos.classify(&Method::GET, path).is_err(),
+                "{path} is served"
+            );
+        }
+        assert_eq!(
+            mimir
+                .classify(&Method::GET, "/api/v1/metadata")
+                .unwrap()
+                .operation,
+            Operation::Read
+        );
+    }
+
     #[test]
     fn prometheus_label_mode_enforces_and_header_mode_forwards() {
         let label = table()
@@ -745,7 +840,7 @@ mod tests {
             .unwrap();
         assert_eq!(label.operation, Operation::Enforce(Selectors::Query));
         assert_eq!(label.scope, Scope::MetricsRead);
-        let header = RouteTable::new(false, Some(MetricsMode::Header), false);
+        let header = RouteTable::new(false, Some(MetricsScoping::HeaderScopesEveryApi), false);
         let route = header.classify(&Method::GET, "/api/v1/series").unwrap();
         assert_eq!(route.operation, Operation::Read);
         for path in ["/api/v1/write", "/api/v1/push"] {
@@ -765,7 +860,7 @@ mod tests {
 
     #[test]
     fn mimirs_alertmanager_configuration_lives_under_the_data_source_root() {
-        let header = RouteTable::new(false, Some(MetricsMode::Header), true);
+        let header = RouteTable::new(false, Some(MetricsScoping::HeaderScopesEveryApi), true);
         let list = header.classify(&Method::GET, "/api/v1/alerts").unwrap();
         assert_eq!(
             (list.signal, list.scope),

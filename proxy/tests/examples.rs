@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use http::Method;
-use tenant_proxy::config::Config;
+use tenant_proxy::config::{Config, MetricsConfig};
 use tenant_proxy::routes::RouteTable;
 use tenant_proxy::tenants::file as tenants_file;
 
@@ -460,7 +460,7 @@ fn assert_client_reaches(url: &str, method: &Method, user: &str, password: &str)
     );
     let routes = RouteTable::new(
         true,
-        config.metrics.as_ref().map(|m| m.mode),
+        config.metrics.as_ref().map(MetricsConfig::scoping),
         config.alerts.is_some(),
     );
     let route = routes

@@ -702,3 +702,47 @@ async fn header_mode_sets_the_tenant_header_and_forwards_untouched_under_a_prefi
     .await;
     assert_eq!(refused.status, StatusCode::NOT_FOUND);
 }
+
+/// Thanos Query scopes queries, series and labels by `THANOS-TENANT`, not
+/// rules, alerts or exemplars: those never reach it, and metadata is
+/// answered empty by the proxy, as in label mode.
+#[tokio::test]
+async fn header_mode_with_thanos_forwards_only_what_thanos_scopes() {
+    support::captured_logs();
+    let thanos = LokiStandIn::start().await;
+    let section = format!(
+        "  upstream: {}\n  mode: header\n  header: THANOS-TENANT\n",
+        thanos.url()
+    );
+    let proxy = RunningProxy::start(ProxyOptions::metrics(support::two_tenants(), section)).await;
+    let alice = basic("alice", "alice-pw");
+    let get = |path: &'static str| {
+        let url = proxy.url(path);
+        let alice = alice.clone();
+        async move { send(Method::GET, &url, Some(&alice), &[], "").await }
+    };
+
+    // The stand-in answers as Loki would without X-Scope-OrgID (401);
+    // what matters is what reached it.
+    get("/api/v1/series?match%5B%5D=up").await;
+    let seen = thanos.last();
+    assert_eq!(seen.path, "/api/v1/series");
+    let tenant: Vec<_> = seen.headers.get_all("thanos-tenant").iter().collect();
+    assert_eq!(tenant, ["team-a"]);
+
+    let metadata = get("/api/v1/metadata").await;
+    assert_eq!(metadata.status, StatusCode::OK);
+    assert_eq!(metadata.json()["data"], serde_json::json!({}));
+    for path in [
+        "/api/v1/rules",
+        "/api/v1/alerts",
+        "/api/v1/query_exemplars?query=up",
+    ] {
+        assert_eq!(get(path).await.status, StatusCode::NOT_FOUND, "{path}");
+    }
+    assert_eq!(
+        thanos.received().len(),
+        1,
+        "only the series request reached Thanos"
+    );
+}

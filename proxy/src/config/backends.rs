@@ -46,7 +46,8 @@ pub struct MetricsConfig {
     /// The label whose values a tenant owns (its `namespaces`), in label mode.
     #[serde(default = "defaults::tenant_label")]
     pub label: String,
-    /// The tenant header in header mode (`THANOS-TENANT` for Thanos).
+    /// The tenant header in header mode (`THANOS-TENANT` for Thanos, which
+    /// scopes less by it: see [`MetricsScoping`]).
     #[serde(default = "defaults::tenant_header")]
     pub header: String,
     /// Label mode, remote write: what to do with a pushed series whose tenant
@@ -71,6 +72,34 @@ pub enum MetricsMode {
     #[default]
     Label,
     Header,
+}
+
+/// What the metrics upstream answers for the tenant alone, which decides
+/// what the proxy serves there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MetricsScoping {
+    /// Label mode: the proxy enforces the tenant label itself.
+    Label,
+    /// Header mode with `X-Scope-OrgID` (Mimir, Cortex): every API, rules,
+    /// alerts and metadata included, is the tenant's alone.
+    HeaderScopesEveryApi,
+    /// Header mode with another header, as Thanos' `THANOS-TENANT`: Thanos
+    /// Query scopes queries, series, label names and values by it (with
+    /// `--query.enforce-tenancy`), and Thanos Receive stamps pushed series
+    /// with it; rules, alerts, metadata and exemplars it does not scope.
+    HeaderScopesQueries,
+}
+
+impl MetricsConfig {
+    pub fn scoping(&self) -> MetricsScoping {
+        match self.mode {
+            MetricsMode::Label => MetricsScoping::Label,
+            MetricsMode::Header if self.header.eq_ignore_ascii_case("x-scope-orgid") => {
+                MetricsScoping::HeaderScopesEveryApi
+            }
+            MetricsMode::Header => MetricsScoping::HeaderScopesQueries,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]

@@ -21,8 +21,8 @@ use crate::http::client_address::TrustedProxies;
 
 use backends::check_upstream_tls;
 pub use backends::{
-    AlertsConfig, ForeignLabelPolicy, LogsConfig, MetricsConfig, MetricsMode, OtlpForwardEncoding,
-    Upstream, UpstreamTls, MAX_QUERY_CACHE_SIZE,
+    AlertsConfig, ForeignLabelPolicy, LogsConfig, MetricsConfig, MetricsMode, MetricsScoping,
+    OtlpForwardEncoding, Upstream, UpstreamTls, MAX_QUERY_CACHE_SIZE,
 };
 pub use tenant_limits::{
     LimitScope, RequestLimits, TenantLimits, TenantLimitsConfig, TenantLimitsOverride,
@@ -156,6 +156,17 @@ impl Config {
                 ));
             }
         }
+        if let Some(m) = &self.metrics {
+            if m.scoping() == MetricsScoping::HeaderScopesQueries {
+                warnings.push(format!(
+                    "metrics.header {:?}: Thanos Query scopes queries by it only when run with \
+                     --query.enforce-tenancy (and without --query.tenant-certificate-field); \
+                     without that flag every tenant reads every series. Rules, alerts and \
+                     exemplars, which it does not scope, are not served",
+                    m.header
+                ));
+            }
+        }
         if self.trusted_proxies.trusts_everyone() {
             warnings.push(
                 "trusted_proxies holds 0.0.0.0/0 or ::/0: any client is then believed about \
@@ -225,6 +236,14 @@ impl Config {
         ];
         if self.alerts.is_some() && self.metrics.is_none() {
             return Err("`alerts` is scoped like `metrics`: configure `metrics` too".into());
+        }
+        let scoping = self.metrics.as_ref().map(MetricsConfig::scoping);
+        if self.alerts.is_some() && scoping == Some(MetricsScoping::HeaderScopesQueries) {
+            return Err(
+                "`alerts` with header mode needs metrics.header X-Scope-OrgID (Mimir's \
+                 Alertmanager); no Alertmanager scopes by another header: use label mode"
+                    .into(),
+            );
         }
         for (section, urls, tls) in upstreams.into_iter().flatten() {
             let https = urls.iter().any(|u| u.scheme == http::uri::Scheme::HTTPS);

@@ -63,6 +63,30 @@ fn a_header_mode_prefix_without_a_push_upstream_is_warned_about() {
     assert!(Config::parse(MINIMAL).unwrap().warnings().is_empty());
 }
 
+/// Thanos' tenant header scopes queries only with a flag the proxy cannot
+/// see, and no Alertmanager scopes by it.
+#[test]
+fn a_header_other_than_x_scope_orgid_is_warned_about_and_takes_no_alerts() {
+    let thanos = format!(
+        "{MINIMAL}metrics:\n  upstream: http://thanos:9090\n  mode: header\n  header: THANOS-TENANT\n"
+    );
+    let warned = Config::parse(&thanos).unwrap().warnings();
+    assert!(
+        warned.len() == 1 && warned[0].contains("--query.enforce-tenancy"),
+        "{warned:?}"
+    );
+    let err = Config::parse(&format!("{thanos}alerts:\n  upstream: http://am:9093\n")).unwrap_err();
+    assert!(
+        err.contains("no Alertmanager scopes by another header"),
+        "{err}"
+    );
+    let mimir = format!(
+        "{MINIMAL}metrics:\n  upstream: http://mimir:8080\n  mode: header\n  header: x-scope-orgid\n\
+         alerts:\n  upstream: http://mimir:8080\n"
+    );
+    assert!(Config::parse(&mimir).unwrap().warnings().is_empty());
+}
+
 #[test]
 fn trusting_every_address_is_warned_about() {
     for everyone in ["0.0.0.0/0", "::/0"] {

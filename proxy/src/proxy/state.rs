@@ -212,7 +212,7 @@ impl AppState {
         Ok(Self {
             routes: RouteTable::new(
                 logs.is_some(),
-                config.metrics.as_ref().map(|m| m.mode),
+                config.metrics.as_ref().map(MetricsConfig::scoping),
                 alerts_target.is_some(),
             ),
             logs,
