@@ -398,22 +398,58 @@ async fn behind_a_trusted_proxy_failures_are_counted_per_forwarded_client() {
     }
 }
 
+/// A live tail as a client holds it.
+type Tail =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+type TailOpened = Result<
+    (
+        Tail,
+        tokio_tungstenite::tungstenite::handshake::client::Response,
+    ),
+    tokio_tungstenite::tungstenite::Error,
+>;
+
+/// Opens a live tail through the proxy as `user`, with `extra` headers.
+async fn open_tail(
+    addr: std::net::SocketAddr,
+    user: &str,
+    password: &str,
+    extra: &[(&'static str, &str)],
+) -> TailOpened {
+    let mut request = format!("ws://{addr}/loki/api/v1/tail?query=%7Bapp%3D%22x%22%7D")
+        .into_client_request()
+        .unwrap();
+    let headers = request.headers_mut();
+    headers.insert("authorization", basic(user, password).parse().unwrap());
+    for (name, value) in extra {
+        headers.insert(*name, value.parse().unwrap());
+    }
+    tokio_tungstenite::connect_async(request).await
+}
+
+/// The next message of a tail the proxy ends: a close frame with `code`
+/// and `reason`, within 10 s.
+async fn expect_close<S>(ws: &mut S, code: CloseCode, reason: &str)
+where
+    S: futures_util::Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>> + Unpin,
+{
+    let after = tokio::time::timeout(Duration::from_secs(10), ws.next())
+        .await
+        .expect("the proxy ends the tail");
+    let Some(Ok(Message::Close(Some(close)))) = after else {
+        panic!("a close frame, got {after:?}");
+    };
+    assert_eq!(close.code, code);
+    assert_eq!(close.reason.as_str(), reason);
+}
+
 #[tokio::test]
 async fn live_tail_websocket_streams_both_ways_and_closes() {
     let (loki, proxy) = setup().await;
-    let mut request = format!(
-        "ws://{}/loki/api/v1/tail?query=%7Bapp%3D%22x%22%7D",
-        proxy.addr
-    )
-    .into_client_request()
-    .unwrap();
-    request
-        .headers_mut()
-        .insert("authorization", basic("alice", "alice-pw").parse().unwrap());
-    request
-        .headers_mut()
-        .insert("x-scope-orgid", "team-b".parse().unwrap());
-    let (mut ws, response) = tokio_tungstenite::connect_async(request).await.unwrap();
+    let spoofed = [("x-scope-orgid", "team-b")];
+    let (mut ws, response) = open_tail(proxy.addr, "alice", "alice-pw", &spoofed)
+        .await
+        .unwrap();
     assert_eq!(response.status(), StatusCode::SWITCHING_PROTOCOLS);
 
     let first = ws.next().await.unwrap().unwrap();
@@ -443,16 +479,7 @@ async fn a_live_tail_ends_when_its_credential_is_removed() {
     let initial = support::two_tenants();
     assert_eq!(proxy.rewrite_tenants(&initial).await.last_error, None);
     let addr = proxy.addr;
-    let open = || async move {
-        let mut request = format!("ws://{addr}/loki/api/v1/tail?query=%7Bapp%3D%22x%22%7D")
-            .into_client_request()
-            .unwrap();
-        request.headers_mut().insert(
-            "authorization",
-            basic("reader-a", "reader-pw").parse().unwrap(),
-        );
-        tokio_tungstenite::connect_async(request).await
-    };
+    let open = || open_tail(addr, "reader-a", "reader-pw", &[]);
     let (mut ws, _) = open().await.unwrap();
     assert_eq!(
         ws.next().await.unwrap().unwrap(),
@@ -487,15 +514,8 @@ async fn a_live_tail_ends_when_its_credential_is_removed() {
         proxy.rewrite_tenants(&without_reader).await.last_error,
         None
     );
-    let after = tokio::time::timeout(Duration::from_secs(10), ws.next())
-        .await
-        .expect("the tail ends once its credential is gone");
     // Told why, in a close frame a client reports, rather than cut off.
-    let Some(Ok(Message::Close(Some(close)))) = after else {
-        panic!("a close frame after the removal, got {after:?}");
-    };
-    assert_eq!(close.code, CloseCode::Policy);
-    assert_eq!(close.reason.as_str(), "credential revoked");
+    expect_close(&mut ws, CloseCode::Policy, "credential revoked").await;
     let metrics = proxy.metrics().await;
     assert!(metrics.contains("tenant_proxy_live_tails 0\n"), "{metrics}");
     assert!(metrics.contains("tenant_proxy_live_tails_revoked_total 1\n"));
@@ -510,30 +530,16 @@ async fn a_live_tail_ends_when_its_credential_is_removed() {
 #[tokio::test]
 async fn a_live_tail_is_told_the_proxy_is_going_away_at_shutdown() {
     let (_loki, mut proxy) = setup().await;
-    let mut request = format!(
-        "ws://{}/loki/api/v1/tail?query=%7Bapp%3D%22x%22%7D",
-        proxy.addr
-    )
-    .into_client_request()
-    .unwrap();
-    request
-        .headers_mut()
-        .insert("authorization", basic("alice", "alice-pw").parse().unwrap());
-    let (mut ws, _) = tokio_tungstenite::connect_async(request).await.unwrap();
+    let (mut ws, _) = open_tail(proxy.addr, "alice", "alice-pw", &[])
+        .await
+        .unwrap();
     assert_eq!(
         ws.next().await.unwrap().unwrap(),
         Message::text("tenant=team-a")
     );
 
     proxy.trigger_shutdown();
-    let after = tokio::time::timeout(Duration::from_secs(10), ws.next())
-        .await
-        .expect("the tail ends at shutdown");
-    let Some(Ok(Message::Close(Some(close)))) = after else {
-        panic!("a close frame at shutdown, got {after:?}");
-    };
-    assert_eq!(close.code, CloseCode::Away);
-    assert_eq!(close.reason.as_str(), "proxy shutting down");
+    expect_close(&mut ws, CloseCode::Away, "proxy shutting down").await;
     proxy.join().await;
 }
 
