@@ -394,6 +394,9 @@ async fn replace_tenants_file(
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    // Clients and the sink share this process: two descriptors a
+    // connection, as the proxy's own (which it raises itself).
+    tenant_proxy::ops::open_files::raise_for(4096);
     let binary = cli.proxy_bin.unwrap_or_else(proxy_process::default_binary);
     let (upstream, sink_stats) = match cli.upstream {
         Some(addr) => (addr, None),
