@@ -224,7 +224,13 @@ fn every_selector_scoped(expr: &Expr, tenant: &str) -> bool {
 
 /// What must hold of one forwarded request (`by_header`: to Loki, or to
 /// Mimir in metrics header mode); `Err` names the violation.
-fn check_forwarded(seen: &Received, tenant: &str, by_header: bool) -> Result<(), String> {
+/// `tenant_header`: the header the upstream takes the tenant from, or
+/// `None` for label mode (the tenant's matcher on every selector).
+fn check_forwarded(
+    seen: &Received,
+    tenant: &str,
+    tenant_header: Option<&str>,
+) -> Result<(), String> {
     let values = |name: &str| -> Vec<String> {
         seen.headers
             .get_all(name)
@@ -232,24 +238,21 @@ fn check_forwarded(seen: &Received, tenant: &str, by_header: bool) -> Result<(),
             .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
             .collect()
     };
-    if !values("authorization").is_empty()
-        || !values("x-prom-label-policy").is_empty()
-        || !values("thanos-tenant").is_empty()
-    {
-        return Err(format!("identity header forwarded to {}", seen.path));
+    for identity in [
+        "authorization",
+        "x-prom-label-policy",
+        "thanos-tenant",
+        "x-scope-orgid",
+    ] {
+        if Some(identity) != tenant_header && !values(identity).is_empty() {
+            return Err(format!("{identity} forwarded to {}", seen.path));
+        }
     }
-    if by_header {
-        if values("x-scope-orgid") != [tenant] {
-            return Err(format!(
-                "{}: X-Scope-OrgID {:?}",
-                seen.path,
-                values("x-scope-orgid")
-            ));
+    if let Some(header) = tenant_header {
+        if values(header) != [tenant] {
+            return Err(format!("{}: {header} {:?}", seen.path, values(header)));
         }
         return Ok(());
-    }
-    if !values("x-scope-orgid").is_empty() {
-        return Err(format!("{}: a tenant header in label mode", seen.path));
     }
     let Some(&(_, param)) = SELECTING.iter().find(|(path, _)| *path == seen.path) else {
         return Ok(());
@@ -290,10 +293,48 @@ fn nothing_reaches_mimir_without_the_authenticated_tenant() {
     nothing_reaches_an_upstream_without_the_tenant_in(MetricsMode::Header);
 }
 
+/// And with Thanos Query (`THANOS-TENANT`): the header, exactly the
+/// tenant's, and only on the paths Thanos scopes by it.
+#[test]
+fn nothing_reaches_thanos_without_the_authenticated_tenant_or_beyond_what_it_scopes() {
+    nothing_reaches_an_upstream_without_the_tenant_in(MetricsMode::ThanosHeader);
+}
+
 #[derive(Clone, Copy, PartialEq)]
 enum MetricsMode {
     Label,
     Header,
+    ThanosHeader,
+}
+
+impl MetricsMode {
+    fn tenant_header(self) -> Option<&'static str> {
+        match self {
+            MetricsMode::Label => None,
+            MetricsMode::Header => Some("x-scope-orgid"),
+            MetricsMode::ThanosHeader => Some("thanos-tenant"),
+        }
+    }
+}
+
+/// What Thanos Query scopes by its tenant header, and the pushes.
+const THANOS_SCOPED: &[&str] = &[
+    "/api/v1/query",
+    "/api/v1/query_range",
+    "/api/v1/series",
+    "/api/v1/labels",
+    "/api/v1/status/buildinfo",
+    "/api/v1/write",
+    "/api/v1/push",
+    "/otlp/v1/metrics",
+];
+
+fn scoped_by_thanos(path: &str) -> bool {
+    THANOS_SCOPED.contains(&path)
+        || path
+            .strip_prefix("/api/v1/label/")
+            .and_then(|rest| rest.strip_suffix("/values"))
+            .is_some_and(|name| !name.contains('/'))
 }
 
 fn nothing_reaches_an_upstream_without_the_tenant_in(mode: MetricsMode) {
@@ -310,6 +351,10 @@ fn nothing_reaches_an_upstream_without_the_tenant_in(mode: MetricsMode) {
                 options.extra = Box::leak(alerts.into_boxed_str());
                 format!("  upstream: {}\n  mode: header\n", metrics.url())
             }
+            MetricsMode::ThanosHeader => format!(
+                "  upstream: {}\n  mode: header\n  header: THANOS-TENANT\n",
+                metrics.url()
+            ),
         });
         let proxy = RunningProxy::start(options).await;
         (loki, metrics, proxy)
@@ -320,13 +365,21 @@ fn nothing_reaches_an_upstream_without_the_tenant_in(mode: MetricsMode) {
         let (before_logs, before_metrics) = (loki.received().len(), metrics.received().len());
         let status = runtime.block_on(send_case(&proxy, &case));
         let tenant = USERS[case.user].2;
-        for (stand_in, before, by_header) in [
-            (&loki, before_logs, true),
-            (&metrics, before_metrics, mode == MetricsMode::Header),
+        for (stand_in, before, tenant_header) in [
+            (&loki, before_logs, Some("x-scope-orgid")),
+            (&metrics, before_metrics, mode.tenant_header()),
         ] {
             for seen in &stand_in.received()[before..] {
                 forwarded.set(forwarded.get() + 1);
-                check_forwarded(seen, tenant, by_header).map_err(|violation| {
+                let beyond_thanos = mode == MetricsMode::ThanosHeader
+                    && std::ptr::eq(stand_in, &metrics)
+                    && !scoped_by_thanos(&seen.path);
+                let checked = if beyond_thanos {
+                    Err(format!("{} reached Thanos", seen.path))
+                } else {
+                    check_forwarded(seen, tenant, tenant_header)
+                };
+                checked.map_err(|violation| {
                     TestCaseError::fail(format!("{violation} (answered {status}) for {case:?}"))
                 })?;
             }
