@@ -269,6 +269,11 @@ const HEADER_MODE_EXTRA_ROUTES: &[Route] = &[
     metrics(POST, "/otlp/v1/metrics", Operation::OtlpPush),
 ];
 
+/// Thanos Receive's remote-write path, which stamps every series with the
+/// tenant its header names (`tenant_id` by default): served with a header
+/// other than `X-Scope-OrgID`.
+const THANOS_RECEIVE: Route = metrics(POST, "/api/v1/receive", Operation::Push);
+
 /// A ruler API at `$base`: the tenant's rule groups listed, by namespace,
 /// one group (`rules:read`); a YAML group posted to a namespace, a namespace
 /// or a group deleted (`rules:write`).
@@ -514,6 +519,7 @@ impl RouteTable {
                     _ => None,
                 }));
                 routes.extend_from_slice(HEADER_MODE_EXTRA_ROUTES);
+                routes.push(THANOS_RECEIVE);
             }
             None => {}
         }
@@ -799,8 +805,13 @@ mod tests {
                 "{path}"
             );
         }
-        let push = thanos.classify(&Method::POST, "/api/v1/write").unwrap();
-        assert_eq!(push.operation, Operation::Push);
+        for path in ["/api/v1/write", "/api/v1/receive"] {
+            let push = thanos.classify(&Method::POST, path).unwrap();
+            assert_eq!(
+                (push.operation, push.scope),
+                (Operation::Push, Scope::MetricsWrite)
+            );
+        }
         let metadata = thanos.classify(&Method::GET, "/api/v1/metadata").unwrap();
         assert_eq!(metadata.operation, Operation::EmptyMetadata);
         // Each served for Mimir and Cortex, refused here.

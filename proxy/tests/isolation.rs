@@ -326,6 +326,7 @@ const THANOS_SCOPED: &[&str] = &[
     "/api/v1/status/buildinfo",
     "/api/v1/write",
     "/api/v1/push",
+    "/api/v1/receive",
     "/otlp/v1/metrics",
 ];
 

@@ -704,6 +704,24 @@ async fn a_thanos_tenant_header_is_set_once_from_the_credential() {
     let tenant: Vec<_> = seen.headers.get_all("thanos-tenant").iter().collect();
     assert_eq!(tenant, ["team-a"]);
     assert!(!seen.headers.contains_key("x-scope-orgid"));
+
+    // Thanos Receive's own path, which stamps the series with the header's
+    // tenant: the body as sent, the tenant from the credential.
+    let body = v1_body(&[(&[("__name__", "up")], 1.0)]);
+    let received = send(
+        Method::POST,
+        &proxy.url("/api/v1/receive"),
+        Some(&basic("alice", "alice-pw")),
+        &headers,
+        body.clone(),
+    )
+    .await;
+    assert_eq!(received.status, StatusCode::OK, "{}", received.text());
+    let seen = thanos.last();
+    assert_eq!(seen.path, "/api/v1/receive");
+    assert_eq!(seen.body.as_ref(), body.as_slice(), "streamed untouched");
+    let tenant: Vec<_> = seen.headers.get_all("thanos-tenant").iter().collect();
+    assert_eq!(tenant, ["team-a"]);
 }
 
 /// Mimir: queries under `/prometheus`, pushes at the root.

@@ -178,6 +178,9 @@ async fn handle(
             Err((status, text)) => reply(status, text),
         });
     }
+    if received.path == "/api/v1/receive" {
+        return Ok(thanos_receive(&state, &received));
+    }
     // Loki: exactly one org id, or the request is refused.
     let org_ids = received.org_ids();
     let tenant = match org_ids.as_slice() {
@@ -407,6 +410,22 @@ fn mimir_remote_write(body: &[u8]) -> Result<(), Refusal> {
         .map_err(|e| bad(e.to_string()))?;
     WriteRequest::decode(raw.as_slice()).map_err(|e| bad(e.to_string()))?;
     Ok(())
+}
+
+/// Thanos Receive's `/api/v1/receive` (`pkg/receive/handler.go`): a snappy
+/// remote-write 1.0 body (400 otherwise), stored under the tenant its
+/// `THANOS-TENANT` names, or `default-tenant` without one; 200 with no body.
+fn thanos_receive(state: &State, received: &Received) -> Response<Full<Bytes>> {
+    if let Err((status, text)) = mimir_remote_write(&received.body) {
+        return reply(status, text);
+    }
+    let tenant = header_str(&received.headers, "thanos-tenant").unwrap_or("default-tenant");
+    let mut stored = state.pushed.lock().unwrap();
+    stored
+        .entry(tenant.to_owned())
+        .or_default()
+        .extend(lossy(&received.body));
+    reply(StatusCode::OK, "")
 }
 
 /// An OTLP export request of type `M` as Loki's `/otlp/v1/logs`
