@@ -1,8 +1,9 @@
 //! WebSocket framing, as far as a relay needs it (RFC 6455 §5.2): where a
 //! server's stream stands as it passes, and a close frame of the proxy's
 //! own. The proxy relays a live tail's frames untouched; to end a tail
-//! whose credential was revoked with a close frame rather than a cut
-//! connection, it may write that frame only between two of the server's
+//! (its credential revoked, the proxy shutting down) with a close frame
+//! rather than a cut connection, it may write that frame only between two
+//! of the server's
 //! (§5.4: a control frame may come between the fragments of a message,
 //! never inside a frame).
 
