@@ -155,8 +155,6 @@ impl Config {
                      and Cortex answer 404 (they take pushes at their root)"
                 ));
             }
-        }
-        if let Some(m) = &self.metrics {
             if m.scoping() == MetricsScoping::HeaderScopesQueries {
                 warnings.push(format!(
                     "metrics.header {:?}: Thanos Query scopes queries by it only when run with \

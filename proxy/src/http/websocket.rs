@@ -3,9 +3,8 @@
 //! own. The proxy relays a live tail's frames untouched; to end a tail
 //! (its credential revoked, the proxy shutting down) with a close frame
 //! rather than a cut connection, it may write that frame only between two
-//! of the server's
-//! (§5.4: a control frame may come between the fragments of a message,
-//! never inside a frame).
+//! of the server's (§5.4: a control frame may come between the fragments
+//! of a message, never inside a frame).
 
 /// The longest frame header: two bytes, a 64-bit length, a masking key.
 const LONGEST_HEADER: usize = 2 + 8 + 4;

@@ -203,12 +203,8 @@ where
     W: AsyncWrite + Unpin,
 {
     while !frames.at_boundary() {
-        if down.pending.is_empty() {
-            let read = from.read(&mut down.buffer).await?;
-            if read == 0 {
-                return Err(io::ErrorKind::UnexpectedEof.into());
-            }
-            down.pending = 0..read;
+        if !down.refill(from).await? {
+            return Err(io::ErrorKind::UnexpectedEof.into());
         }
         let pending = &down.buffer[down.pending.clone()];
         let frame_rest = frames.advance_to_frame_end(pending);
@@ -236,6 +232,19 @@ impl Relay {
         }
     }
 
+    /// Reads from `from` if nothing read is pending; `false` once `from`
+    /// has ended. Cancel-safe: a read that did not complete took nothing.
+    async fn refill<R: AsyncRead + Unpin>(&mut self, from: &mut R) -> io::Result<bool> {
+        if self.pending.is_empty() {
+            let read = from.read(&mut self.buffer).await?;
+            if read == 0 {
+                return Ok(false);
+            }
+            self.pending = 0..read;
+        }
+        Ok(true)
+    }
+
     /// Copies `from` to `to` until `from` ends, then shuts `to`'s writing
     /// side (as `copy_bidirectional` does). `sent` sees each run of bytes
     /// once `to` took it, so what it has seen is what the peer may already
@@ -251,12 +260,8 @@ impl Relay {
         W: AsyncWrite + Unpin,
     {
         loop {
-            if self.pending.is_empty() {
-                let read = from.read(&mut self.buffer).await?;
-                if read == 0 {
-                    return to.shutdown().await;
-                }
-                self.pending = 0..read;
+            if !self.refill(from).await? {
+                return to.shutdown().await;
             }
             while !self.pending.is_empty() {
                 let pending = &self.buffer[self.pending.clone()];
