@@ -724,6 +724,87 @@ async fn a_thanos_tenant_header_is_set_once_from_the_credential() {
     assert_eq!(tenant, ["team-a"]);
 }
 
+/// Header mode streams a push unread, so a 1.0-only receiver (Thanos
+/// Receive; Mimir before 2.17) decodes a 2.0 body as an empty 1.0 request
+/// and answers 2xx. However the sender spelled "2.0", an answer that does
+/// not confirm the samples becomes 415, so it falls back to 1.0 and
+/// resends; a receiver that confirms them is passed through.
+#[tokio::test]
+async fn header_mode_turns_an_unconfirmed_2_0_push_into_415() {
+    support::captured_logs();
+    let upstream = LokiStandIn::start().await;
+    let v2_body = snappy(&v2_series("v2_only_metric"));
+    let spellings: [&[(&str, &str)]; 4] = [
+        &[("content-type", V2_CT)],
+        &[(
+            "content-type",
+            "application/x-protobuf; PROTO=IO.PROMETHEUS.WRITE.V2.REQUEST",
+        )],
+        &[
+            ("content-type", "application/x-protobuf"),
+            ("x-prometheus-remote-write-version", "2.0.0"),
+        ],
+        &[
+            ("content-type", V2_CT),
+            ("content-type", "application/x-protobuf"),
+        ],
+    ];
+    // Thanos Receive, and Mimir's push.
+    for (header, path) in [
+        ("THANOS-TENANT", "/api/v1/receive"),
+        ("X-Scope-OrgID", "/api/v1/push"),
+    ] {
+        let section = format!(
+            "  upstream: {}\n  mode: header\n  header: {header}\n",
+            upstream.url()
+        );
+        let proxy = RunningProxy::start(ProxyOptions::metrics(tenants(), section)).await;
+        for headers in spellings {
+            let before = upstream.received().len();
+            let reply = send(
+                Method::POST,
+                &proxy.url(path),
+                Some(&basic("alice", "alice-pw")),
+                headers,
+                v2_body.clone(),
+            )
+            .await;
+            assert_eq!(
+                reply.status,
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "{path} {headers:?}: {}",
+                reply.text()
+            );
+            assert!(reply.text().contains("did not confirm"), "{}", reply.text());
+            let seen = upstream.received();
+            assert_eq!(seen.len(), before + 1, "header mode forwards it unread");
+            assert_eq!(seen.last().unwrap().body.as_ref(), v2_body.as_slice());
+        }
+        // 1.0 is not judged by the 2.0 rule.
+        let reply = send(
+            Method::POST,
+            &proxy.url(path),
+            Some(&basic("alice", "alice-pw")),
+            V1_HEADERS,
+            v1_body(&[(&[("__name__", "up")], 1.0)]),
+        )
+        .await;
+        assert!(reply.status.is_success(), "{path}: {}", reply.text());
+        // A 2.0 receiver's confirmation is passed through with its 2xx.
+        let reply = push(
+            &proxy,
+            &[("content-type", V2_CT), ("content-encoding", "snappy")],
+            v2_body.clone(),
+        )
+        .await;
+        assert_eq!(reply.status, StatusCode::NO_CONTENT, "{}", reply.text());
+        assert_eq!(
+            reply.headers["x-prometheus-remote-write-samples-written"],
+            "1"
+        );
+    }
+}
+
 /// Mimir: queries under `/prometheus`, pushes at the root.
 #[tokio::test]
 async fn pushes_go_to_the_push_upstream_when_one_is_set() {

@@ -131,6 +131,25 @@ fn version_of(headers: &HeaderMap) -> Result<Version, RemoteWriteError> {
     }
 }
 
+/// Whether the sender meant a 2.0 request, by any spelling of either header
+/// that says so: a body passed through unread (header mode) is judged by
+/// what its sender will expect of the answer, not by one receiver's reading
+/// of the headers.
+pub fn sender_expects_v2(headers: &HeaderMap) -> bool {
+    let v2 = V2_PROTO.as_bytes();
+    let content_type_says = headers.get_all(header::CONTENT_TYPE).iter().any(|value| {
+        value
+            .as_bytes()
+            .windows(v2.len())
+            .any(|w| w.eq_ignore_ascii_case(v2))
+    });
+    let version_says = headers
+        .get_all(VERSION_HEADER)
+        .iter()
+        .any(|value| value.as_bytes().trim_ascii().starts_with(b"2"));
+    content_type_says || version_says
+}
+
 /// The one value of a header, if any.
 fn single_header<'h>(
     headers: &'h HeaderMap,

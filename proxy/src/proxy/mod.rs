@@ -37,7 +37,7 @@ use crate::http::path;
 use crate::ops::access_log;
 use crate::ops::metrics::{self, ReasonLabels, SurfaceLabels};
 use crate::ops::otel::RequestSpan;
-use crate::routes::Operation;
+use crate::routes::{Operation, Signal};
 use crate::tenants::Credential;
 use crate::upstream;
 
@@ -263,8 +263,12 @@ async fn proxy(
             limit: state.limits.max_body_bytes,
         });
     }
-    // Set by a remote write: decides how the answer is judged.
-    let mut remote_write_v2 = false;
+    // A remote write the sender meant as 2.0, rewritten or passed through
+    // unread (header mode: every metrics push there is a remote write):
+    // decides how the answer is judged.
+    let mut remote_write_v2 = route.signal == Signal::Metrics
+        && route.operation == Operation::Push
+        && remote_write::sender_expects_v2(&parts.headers);
     let (query, body) = match route.operation {
         Operation::Enforce(selectors) => {
             let matcher = target.tenant_matcher(&credential)?;

@@ -468,6 +468,48 @@ fn content_type_is_read_strictly() {
     }
 }
 
+/// Header mode's reading: whatever a receiver would make of the headers,
+/// did the sender mean 2.0 (and so expect the 2.0 confirmation)?
+#[test]
+fn a_sender_expects_2_0_by_any_spelling_of_either_header() {
+    let expects = |pairs: &[(&'static str, &'static str)]| {
+        let mut h = HeaderMap::new();
+        for (name, value) in pairs {
+            h.append(*name, HeaderValue::from_static(value));
+        }
+        sender_expects_v2(&h)
+    };
+    for meant_v2 in [
+        &[(
+            "content-type",
+            "application/x-protobuf;proto=io.prometheus.write.v2.Request",
+        )][..],
+        &[(
+            "content-type",
+            "application/x-protobuf; PROTO=IO.PROMETHEUS.WRITE.V2.REQUEST",
+        )],
+        &[
+            ("content-type", "text/plain"),
+            ("content-type", "x;proto=io.prometheus.write.v2.Request"),
+        ],
+        &[("x-prometheus-remote-write-version", "2.0.0")],
+        &[("x-prometheus-remote-write-version", " 2.1")],
+    ] {
+        assert!(expects(meant_v2), "{meant_v2:?}");
+    }
+    for meant_v1 in [
+        &[][..],
+        &[("content-type", "application/x-protobuf")],
+        &[(
+            "content-type",
+            "application/x-protobuf;proto=prometheus.WriteRequest",
+        )],
+        &[("x-prometheus-remote-write-version", "0.1.0")],
+    ] {
+        assert!(!expects(meant_v1), "{meant_v1:?}");
+    }
+}
+
 #[test]
 fn content_coding_is_snappy_in_any_case_and_nothing_else() {
     let ct = Some("application/x-protobuf");
