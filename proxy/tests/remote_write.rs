@@ -335,7 +335,7 @@ async fn remote_write_2_0_is_rewritten_and_confirmed_by_a_2_0_receiver() {
 }
 
 #[tokio::test]
-async fn remote_write_2_0_to_a_1_0_receiver_is_415_so_the_sender_falls_back() {
+async fn remote_write_2_0_to_a_1_0_receiver_is_415_not_a_success() {
     let receiver = PrometheusProcess::start("groups: []\n").await;
     let proxy = label_mode_proxy(&receiver.url(), "").await;
     let request = v2_series("v2_only_metric");
@@ -727,8 +727,8 @@ async fn a_thanos_tenant_header_is_set_once_from_the_credential() {
 /// Header mode streams a push unread, so a 1.0-only receiver (Thanos
 /// Receive; Mimir before 2.17) decodes a 2.0 body as an empty 1.0 request
 /// and answers 2xx. However the sender spelled "2.0", an answer that does
-/// not confirm the samples becomes 415, so it falls back to 1.0 and
-/// resends; a receiver that confirms them is passed through.
+/// not confirm the samples becomes 415, never a success the sender counts
+/// as stored; a receiver that confirms them is passed through.
 #[tokio::test]
 async fn header_mode_turns_an_unconfirmed_2_0_push_into_415() {
     support::captured_logs();

@@ -45,7 +45,8 @@ const SNAPPY_FRAMED_STREAM: &[u8] = b"\xff\x06\x00\x00sNaPpY";
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum RemoteWriteError {
-    /// 415: senders of 2.0 fall back to 1.0 on it, as the spec says.
+    /// 415: what the 2.0 spec has a receiver answer a message it does not
+    /// read (a sender may fall back to 1.0 on it).
     #[error("unsupported remote-write content: {0}")]
     Unsupported(String),
     #[error("remote-write body decompresses to {size} bytes, more than {limit}")]

@@ -47,7 +47,8 @@ pub enum ProxyError {
     /// The proxy as a whole is at its limit of requests in flight (503).
     #[error("too many requests in flight; retry later")]
     Overloaded,
-    /// Remote write senders fall back from 2.0 to 1.0 on 415.
+    /// The 2.0 spec's answer to a remote write a receiver does not read; a
+    /// sender may fall back from 2.0 to 1.0 on it.
     #[error("{0}")]
     UnsupportedMediaType(String),
     #[error("tenants are not loaded yet; retry later")]

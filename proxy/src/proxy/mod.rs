@@ -389,8 +389,9 @@ async fn proxy(
         && parts.status.is_success()
         && !parts.headers.contains_key(RW_SAMPLES_WRITTEN)
     {
-        // Per the 2.0 spec the sender should treat this as 415 itself; saying
-        // so makes every sender fall back to 1.0 and resend, losing nothing.
+        // Per the 2.0 spec the sender should treat this as 415 itself (as
+        // Prometheus does); saying so keeps a sender that does not check
+        // from counting samples as sent that nothing stored.
         return Err(ProxyError::UnsupportedMediaType(
             "the upstream did not confirm a remote-write 2.0 request; it may only speak 1.0".into(),
         ));
