@@ -2,6 +2,7 @@
 
 use http::header::{HeaderName, HeaderValue};
 use http::uri::{Authority, Scheme};
+use http::HeaderMap;
 
 /// The tenant header of Loki, Mimir and Cortex. Always stripped from the
 /// client's request and set from the authenticated credential.
@@ -35,9 +36,22 @@ pub const IDENTITY_HEADERS: [HeaderName; 4] = [
 ];
 
 /// A remote-write 2.0 receiver confirms what it stored with these; a 2xx
-/// without them means the receiver read the body as 1.0 (and stored nothing).
-pub const RW_SAMPLES_WRITTEN: HeaderName =
-    HeaderName::from_static("x-prometheus-remote-write-samples-written");
+/// without any of them means the receiver read the body as 1.0 (and stored
+/// nothing).
+const RW_WRITTEN: [HeaderName; 3] = [
+    HeaderName::from_static("x-prometheus-remote-write-samples-written"),
+    HeaderName::from_static("x-prometheus-remote-write-histograms-written"),
+    HeaderName::from_static("x-prometheus-remote-write-exemplars-written"),
+];
+
+/// Whether an answer confirms a remote-write 2.0 request: one of the
+/// written-count headers, not empty, as Prometheus' sender reads them
+/// (`ParseWriteResponseStats`: an empty header confirms nothing).
+pub fn confirms_remote_write_2(headers: &HeaderMap) -> bool {
+    RW_WRITTEN
+        .iter()
+        .any(|name| headers.get(name).is_some_and(|value| !value.is_empty()))
+}
 
 /// Everything but the unreserved characters (RFC 3986) is percent-encoded.
 const POLICY_SELECTOR: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
@@ -90,5 +104,34 @@ mod tests {
             value.to_str().unwrap(),
             "team-a:%7Bapp%3D%22pay%20ments%22%2C%20env%3D~%22a%7Cb%22%7D"
         );
+    }
+
+    #[test]
+    fn any_written_count_confirms_a_2_0_write_and_an_empty_one_does_not() {
+        let confirms = |pairs: &[(&'static str, &'static str)]| {
+            let mut headers = http::HeaderMap::new();
+            for (name, value) in pairs {
+                headers.insert(*name, http::HeaderValue::from_static(value));
+            }
+            super::confirms_remote_write_2(&headers)
+        };
+        assert!(confirms(&[(
+            "x-prometheus-remote-write-samples-written",
+            "3"
+        )]));
+        assert!(confirms(&[(
+            "x-prometheus-remote-write-histograms-written",
+            "0"
+        )]));
+        assert!(confirms(&[(
+            "X-Prometheus-Remote-Write-Exemplars-Written",
+            "1"
+        )]));
+        assert!(!confirms(&[]));
+        assert!(!confirms(&[(
+            "x-prometheus-remote-write-samples-written",
+            ""
+        )]));
+        assert!(!confirms(&[("x-prometheus-remote-write-version", "2.0.0")]));
     }
 }

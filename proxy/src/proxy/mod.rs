@@ -32,7 +32,7 @@ use crate::enforce::prometheus::{self, EMPTY_METADATA};
 use crate::enforce::remote_write;
 use crate::http::body::{self, ProxyBody};
 use crate::http::error::ProxyError;
-use crate::http::headers::{self, RW_SAMPLES_WRITTEN, X_PROM_LABEL_POLICY};
+use crate::http::headers::{self, X_PROM_LABEL_POLICY};
 use crate::http::path;
 use crate::ops::access_log;
 use crate::ops::metrics::{self, ReasonLabels, SurfaceLabels};
@@ -387,7 +387,7 @@ async fn proxy(
     upstream::strip_hop_by_hop(&mut parts.headers);
     if remote_write_v2
         && parts.status.is_success()
-        && !parts.headers.contains_key(RW_SAMPLES_WRITTEN)
+        && !headers::confirms_remote_write_2(&parts.headers)
     {
         // Per the 2.0 spec the sender should treat this as 415 itself (as
         // Prometheus does); saying so keeps a sender that does not check
