@@ -156,11 +156,17 @@ impl Config {
                 ));
             }
             if m.scoping() == MetricsScoping::HeaderScopesQueries {
+                // The proxy sets and strips this one header; Thanos reading
+                // another (or a series label) would take the client's word.
                 warnings.push(format!(
                     "metrics.header {:?}: Thanos Query scopes queries by it only when run with \
-                     --query.enforce-tenancy (and without --query.tenant-certificate-field); \
-                     without that flag every tenant reads every series. Rules, alerts and \
-                     exemplars, which it does not scope, are not served",
+                     --query.enforce-tenancy and --query.tenant-header naming it (and without \
+                     --query.tenant-certificate-field); Thanos Receive files pushes under it \
+                     only with --receive.tenant-header naming it and without \
+                     --receive.split-tenant-label-name or --receive.tenant-certificate-field. \
+                     Otherwise every tenant reads every series, or a client names the tenant \
+                     it writes as. Rules, alerts and exemplars, which Query does not scope, \
+                     are not served",
                     m.header
                 ));
             }

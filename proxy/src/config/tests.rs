@@ -71,10 +71,15 @@ fn a_header_other_than_x_scope_orgid_is_warned_about_and_takes_no_alerts() {
         "{MINIMAL}metrics:\n  upstream: http://thanos:9090\n  mode: header\n  header: THANOS-TENANT\n"
     );
     let warned = Config::parse(&thanos).unwrap().warnings();
-    assert!(
-        warned.len() == 1 && warned[0].contains("--query.enforce-tenancy"),
-        "{warned:?}"
-    );
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    for flag in [
+        "--query.enforce-tenancy",
+        "--query.tenant-header",
+        "--receive.tenant-header",
+        "--receive.split-tenant-label-name",
+    ] {
+        assert!(warned[0].contains(flag), "{flag}: {warned:?}");
+    }
     let err = Config::parse(&format!("{thanos}alerts:\n  upstream: http://am:9093\n")).unwrap_err();
     assert!(
         err.contains("no Alertmanager scopes by another header"),
