@@ -352,6 +352,11 @@ async fn remote_write_2_0_to_a_1_0_receiver_is_415_not_a_success() {
         "{}",
         reply.text()
     );
+    let metrics = proxy.metrics().await;
+    assert!(
+        metrics.contains(r#"tenant_proxy_remote_write_unconfirmed_total{tenant="team-a"} 1"#),
+        "{metrics}"
+    );
     // And 1.0 works.
     let reply = push(
         &proxy,
@@ -779,6 +784,14 @@ async fn header_mode_turns_an_unconfirmed_2_0_push_into_415() {
             let seen = upstream.received();
             assert_eq!(seen.len(), before + 1, "header mode forwards it unread");
             assert_eq!(seen.last().unwrap().body.as_ref(), v2_body.as_slice());
+        }
+        // Counted for the operator: the tenant's sender is losing data.
+        let metrics = proxy.metrics().await;
+        for counted in [
+            r#"tenant_proxy_remote_write_unconfirmed_total{tenant="team-a"} 4"#,
+            r#"tenant_proxy_errors_total{reason="remote_write_unconfirmed"} 4"#,
+        ] {
+            assert!(metrics.contains(counted), "{counted}: {metrics}");
         }
         // 1.0 is not judged by the 2.0 rule.
         let reply = send(

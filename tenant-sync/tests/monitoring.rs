@@ -56,6 +56,7 @@ fn exported() -> BTreeSet<String> {
     let _ = p.remote_write_samples.get_or_create(&tenant());
     let _ = p.remote_write_bytes.get_or_create(&tenant());
     let _ = p.remote_write_decode_errors.get_or_create(&tenant());
+    let _ = p.remote_write_unconfirmed.get_or_create(&tenant());
     let _ = p.remote_write_tenant_label.get_or_create(&tenant_action());
     let _ = p.otlp_data_points.get_or_create(&tenant());
     let _ = p.otlp_received_bytes.get_or_create(&tenant());

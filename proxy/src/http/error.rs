@@ -51,6 +51,11 @@ pub enum ProxyError {
     /// sender may fall back from 2.0 to 1.0 on it.
     #[error("{0}")]
     UnsupportedMediaType(String),
+    /// A remote write 2.0 the upstream answered 2xx without confirming what
+    /// it stored (a 1.0-only receiver read it as empty): 415, as the 2.0
+    /// spec has the sender take it, never a success.
+    #[error("the upstream did not confirm a remote-write 2.0 request; it may only speak 1.0")]
+    RemoteWriteUnconfirmed,
     #[error("tenants are not loaded yet; retry later")]
     TenantsNotLoaded,
     #[error("too many authentications in progress; retry later")]
@@ -99,7 +104,9 @@ impl ProxyError {
             Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::TenantLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
-            Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::UnsupportedMediaType(_) | Self::RemoteWriteUnconfirmed => {
+                StatusCode::UNSUPPORTED_MEDIA_TYPE
+            }
             Self::TenantsNotLoaded
             | Self::VerifierBusy
             | Self::PushUpstreamUnavailable(_)
@@ -127,6 +134,7 @@ impl ProxyError {
             Self::TenantLimited(_) => "tenant_limited",
             Self::Overloaded => "overloaded",
             Self::UnsupportedMediaType(_) => "unsupported_media_type",
+            Self::RemoteWriteUnconfirmed => "remote_write_unconfirmed",
             Self::TenantsNotLoaded => "tenants_not_loaded",
             Self::VerifierBusy => "verifier_busy",
             Self::UpstreamUnavailable(_) | Self::PushUpstreamUnavailable(_) => {

@@ -110,6 +110,7 @@ pub struct Metrics {
     pub remote_write_tenant_label: Family<TenantActionLabels, Counter>,
     pub remote_write_decode_errors: Family<TenantLabels, Counter>,
     pub remote_write_dropped_fields: Family<TenantLabels, Counter>,
+    pub remote_write_unconfirmed: Family<TenantLabels, Counter>,
     pub otlp_data_points: Family<TenantLabels, Counter>,
     pub otlp_received_bytes: Family<TenantLabels, Counter>,
     pub otlp_tenant_label: Family<TenantActionLabels, Counter>,
@@ -264,6 +265,12 @@ impl Default for Metrics {
             "Fields inside remote-write series that no schema defines, removed before forwarding",
             remote_write_dropped_fields.clone(),
         );
+        let remote_write_unconfirmed = Family::default();
+        registry.register(
+            "remote_write_unconfirmed",
+            "Remote writes 2.0 the upstream answered 2xx without confirming what it stored, answered 415",
+            remote_write_unconfirmed.clone(),
+        );
         let otlp_data_points = Family::default();
         registry.register(
             "otlp_data_points",
@@ -331,6 +338,7 @@ impl Default for Metrics {
             remote_write_tenant_label,
             remote_write_decode_errors,
             remote_write_dropped_fields,
+            remote_write_unconfirmed,
             otlp_data_points,
             otlp_received_bytes,
             otlp_tenant_label,

@@ -35,7 +35,7 @@ use crate::http::error::ProxyError;
 use crate::http::headers::{self, X_PROM_LABEL_POLICY};
 use crate::http::path;
 use crate::ops::access_log;
-use crate::ops::metrics::{self, ReasonLabels, SurfaceLabels};
+use crate::ops::metrics::{self, ReasonLabels, SurfaceLabels, TenantLabels};
 use crate::ops::otel::RequestSpan;
 use crate::routes::{Operation, Signal};
 use crate::tenants::Credential;
@@ -391,10 +391,16 @@ async fn proxy(
     {
         // Per the 2.0 spec the sender should treat this as 415 itself (as
         // Prometheus does); saying so keeps a sender that does not check
-        // from counting samples as sent that nothing stored.
-        return Err(ProxyError::UnsupportedMediaType(
-            "the upstream did not confirm a remote-write 2.0 request; it may only speak 1.0".into(),
-        ));
+        // from counting samples as sent that nothing stored. Counted per
+        // tenant: its data is lost until its sender speaks 1.0.
+        state
+            .metrics
+            .remote_write_unconfirmed
+            .get_or_create(&TenantLabels {
+                tenant: credential.tenant.id.as_str().to_owned(),
+            })
+            .inc();
+        return Err(ProxyError::RemoteWriteUnconfirmed);
     }
     if route.operation.is_push() {
         // A push's answer is small (204, or an error text): read it whole,
