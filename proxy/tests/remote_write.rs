@@ -264,10 +264,21 @@ const V1_HEADERS: &[(&str, &str)] = &[
 ];
 const V2_CT: &str = "application/x-protobuf;proto=io.prometheus.write.v2.Request";
 
+/// A push to label mode's remote-write path, as alice (tenant team-a).
 async fn push(proxy: &RunningProxy, headers: &[(&str, &str)], body: Vec<u8>) -> Reply {
+    push_to(proxy, "/api/v1/write", headers, body).await
+}
+
+/// A push to `path`, as alice (tenant team-a).
+async fn push_to(
+    proxy: &RunningProxy,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Vec<u8>,
+) -> Reply {
     send(
         Method::POST,
-        &proxy.url("/api/v1/write"),
+        &proxy.url(path),
         Some(&basic("alice", "alice-pw")),
         headers,
         body,
@@ -654,14 +665,7 @@ async fn header_mode_streams_the_push_untouched_with_the_tenant_header() {
     let section = format!("  upstream: {}\n  mode: header\n", mimir.url());
     let proxy = RunningProxy::start(ProxyOptions::metrics(tenants(), section)).await;
     let body = v1_body(&[(&[("__name__", "up"), ("namespace", "team-b")], 1.0)]);
-    let reply = send(
-        Method::POST,
-        &proxy.url("/api/v1/push"),
-        Some(&basic("alice", "alice-pw")),
-        V1_HEADERS,
-        body.clone(),
-    )
-    .await;
+    let reply = push_to(&proxy, "/api/v1/push", V1_HEADERS, body.clone()).await;
     assert_eq!(reply.status, StatusCode::NO_CONTENT);
     let seen = mimir.last();
     assert_eq!(seen.path, "/api/v1/push");
@@ -673,14 +677,7 @@ async fn header_mode_streams_the_push_untouched_with_the_tenant_header() {
     );
     // Mimir reads what it is sent: a body that is no snappy WriteRequest
     // is refused there (400, passed on: the sender drops it).
-    let reply = send(
-        Method::POST,
-        &proxy.url("/api/v1/push"),
-        Some(&basic("alice", "alice-pw")),
-        V1_HEADERS,
-        b"not snappy".to_vec(),
-    )
-    .await;
+    let reply = push_to(&proxy, "/api/v1/push", V1_HEADERS, b"not snappy".to_vec()).await;
     assert_eq!(reply.status, StatusCode::BAD_REQUEST);
     assert_eq!(mimir.last().body.as_ref(), b"not snappy");
 }
@@ -713,14 +710,7 @@ async fn a_thanos_tenant_header_is_set_once_from_the_credential() {
     // Thanos Receive's own path, which stamps the series with the header's
     // tenant: the body as sent, the tenant from the credential.
     let body = v1_body(&[(&[("__name__", "up")], 1.0)]);
-    let received = send(
-        Method::POST,
-        &proxy.url("/api/v1/receive"),
-        Some(&basic("alice", "alice-pw")),
-        &headers,
-        body.clone(),
-    )
-    .await;
+    let received = push_to(&proxy, "/api/v1/receive", &headers, body.clone()).await;
     assert_eq!(received.status, StatusCode::OK, "{}", received.text());
     let seen = thanos.last();
     assert_eq!(seen.path, "/api/v1/receive");
@@ -766,14 +756,7 @@ async fn header_mode_turns_an_unconfirmed_2_0_push_into_415() {
         let proxy = RunningProxy::start(ProxyOptions::metrics(tenants(), section)).await;
         for headers in spellings {
             let before = upstream.received().len();
-            let reply = send(
-                Method::POST,
-                &proxy.url(path),
-                Some(&basic("alice", "alice-pw")),
-                headers,
-                v2_body.clone(),
-            )
-            .await;
+            let reply = push_to(&proxy, path, headers, v2_body.clone()).await;
             assert_eq!(
                 reply.status,
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -794,10 +777,9 @@ async fn header_mode_turns_an_unconfirmed_2_0_push_into_415() {
             assert!(metrics.contains(counted), "{counted}: {metrics}");
         }
         // 1.0 is not judged by the 2.0 rule.
-        let reply = send(
-            Method::POST,
-            &proxy.url(path),
-            Some(&basic("alice", "alice-pw")),
+        let reply = push_to(
+            &proxy,
+            path,
             V1_HEADERS,
             v1_body(&[(&[("__name__", "up")], 1.0)]),
         )
@@ -832,14 +814,7 @@ async fn pushes_go_to_the_push_upstream_when_one_is_set() {
     let proxy = RunningProxy::start(ProxyOptions::metrics(tenants(), section)).await;
     let body = v1_body(&[(&[("__name__", "up")], 1.0)]);
     for path in ["/api/v1/push", "/api/v1/write"] {
-        let reply = send(
-            Method::POST,
-            &proxy.url(path),
-            Some(&basic("alice", "alice-pw")),
-            V1_HEADERS,
-            body.clone(),
-        )
-        .await;
+        let reply = push_to(&proxy, path, V1_HEADERS, body.clone()).await;
         assert_eq!(reply.status, StatusCode::NO_CONTENT, "{path}");
         let seen = pushes.last();
         assert_eq!(seen.path, path);
