@@ -128,6 +128,16 @@ pub async fn handle(
                     .metrics
                     .count_limited(outcome.tenant(), outcome.surface, refusal.limit());
             }
+            // Per tenant: its data is lost until its sender speaks 1.0.
+            if let (ProxyError::RemoteWriteUnconfirmed, Some(tenant)) = (&error, outcome.tenant()) {
+                state
+                    .metrics
+                    .remote_write_unconfirmed
+                    .get_or_create(&TenantLabels {
+                        tenant: tenant.to_owned(),
+                    })
+                    .inc();
+            }
             if let ProxyError::Overloaded = &error {
                 state
                     .metrics
@@ -391,15 +401,7 @@ async fn proxy(
     {
         // Per the 2.0 spec the sender should treat this as 415 itself (as
         // Prometheus does); saying so keeps a sender that does not check
-        // from counting samples as sent that nothing stored. Counted per
-        // tenant: its data is lost until its sender speaks 1.0.
-        state
-            .metrics
-            .remote_write_unconfirmed
-            .get_or_create(&TenantLabels {
-                tenant: credential.tenant.id.as_str().to_owned(),
-            })
-            .inc();
+        // from counting samples as sent that nothing stored.
         return Err(ProxyError::RemoteWriteUnconfirmed);
     }
     if route.operation.is_push() {
