@@ -768,6 +768,18 @@ async fn header_mode_turns_an_unconfirmed_2_0_push_into_415() {
             assert_eq!(seen.len(), before + 1, "header mode forwards it unread");
             assert_eq!(seen.last().unwrap().body.as_ref(), v2_body.as_slice());
         }
+        if path == "/api/v1/receive" {
+            // Receive read each as a request without series: nothing stored.
+            let stored = send(
+                Method::GET,
+                &format!("{}/loki/api/v1/query", upstream.url()),
+                None,
+                &[("X-Scope-OrgID", "team-a")],
+                "",
+            )
+            .await;
+            assert_eq!(stored.json()["data"]["result"], serde_json::json!([]));
+        }
         // Counted for the operator: the tenant's sender is losing data.
         let metrics = proxy.metrics().await;
         for counted in [

@@ -402,22 +402,31 @@ fn otlp_body(headers: &HeaderMap, body: &[u8]) -> Result<(Vec<u8>, bool), Refusa
 /// snappy-compressed, whatever the headers say, and a 1.0 `WriteRequest`;
 /// anything else 400. Stored like a push, as it came.
 fn mimir_remote_write(body: &[u8]) -> Result<(), Refusal> {
+    remote_write_1_0(body).map(drop)
+}
+
+/// A body read as a snappy remote-write 1.0 `WriteRequest`, whatever the
+/// headers say (a 2.0 body reads as one without series); 400 otherwise.
+fn remote_write_1_0(body: &[u8]) -> Result<tenant_proxy::enforce::prompb::WriteRequest, Refusal> {
     use prost::Message;
     use tenant_proxy::enforce::prompb::WriteRequest;
     let bad = |e: String| (StatusCode::BAD_REQUEST, e);
     let raw = snap::raw::Decoder::new()
         .decompress_vec(body)
         .map_err(|e| bad(e.to_string()))?;
-    WriteRequest::decode(raw.as_slice()).map_err(|e| bad(e.to_string()))?;
-    Ok(())
+    WriteRequest::decode(raw.as_slice()).map_err(|e| bad(e.to_string()))
 }
 
-/// Thanos Receive's `/api/v1/receive` (`pkg/receive/handler.go`): a snappy
-/// remote-write 1.0 body (400 otherwise), stored under the tenant its
-/// `THANOS-TENANT` names, or `default-tenant` without one; 200 with no body.
+/// Thanos Receive's `/api/v1/receive` (`pkg/receive/handler.go`, before
+/// it read 2.0): a snappy remote-write 1.0 body (400 otherwise), stored
+/// under the tenant its `THANOS-TENANT` names, or `default-tenant` without
+/// one; 200 with no body. A request without series (a 2.0 body read as
+/// 1.0) is skipped, stored nowhere, and still answered 200.
 fn thanos_receive(state: &State, received: &Received) -> Response<Full<Bytes>> {
-    if let Err((status, text)) = mimir_remote_write(&received.body) {
-        return reply(status, text);
+    match remote_write_1_0(&received.body) {
+        Err((status, text)) => return reply(status, text),
+        Ok(request) if request.timeseries.is_empty() => return reply(StatusCode::OK, ""),
+        Ok(_) => {}
     }
     let tenant = header_str(&received.headers, "thanos-tenant").unwrap_or("default-tenant");
     let mut stored = state.pushed.lock().unwrap();
