@@ -587,6 +587,14 @@ impl RouteTable {
 mod tests {
     use super::*;
 
+    /// No metrics section, and each way of scoping one.
+    const EVERY_METRICS_SCOPING: [Option<MetricsScoping>; 4] = [
+        None,
+        Some(MetricsScoping::Label),
+        Some(MetricsScoping::HeaderScopesEveryApi),
+        Some(MetricsScoping::HeaderScopesQueries),
+    ];
+
     fn table() -> &'static RouteTable {
         static TABLE: std::sync::OnceLock<RouteTable> = std::sync::OnceLock::new();
         TABLE.get_or_init(|| RouteTable::new(true, Some(MetricsScoping::Label), true))
@@ -690,12 +698,7 @@ mod tests {
                     .zip(&b)
                     .all(|(x, y)| x == y || *x == "{}" || *y == "{}")
         };
-        for metrics in [
-            None,
-            Some(MetricsScoping::Label),
-            Some(MetricsScoping::HeaderScopesEveryApi),
-            Some(MetricsScoping::HeaderScopesQueries),
-        ] {
+        for metrics in EVERY_METRICS_SCOPING {
             let table = RouteTable::new(true, metrics, true);
             for (i, a) in table.routes.iter().enumerate() {
                 for b in &table.routes[i + 1..] {
@@ -716,12 +719,7 @@ mod tests {
     /// a route with the same pattern.
     #[test]
     fn every_route_is_reachable_by_its_own_path() {
-        for metrics in [
-            None,
-            Some(MetricsScoping::Label),
-            Some(MetricsScoping::HeaderScopesEveryApi),
-            Some(MetricsScoping::HeaderScopesQueries),
-        ] {
+        for metrics in EVERY_METRICS_SCOPING {
             let table = RouteTable::new(true, metrics, true);
             for route in &table.routes {
                 let path = route.pattern.replace("{}", "x-1");

@@ -352,10 +352,9 @@ fn nothing_reaches_an_upstream_without_the_tenant_in(mode: MetricsMode) {
                 options.extra = Box::leak(alerts.into_boxed_str());
                 format!("  upstream: {}\n  mode: header\n", metrics.url())
             }
-            MetricsMode::ThanosHeader => format!(
-                "  upstream: {}\n  mode: header\n  header: THANOS-TENANT\n",
-                metrics.url()
-            ),
+            MetricsMode::ThanosHeader => {
+                support::header_mode_section(&metrics.url(), "THANOS-TENANT")
+            }
         });
         let proxy = RunningProxy::start(options).await;
         (loki, metrics, proxy)

@@ -710,10 +710,7 @@ async fn header_mode_sets_the_tenant_header_and_forwards_untouched_under_a_prefi
 async fn header_mode_with_thanos_forwards_only_what_thanos_scopes() {
     support::captured_logs();
     let thanos = LokiStandIn::start().await;
-    let section = format!(
-        "  upstream: {}\n  mode: header\n  header: THANOS-TENANT\n",
-        thanos.url()
-    );
+    let section = support::header_mode_section(&thanos.url(), "THANOS-TENANT");
     let proxy = RunningProxy::start(ProxyOptions::metrics(support::two_tenants(), section)).await;
     let alice = basic("alice", "alice-pw");
     let get = |path: &'static str| {

@@ -689,10 +689,7 @@ async fn header_mode_streams_the_push_untouched_with_the_tenant_header() {
 async fn a_thanos_tenant_header_is_set_once_from_the_credential() {
     support::captured_logs();
     let thanos = LokiStandIn::start().await;
-    let section = format!(
-        "  upstream: {}\n  mode: header\n  header: THANOS-TENANT\n",
-        thanos.url()
-    );
+    let section = support::header_mode_section(&thanos.url(), "THANOS-TENANT");
     let proxy = RunningProxy::start(ProxyOptions::metrics(tenants(), section)).await;
     let mut headers = V1_HEADERS.to_vec();
     headers.extend([
@@ -749,10 +746,7 @@ async fn header_mode_turns_an_unconfirmed_2_0_push_into_415() {
         ("THANOS-TENANT", "/api/v1/receive"),
         ("X-Scope-OrgID", "/api/v1/push"),
     ] {
-        let section = format!(
-            "  upstream: {}\n  mode: header\n  header: {header}\n",
-            upstream.url()
-        );
+        let section = support::header_mode_section(&upstream.url(), header);
         let proxy = RunningProxy::start(ProxyOptions::metrics(tenants(), section)).await;
         for headers in spellings {
             let before = upstream.received().len();

@@ -105,6 +105,12 @@ pub fn two_tenants() -> String {
     ])
 }
 
+/// A `metrics` section for header mode against `upstream` with the tenant
+/// in `header` (`THANOS-TENANT`: only what Thanos scopes by it is served).
+pub fn header_mode_section(upstream: &str, header: &str) -> String {
+    format!("  upstream: {upstream}\n  mode: header\n  header: {header}\n")
+}
+
 /// A property test's runner through a running server: `default_cases`, or
 /// as many as `PROPTEST_CASES` asks for a longer run; no failure file (the
 /// failing case is printed).
