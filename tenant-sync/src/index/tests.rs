@@ -130,6 +130,42 @@ fn tenant_label_groups_namespaces_and_ignores_unlabelled_ones() {
 }
 
 #[test]
+fn a_secret_names_neither_its_tenant_nor_its_limits() {
+    // Everything a Secret's author could write to claim another tenant or
+    // loosen a limit: the tenant label on the Secret, the limits
+    // annotation, and extra data keys. Only the Namespace decides.
+    let mut index = Index::new(conventions(Some("example.com/tenant")), &[String::new()]);
+    let claiming: Secret = serde_json::from_value(json!({
+        "metadata": {
+            "name": "s", "namespace": "shop-prod", "creationTimestamp": "2026-01-01T00:00:00Z",
+            "labels": {"example.com/tenant": "blog"},
+            "annotations": {LIMITS_ANNOTATION: r#"{"push": {"bytes_per_second": 1}}"#},
+        },
+        "type": SECRET_TYPE,
+        "data": {"username": b64("shop-user"), "password": b64("p"), "tenant": b64("blog")},
+    }))
+    .unwrap();
+    synced(
+        &mut index,
+        vec![
+            namespace("shop-prod", json!({"example.com/tenant": "shop"})),
+            namespace("blog", json!({"example.com/tenant": "blog"})),
+        ],
+        vec![claiming],
+    );
+    let desired = index.desired();
+    assert_eq!(users(&desired, "shop"), ["shop-user"]);
+    let blog = TenantId::parse("blog").unwrap();
+    assert!(desired
+        .tenants
+        .get(&blog)
+        .is_none_or(|t| t.users.is_empty()));
+    let shop = &desired.tenants[&TenantId::parse("shop").unwrap()];
+    assert_eq!(shop.limits, None);
+    assert!(desired.skipped.is_empty() && desired.invalid_limits.is_empty());
+}
+
+#[test]
 fn a_relabelled_namespace_moves_its_secrets_to_the_new_tenant() {
     let mut index = Index::new(conventions(Some("t")), &[String::new()]);
     synced(
