@@ -555,7 +555,8 @@ impl RouteTable {
 
     /// `path` must already be normalised (see `path::normalise`).
     pub fn classify(&self, method: &Method, path: &str) -> Result<&Route, ProxyError> {
-        let mut path_matched = false;
+        // The methods of every route on this path, for a 405's `Allow`.
+        let mut allow: Vec<Method> = Vec::new();
         let candidates = self
             .by_slashes
             .get(slashes(path))
@@ -572,13 +573,17 @@ impl RouteTable {
                 if route.methods.contains(method) {
                     return Ok(route);
                 }
-                path_matched = true;
+                for known in route.methods {
+                    if !allow.contains(known) {
+                        allow.push(known.clone());
+                    }
+                }
             }
         }
-        Err(if path_matched {
-            ProxyError::MethodNotAllowed
-        } else {
+        Err(if allow.is_empty() {
             ProxyError::RouteNotFound
+        } else {
+            ProxyError::MethodNotAllowed { allow }
         })
     }
 }
@@ -761,15 +766,16 @@ mod tests {
     }
 
     #[test]
-    fn wrong_method_is_405_not_forwarded() {
-        assert!(matches!(
-            table().classify(&Method::GET, "/loki/api/v1/push"),
-            Err(ProxyError::MethodNotAllowed)
-        ));
-        assert!(matches!(
-            table().classify(&Method::DELETE, "/loki/api/v1/query"),
-            Err(ProxyError::MethodNotAllowed)
-        ));
+    fn wrong_method_is_405_not_forwarded_and_names_the_methods_the_path_takes() {
+        let allowed = |method: Method, path: &str| match table().classify(&method, path) {
+            Err(ProxyError::MethodNotAllowed { allow }) => allow,
+            other => panic!("{method} {path}: {other:?}"),
+        };
+        assert_eq!(allowed(Method::GET, "/loki/api/v1/push"), [Method::POST]);
+        assert_eq!(
+            allowed(Method::DELETE, "/loki/api/v1/query"),
+            [Method::GET, Method::POST]
+        );
     }
 
     #[test]
@@ -930,7 +936,7 @@ mod tests {
         // Label values and federate are GET-only upstream.
         assert!(matches!(
             table().classify(&Method::POST, "/api/v1/label/job/values"),
-            Err(ProxyError::MethodNotAllowed)
+            Err(ProxyError::MethodNotAllowed { .. })
         ));
     }
 }

@@ -246,6 +246,9 @@ async fn admin_and_unknown_paths_are_refused_with_json_404() {
     )
     .await;
     assert_eq!(wrong_method.status, StatusCode::METHOD_NOT_ALLOWED);
+    // What the path does take, and a client's error, not the proxy's.
+    assert_eq!(wrong_method.headers["allow"], "GET, POST");
+    assert_eq!(wrong_method.json()["errorType"], "bad_data");
     // Deleting logs is a route, but no default credential holds its scope.
     let delete = "/loki/api/v1/delete?query=%7Ba%3D%22b%22%7D";
     let reply = send(Method::POST, &proxy.url(delete), Some(&alice), &[], "").await;

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{header, HeaderValue, Response, StatusCode};
+use http::{header, HeaderValue, Method, Response, StatusCode};
 
 use crate::http::body::{self, ProxyBody, ReadError};
 use crate::tenants::Scope;
@@ -30,8 +30,10 @@ pub enum ProxyError {
     Foreign(String),
     #[error("no such endpoint")]
     RouteNotFound,
+    /// A known path with another method; `allow` lists the path's methods
+    /// (the `Allow` header a 405 must carry, RFC 9110 section 15.5.6).
     #[error("method not allowed on this endpoint")]
-    MethodNotAllowed,
+    MethodNotAllowed { allow: Vec<Method> },
     #[error("invalid request path: {0}")]
     BadPath(&'static str),
     /// A request the proxy cannot parse or enforce; never forwarded.
@@ -98,7 +100,7 @@ impl ProxyError {
                 StatusCode::FORBIDDEN
             }
             Self::RouteNotFound => StatusCode::NOT_FOUND,
-            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::BadPath(_) | Self::BadData(_) => StatusCode::BAD_REQUEST,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
@@ -126,7 +128,7 @@ impl ProxyError {
             Self::SelectorNotEnforceable => "selector_not_enforceable",
             Self::Foreign(_) => "foreign",
             Self::RouteNotFound => "route_not_found",
-            Self::MethodNotAllowed => "method_not_allowed",
+            Self::MethodNotAllowed { .. } => "method_not_allowed",
             Self::BadPath(_) => "bad_path",
             Self::BadData(_) => "bad_data",
             Self::BodyTooLarge { .. } => "body_too_large",
@@ -149,6 +151,7 @@ impl ProxyError {
     fn error_type(&self) -> &'static str {
         match self.status() {
             StatusCode::BAD_REQUEST
+            | StatusCode::METHOD_NOT_ALLOWED
             | StatusCode::REQUEST_TIMEOUT
             | StatusCode::PAYLOAD_TOO_LARGE
             | StatusCode::UNSUPPORTED_MEDIA_TYPE => "bad_data",
@@ -253,6 +256,12 @@ impl ProxyError {
                 header::WWW_AUTHENTICATE,
                 HeaderValue::from_static("Basic realm=\"tenant-proxy\""),
             );
+        }
+        if let Self::MethodNotAllowed { allow } = &self {
+            let names: Vec<&str> = allow.iter().map(Method::as_str).collect();
+            if let Ok(value) = HeaderValue::from_str(&names.join(", ")) {
+                headers.insert(header::ALLOW, value);
+            }
         }
         if let Some(wait) = self.retry_after() {
             // Whole seconds, rounded up: retrying early is refused again.
