@@ -99,10 +99,15 @@ pub fn read_headers(headers: &HeaderMap) -> Result<Encoding, OtlpError> {
                     .into(),
             ))
         }
-        other => {
+        Some(other) => {
             return Err(OtlpError::Unsupported(format!(
                 "content type {other:?}; OTLP metrics are application/x-protobuf"
             )))
+        }
+        None => {
+            return Err(OtlpError::Unsupported(
+                "no content type; OTLP metrics are application/x-protobuf".into(),
+            ))
         }
     }
     match value(header::CONTENT_ENCODING) {

@@ -295,6 +295,13 @@ fn headers_protobuf_gzip_or_identity_json_refused() {
         .unwrap_err()
         .to_string();
     assert!(json.contains("OTLP/JSON"), "{json}");
+    // The reason names what came, in words (it reaches the sender).
+    let text = read_headers(&headers("text/plain", None))
+        .unwrap_err()
+        .to_string();
+    assert!(text.contains("content type \"text/plain\""), "{text}");
+    let none = read_headers(&HeaderMap::new()).unwrap_err().to_string();
+    assert!(none.contains("no content type"), "{none}");
 }
 
 fn gzip(raw: &[u8]) -> Vec<u8> {
