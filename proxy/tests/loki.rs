@@ -825,6 +825,12 @@ async fn no_secret_reaches_logs_metrics_or_error_bodies() {
         logs.contains(r#""user":"alice","#) && logs.contains(r#""target":"access"}"#),
         "access lines were captured"
     );
+    for line in logs.lines().filter(|l| l.contains(r#""target":"access"}"#)) {
+        let line: serde_json::Value = serde_json::from_str(line).unwrap();
+        let duration = line["fields"]["duration_ms"].to_string();
+        let decimals = duration.split_once('.').map_or(0, |(_, d)| d.len());
+        assert!(decimals <= 3, "a duration to the microsecond: {line}");
+    }
     let token = |auth: &str| auth.trim_start_matches("Basic ").to_owned();
     let secrets = [
         "alice-pw".to_owned(),

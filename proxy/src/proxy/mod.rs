@@ -172,7 +172,8 @@ pub async fn handle(
         user = outcome.username().unwrap_or("-"),
         client = %client,
         status = status.as_u16(),
-        duration_ms = started.elapsed().as_secs_f64() * 1000.0,
+        // Whole microseconds: `0.052`, not `0.052364999999999995`.
+        duration_ms = started.elapsed().as_micros() as f64 / 1000.0,
     );
     let Some(span) = span else {
         return Ok(response);
