@@ -151,8 +151,28 @@ pub struct Upstream {
     pub host: Option<HeaderValue>,
 }
 
+/// Refuses `user:password@` in a URL the proxy sends requests to. The
+/// proxy authenticates to no upstream that way: ignored, the credential
+/// would go out in the `Host` header (the authority, userinfo and all)
+/// and the upstream would see none. Checked before any message that
+/// quotes the URL, so that no error shows the password.
+pub(super) fn refuse_userinfo(raw: &str) -> Result<(), String> {
+    let authority = raw.split_once("://").map_or(raw, |(_, rest)| rest);
+    let authority = authority.split(['/', '?', '#']).next().unwrap_or_default();
+    match authority.contains('@') {
+        true => Err(
+            "must not carry credentials (user:password@): the proxy does not \
+                     authenticate to its upstreams with them; use tls.cert_file/key_file for \
+                     a client certificate"
+                .into(),
+        ),
+        false => Ok(()),
+    }
+}
+
 impl Upstream {
     pub fn parse(raw: &str) -> Result<Self, String> {
+        refuse_userinfo(raw).map_err(|why| format!("upstream URL {why}"))?;
         let uri: Uri = raw
             .parse()
             .map_err(|e| format!("invalid URL {raw:?}: {e}"))?;

@@ -479,6 +479,8 @@ pub struct TracingConfig {
 
 impl TracingConfig {
     fn validate(&self) -> Result<(), String> {
+        backends::refuse_userinfo(&self.otlp_endpoint)
+            .map_err(|why| format!("tracing.otlp_endpoint {why}"))?;
         let uri: Uri = self
             .otlp_endpoint
             .parse()

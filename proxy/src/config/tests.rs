@@ -147,6 +147,27 @@ fn upstream_prefix_is_kept_without_trailing_slash() {
     assert!(Upstream::parse("https://x").is_ok());
     assert!(Upstream::parse("ftp://x").is_err());
     assert!(Upstream::parse("x:3100").is_err());
+    // Credentials in the URL are refused, and the refusal never shows them.
+    for raw in [
+        "http://user:s3cret@loki:3100",
+        "https://s3cret@loki/prefix",
+        "http://user:s3cret@@loki",
+        "http://user:s3cret@[::1",
+    ] {
+        let why = Upstream::parse(raw).unwrap_err();
+        assert!(
+            why.contains("credentials") && !why.contains("s3cret"),
+            "{raw}: {why}"
+        );
+        let config = MINIMAL.replace("http://127.0.0.1:3100", raw);
+        let why = Config::parse(&config).unwrap_err();
+        assert!(
+            why.contains("credentials") && !why.contains("s3cret"),
+            "{raw}: {why}"
+        );
+    }
+    // An `@` in the path or query is no credential.
+    assert!(Upstream::parse("http://loki:3100/a@b").is_ok());
     // tls only with an https upstream, cert and key together.
     let base = MINIMAL.replace("http://127.0.0.1:3100", "http://x");
     let tls_on_http = format!("{base}  tls: {{ca_file: ca.crt}}\n");
@@ -241,6 +262,7 @@ fn tracing_is_off_unless_configured_and_is_validated() {
             "otlp_endpoint: https://c:4318\n  tls: {key_file: k}",
             "go together",
         ),
+        ("otlp_endpoint: http://u:p@c:4318/v1/traces", "credentials"),
     ] {
         let text = format!("{MINIMAL}tracing:\n  {bad}\n");
         let error = Config::parse(&text).unwrap_err();
