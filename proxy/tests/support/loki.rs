@@ -134,6 +134,44 @@ fn reply(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
     response
 }
 
+/// Loki's ruler taking a posted rule group (`pkg/ruler/base/api.go`,
+/// `CreateRuleGroup`): yaml.v3 into `rulefmt.RuleGroup`, unknown fields
+/// ignored, 400 `unable to decoded rule group` when it does not read; then
+/// `ValidateRuleGroup`: a name, and each rule exactly one of `record` and
+/// `alert`, with an `expr`; 202 once stored. It skips LogQL parsing of
+/// `expr`, per-tenant rule limits and storing (tests read the body).
+fn loki_rule_group(body: &[u8]) -> Response<Full<Bytes>> {
+    use serde_yaml_ng::Value;
+    let Ok(group) = serde_yaml_ng::from_slice::<Value>(body) else {
+        return reply(StatusCode::BAD_REQUEST, "unable to decoded rule group\n");
+    };
+    let text = |value: &Value, key: &str| {
+        value
+            .get(key)
+            .and_then(Value::as_str)
+            .is_some_and(|s| !s.is_empty())
+    };
+    let rule_ok = |rule: &Value| text(rule, "record") != text(rule, "alert") && text(rule, "expr");
+    let rules_ok = match group.get("rules") {
+        None | Some(Value::Null) => true,
+        Some(Value::Sequence(rules)) => rules.iter().all(rule_ok),
+        Some(_) => false,
+    };
+    if !group.is_mapping() || !rules_ok {
+        return reply(StatusCode::BAD_REQUEST, "unable to decoded rule group\n");
+    }
+    if !text(&group, "name") {
+        return reply(
+            StatusCode::BAD_REQUEST,
+            "rule group name must not be empty\n",
+        );
+    }
+    reply(
+        StatusCode::ACCEPTED,
+        r#"{"status":"success","data":null,"errorType":"","error":""}"#,
+    )
+}
+
 async fn handle(
     state: Arc<State>,
     mut request: Request<Incoming>,
@@ -197,6 +235,13 @@ async fn handle(
             tenant,
             &body,
         ));
+    }
+    if parts.method == Method::POST
+        && ["/loki/api/v1/rules/", "/api/prom/rules/"]
+            .iter()
+            .any(|ruler| path.starts_with(ruler))
+    {
+        return Ok(loki_rule_group(&body));
     }
     let pushed = if path.ends_with("/loki/api/v1/push") || path.ends_with("/api/prom/push") {
         Some(super::loki_push::lines(path, &parts.headers, &body))
