@@ -76,6 +76,10 @@ pub enum Operation {
     OtlpMetrics,
     /// Label mode: an Alertmanager API call scoped to the tenant.
     Alertmanager(AlertmanagerCall),
+    /// Label mode: a rule group posted to Loki's ruler, every rule given
+    /// the tenant label (what it records or raises reaches the metrics
+    /// backend and the Alertmanager, which scope by that label).
+    RuleGroup,
 }
 
 impl Operation {
@@ -482,7 +486,14 @@ impl RouteTable {
         let mut routes = Vec::new();
         if logs_enabled {
             routes.extend_from_slice(LOKI_ROUTES);
-            routes.extend(LOKI_RULER.iter().flatten().cloned());
+            let label_mode = metrics == Some(MetricsScoping::Label);
+            routes.extend(LOKI_RULER.iter().flatten().map(|r| match r.methods {
+                POST if label_mode => Route {
+                    operation: Operation::RuleGroup,
+                    ..r.clone()
+                },
+                _ => r.clone(),
+            }));
         }
         // A route forwarded with the tenant header only.
         let by_header = |r: &Route| Route {
@@ -776,6 +787,23 @@ mod tests {
             allowed(Method::DELETE, "/loki/api/v1/query"),
             [Method::GET, Method::POST]
         );
+    }
+
+    #[test]
+    fn a_loki_rule_group_is_rewritten_only_where_metrics_are_scoped_by_label() {
+        for metrics in EVERY_METRICS_SCOPING {
+            let table = RouteTable::new(true, metrics, false);
+            for ruler in ["/loki/api/v1/rules/ns", "/api/prom/rules/ns"] {
+                let post = table.classify(&Method::POST, ruler).unwrap();
+                let expected = match metrics {
+                    Some(MetricsScoping::Label) => Operation::RuleGroup,
+                    _ => Operation::Read,
+                };
+                assert_eq!(post.operation, expected, "{metrics:?} {ruler}");
+                let get = table.classify(&Method::GET, ruler).unwrap();
+                assert_eq!(get.operation, Operation::Read, "{metrics:?} {ruler}");
+            }
+        }
     }
 
     #[test]

@@ -143,6 +143,71 @@ async fn every_rules_and_delete_route_against_every_scope_set() {
     }
 }
 
+/// In label mode what a Loki rule records or raises reaches the metrics
+/// backend and the Alertmanager, which scope by the tenant label; a rule's
+/// result can carry any value of it (`label_format`, a pushed stream
+/// label), and its own `labels` win. So every rule that reaches Loki pins
+/// the label to the tenant, whatever the group said.
+#[tokio::test]
+async fn in_label_mode_every_loki_rule_pins_the_tenant_label() {
+    let loki = LokiStandIn::start().await;
+    let mut options = ProxyOptions::new(loki.url());
+    options.tenants = Some(tenants());
+    options.metrics = Some(format!("  upstream: {}\n  mode: label\n", loki.url()));
+    let proxy = RunningProxy::start(options).await;
+    let group = concat!(
+        "name: g\nrules:\n",
+        "  - record: errors:rate5m\n",
+        "    expr: sum by (namespace) (rate({app=\"x\"} | label_format namespace=\"team-b\" [5m]))\n",
+        "  - alert: Paged\n    expr: vector(1)\n",
+        "    labels: {namespace: team-b, severity: page}\n",
+    );
+    let headers = [
+        ("content-type", "application/yaml"),
+        ("x-scope-orgid", "team-b"),
+    ];
+    for ruler in ["/loki/api/v1/rules/ns", "/api/prom/rules/ns"] {
+        let reply = send(
+            Method::POST,
+            &proxy.url(ruler),
+            Some(&basic("ruler", "pw")),
+            &headers,
+            group,
+        )
+        .await;
+        assert_eq!(
+            reply.status,
+            StatusCode::ACCEPTED,
+            "{ruler}: {}",
+            reply.text()
+        );
+        let seen = loki.received();
+        let last = seen.last().unwrap();
+        assert_eq!(last.org_ids(), ["team-a"]);
+        let stored: serde_yaml_ng::Value = serde_yaml_ng::from_slice(&last.body).unwrap();
+        let rules = stored["rules"].as_sequence().unwrap();
+        assert_eq!(rules.len(), 2);
+        for rule in rules {
+            assert_eq!(rule["labels"]["namespace"], "team-a", "{ruler}: {rule:?}");
+        }
+        assert_eq!(rules[1]["labels"]["severity"], "page");
+        assert!(rules[0]["expr"].as_str().unwrap().contains("label_format"));
+    }
+    // A group Loki could not read is refused here and never reaches it.
+    let before = loki.received().len();
+    let reply = send(
+        Method::POST,
+        &proxy.url("/loki/api/v1/rules/ns"),
+        Some(&basic("ruler", "pw")),
+        &headers,
+        "name: g\nrules: [\n",
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text());
+    assert!(reply.text().contains("rule group"), "{}", reply.text());
+    assert_eq!(loki.received().len(), before);
+}
+
 #[test]
 fn a_selector_with_a_write_scope_is_refused_when_the_file_loads() {
     for write in ["rules:write", "alerts:write", "logs:delete"] {

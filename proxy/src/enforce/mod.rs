@@ -13,6 +13,7 @@ pub mod prompb;
 pub mod promql;
 pub mod protowire;
 pub mod remote_write;
+pub mod rule_group;
 pub mod tenant_label;
 
 /// What a push body became after its series were scoped to the tenant.

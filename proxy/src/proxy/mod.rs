@@ -43,6 +43,7 @@ use crate::upstream;
 
 mod alerts;
 mod push;
+mod rules;
 mod state;
 mod tail;
 
@@ -308,6 +309,15 @@ async fn proxy(
         Operation::OtlpMetrics => {
             let body =
                 push::otlp_metrics(state, target, &credential.tenant, &mut parts, body).await?;
+            (parts.uri.query().map(str::to_owned), body)
+        }
+        Operation::RuleGroup => {
+            // Loki's route, held to the label the metrics are scoped by.
+            let metrics = state.metrics_target.as_ref().ok_or_else(|| {
+                ProxyError::Internal("a rule group route without label mode".into())
+            })?;
+            let tenant = metrics.remote_write_label(&credential.tenant)?;
+            let body = rules::rule_group(state, &tenant, &mut parts, body).await?;
             (parts.uri.query().map(str::to_owned), body)
         }
         _ => {

@@ -1,0 +1,210 @@
+use super::*;
+use crate::config::ForeignLabelPolicy;
+
+fn owned() -> Vec<String> {
+    vec!["team-a".into(), "team-a2".into()]
+}
+
+fn tenant(owned: &[String], policy: ForeignLabelPolicy) -> TenantLabel<'_> {
+    TenantLabel {
+        name: "namespace",
+        owned,
+        owned_by: "team-a",
+        policy,
+    }
+}
+
+/// What Loki would read from the forwarded text.
+fn forwarded(body: &str, policy: ForeignLabelPolicy) -> RuleGroup {
+    let owned = owned();
+    let text = rewrite(body.as_bytes(), &tenant(&owned, policy)).unwrap();
+    serde_yaml_ng::from_str(&text).unwrap()
+}
+
+fn namespaces(group: &RuleGroup) -> Vec<Option<&str>> {
+    group
+        .rules
+        .iter()
+        .map(|r| r.labels.get("namespace").map(String::as_str))
+        .collect()
+}
+
+const MIXED: &str = r#"
+name: errors
+interval: 1m
+rules:
+  - alert: HighErrors
+    expr: sum by (namespace) (rate({app="x"} |= "error" [5m])) > 1
+    for: 5m
+    labels: {severity: page}
+    annotations: {summary: "{{ $labels.namespace }} is failing"}
+  - record: namespace:errors:rate5m
+    expr: sum by (namespace) (rate({app="x"} | label_format namespace="team-b" [5m]))
+  - alert: Owned
+    expr: vector(1)
+    labels: {namespace: team-a2}
+  - alert: Foreign
+    expr: vector(1)
+    labels: {namespace: team-b}
+  - alert: Templated
+    expr: vector(1)
+    labels: {namespace: "{{ $labels.namespace }}"}
+"#;
+
+#[test]
+fn every_rule_pins_the_tenant_label_and_an_owned_literal_is_kept() {
+    let group = forwarded(MIXED, ForeignLabelPolicy::Overwrite);
+    assert_eq!(
+        namespaces(&group),
+        [
+            Some("team-a"),
+            Some("team-a"),
+            Some("team-a2"),
+            Some("team-a"),
+            Some("team-a")
+        ]
+    );
+    // Everything else comes through as it was.
+    let first = &group.rules[0];
+    assert_eq!(first.labels["severity"], "page");
+    assert_eq!(first.for_duration.as_deref(), Some("5m"));
+    assert_eq!(
+        first.annotations["summary"],
+        "{{ $labels.namespace }} is failing"
+    );
+    assert_eq!(group.interval.as_deref(), Some("1m"));
+    assert_eq!(
+        group.rules[1].expr,
+        r#"sum by (namespace) (rate({app="x"} | label_format namespace="team-b" [5m]))"#
+    );
+}
+
+#[test]
+fn reject_refuses_a_foreign_or_templated_value_and_names_the_rule() {
+    let owned = owned();
+    let reject = tenant(&owned, ForeignLabelPolicy::Reject);
+    let err = rewrite(MIXED.as_bytes(), &reject).unwrap_err();
+    assert!(err.to_string().contains("\"Foreign\""), "{err}");
+    let templated = "name: g\nrules:\n  - alert: T\n    expr: vector(1)\n    labels: {namespace: '{{ $labels.namespace }}'}\n";
+    assert!(matches!(
+        rewrite(templated.as_bytes(), &reject),
+        Err(RuleGroupError::ForeignLabel(_))
+    ));
+    // Absent and owned are fine under reject too.
+    let fine = "name: g\nrules:\n  - record: a\n    expr: vector(1)\n  - record: b\n    expr: vector(1)\n    labels: {namespace: team-a2}\n";
+    let text = rewrite(fine.as_bytes(), &reject).unwrap();
+    let group: RuleGroup = serde_yaml_ng::from_str(&text).unwrap();
+    assert_eq!(namespaces(&group), [Some("team-a"), Some("team-a2")]);
+}
+
+#[test]
+fn group_labels_are_held_to_the_tenant_too() {
+    let body = "name: g\nlabels: {namespace: team-b, team: x}\nrules:\n  - record: a\n    expr: vector(1)\n";
+    let group = forwarded(body, ForeignLabelPolicy::Overwrite);
+    assert_eq!(group.labels["namespace"], "team-a");
+    assert_eq!(group.labels["team"], "x");
+    // Absent at group level stays absent: the rules carry it.
+    let group = forwarded(
+        "name: g\nrules:\n  - record: a\n    expr: vector(1)\n",
+        ForeignLabelPolicy::Overwrite,
+    );
+    assert!(group.labels.is_empty());
+    // `labels:` left empty reads as none, as yaml.v3 reads it.
+    let group = forwarded(
+        "name: g\nrules:\n  - record: a\n    expr: vector(1)\n    labels:\n",
+        ForeignLabelPolicy::Overwrite,
+    );
+    assert_eq!(namespaces(&group), [Some("team-a")]);
+}
+
+#[test]
+fn aliases_are_resolved_before_the_check_and_never_forwarded() {
+    let body = "name: g\nrules:\n  - record: a\n    expr: vector(1)\n    labels: &foreign {namespace: team-b}\n  - record: b\n    expr: vector(1)\n    labels: *foreign\n";
+    let owned = owned();
+    let text = rewrite(
+        body.as_bytes(),
+        &tenant(&owned, ForeignLabelPolicy::Overwrite),
+    )
+    .unwrap();
+    assert!(!text.contains('&') && !text.contains('*'), "{text}");
+    let group: RuleGroup = serde_yaml_ng::from_str(&text).unwrap();
+    assert_eq!(namespaces(&group), [Some("team-a"), Some("team-a")]);
+}
+
+#[test]
+fn what_cannot_be_read_as_one_rule_group_is_refused() {
+    let owned = owned();
+    let overwrite = tenant(&owned, ForeignLabelPolicy::Overwrite);
+    for body in [
+        "",
+        "not: a group",
+        "name: g\nrules:\n  - record: a\n    expr: vector(1)\n    lables: {namespace: team-b}\n",
+        "name: g\nsource_tenants: [team-b]\nrules: []\n",
+        "groups:\n  - name: g\n    rules: []\n",
+        "name: g\nrules:\n  - record: a\n    expr: vector(1)\n    labels: {<<: {namespace: team-b}}\n",
+        "name: g\nrules:\n  - record: a\n    expr: vector(1)\n    labels: {namespace: team-a, namespace: team-b}\n",
+        "name: g\nrules: [\n",
+    ] {
+        assert!(
+            matches!(
+                rewrite(body.as_bytes(), &overwrite),
+                Err(RuleGroupError::Unreadable(_))
+            ),
+            "{body:?}"
+        );
+    }
+}
+
+#[test]
+fn json_is_yaml_and_is_answered_as_yaml() {
+    let body = r#"{"name": "g", "rules": [{"alert": "A", "expr": "vector(1)", "labels": {"namespace": "team-b"}}]}"#;
+    let group = forwarded(body, ForeignLabelPolicy::Overwrite);
+    assert_eq!(namespaces(&group), [Some("team-a")]);
+}
+
+proptest::proptest! {
+    /// Whatever value a rule's label comes with, what Loki reads pins it
+    /// to an owned value, and nothing else about the rule changes.
+    #[test]
+    fn every_forwarded_rule_carries_an_owned_value(
+        values in proptest::collection::vec(proptest::option::of("[a-z{}$. -]{0,12}"), 1..6),
+    ) {
+        let owned = owned();
+        let group = RuleGroup {
+            name: "g".into(),
+            interval: None,
+            query_offset: None,
+            limit: None,
+            labels: BTreeMap::new(),
+            rules: values
+                .iter()
+                .enumerate()
+                .map(|(i, value)| Rule {
+                    record: Some(format!("r{i}")),
+                    alert: None,
+                    expr: "vector(1)".into(),
+                    for_duration: None,
+                    keep_firing_for: None,
+                    labels: value
+                        .iter()
+                        .map(|v| ("namespace".to_owned(), v.clone()))
+                        .chain([("other".to_owned(), format!("{i}"))])
+                        .collect(),
+                    annotations: BTreeMap::new(),
+                })
+                .collect(),
+        };
+        let body = serde_yaml_ng::to_string(&group).unwrap();
+        let text = rewrite(body.as_bytes(), &tenant(&owned, ForeignLabelPolicy::Overwrite)).unwrap();
+        let read: RuleGroup = serde_yaml_ng::from_str(&text).unwrap();
+        for (i, (rule, value)) in read.rules.iter().zip(&values).enumerate() {
+            let pinned = &rule.labels["namespace"];
+            proptest::prop_assert!(owned.contains(pinned));
+            if let Some(value) = value.as_ref().filter(|v| owned.contains(v)) {
+                proptest::prop_assert_eq!(pinned, value);
+            }
+            proptest::prop_assert_eq!(&rule.labels["other"], &format!("{i}"));
+            proptest::prop_assert_eq!(rule.record.clone(), Some(format!("r{i}")));
+        }
+    }
+}
