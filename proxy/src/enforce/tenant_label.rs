@@ -74,3 +74,15 @@ pub fn decide<'v>(
         },
     }
 }
+
+/// Team-a's `namespace` label over `owned`, as the unit tests of every
+/// rewrite that applies the policy to `namespace` use it.
+#[cfg(test)]
+pub fn team_a(owned: &[String], policy: ForeignLabelPolicy) -> TenantLabel<'_> {
+    TenantLabel {
+        name: "namespace",
+        owned,
+        owned_by: "team-a",
+        policy,
+    }
+}

@@ -1,6 +1,7 @@
 use super::*;
 use crate::config::ForeignLabelPolicy;
 use crate::enforce::prompb::{self, readings, v2, Label, Sample, TimeSeries, WriteRequest};
+use crate::enforce::tenant_label::team_a as tenant;
 use http::HeaderValue;
 use proptest::prelude::*;
 use prost::Message;
@@ -9,15 +10,6 @@ const OWNED: &[&str] = &["team-a", "team-a-2"];
 
 fn owned() -> Vec<String> {
     OWNED.iter().map(|s| s.to_string()).collect()
-}
-
-fn tenant(owned: &[String], policy: ForeignLabelPolicy) -> TenantLabel<'_> {
-    TenantLabel {
-        name: "namespace",
-        owned,
-        owned_by: "team-a",
-        policy,
-    }
 }
 
 fn series(labels: &[(&str, &str)]) -> TimeSeries {

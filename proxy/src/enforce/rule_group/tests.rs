@@ -1,17 +1,9 @@
 use super::*;
 use crate::config::ForeignLabelPolicy;
+use crate::enforce::tenant_label::team_a as tenant;
 
 fn owned() -> Vec<String> {
     vec!["team-a".into(), "team-a2".into()]
-}
-
-fn tenant(owned: &[String], policy: ForeignLabelPolicy) -> TenantLabel<'_> {
-    TenantLabel {
-        name: "namespace",
-        owned,
-        owned_by: "team-a",
-        policy,
-    }
 }
 
 /// What Loki would read from the forwarded text.
