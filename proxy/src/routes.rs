@@ -80,6 +80,10 @@ pub enum Operation {
     /// the tenant label (what it records or raises reaches the metrics
     /// backend and the Alertmanager, which scope by that label).
     RuleGroup,
+    /// Header mode: a rule group posted to Mimir's or Cortex's ruler,
+    /// forwarded as sent once it is known to query no other tenant
+    /// (`source_tenants`).
+    FederatedRuleGroup,
 }
 
 impl Operation {
@@ -516,8 +520,18 @@ impl RouteTable {
                         .map(by_header),
                 );
                 routes.extend_from_slice(HEADER_MODE_EXTRA_ROUTES);
-                routes.extend_from_slice(&MIMIR_RULER);
-                routes.extend_from_slice(&CORTEX_RULER);
+                routes.extend(
+                    MIMIR_RULER
+                        .iter()
+                        .chain(&CORTEX_RULER)
+                        .map(|r| match r.methods {
+                            POST => Route {
+                                operation: Operation::FederatedRuleGroup,
+                                ..r.clone()
+                            },
+                            _ => r.clone(),
+                        }),
+                );
             }
             // Only what such an upstream scopes by the header; metadata is
             // answered empty, as in label mode; the rest is refused by
@@ -803,6 +817,17 @@ mod tests {
                 let get = table.classify(&Method::GET, ruler).unwrap();
                 assert_eq!(get.operation, Operation::Read, "{metrics:?} {ruler}");
             }
+        }
+    }
+
+    #[test]
+    fn a_mimir_or_cortex_rule_group_has_its_source_tenants_checked() {
+        let table = RouteTable::new(false, Some(MetricsScoping::HeaderScopesEveryApi), false);
+        for ruler in ["/config/v1/rules/ns", "/rules/ns"] {
+            let post = table.classify(&Method::POST, ruler).unwrap();
+            assert_eq!(post.operation, Operation::FederatedRuleGroup, "{ruler}");
+            let get = table.classify(&Method::GET, ruler).unwrap();
+            assert_eq!(get.operation, Operation::Read, "{ruler}");
         }
     }
 

@@ -271,6 +271,46 @@ async fn mimirs_ruler_configuration_api_is_served_in_header_mode() {
             assert_eq!(seen.len(), before);
         }
     }
+    // A federated group (Mimir with `-ruler.tenant-federation.enabled`)
+    // queries the tenants it names: only the tenant's own passes.
+    let federated = |sources: &str| {
+        format!("name: f\nsource_tenants: {sources}\nrules:\n  - record: x:sum\n    expr: sum(x)\n")
+    };
+    for (sources, status) in [
+        ("[team-a]", StatusCode::OK),
+        ("[team-a, team-b]", StatusCode::FORBIDDEN),
+        ("[\"team-a|team-b\"]", StatusCode::FORBIDDEN),
+    ] {
+        let before = mimir.received().len();
+        let body = federated(sources);
+        let reply = send(
+            Method::POST,
+            &proxy.url("/config/v1/rules/ns"),
+            Some(&basic("ruler", "pw")),
+            &[("content-type", "application/yaml")],
+            body.clone(),
+        )
+        .await;
+        assert_eq!(reply.status, status, "{sources}: {}", reply.text());
+        let seen = mimir.received();
+        match status {
+            StatusCode::OK => assert_eq!(seen.last().unwrap().body, body.as_bytes()),
+            _ => assert_eq!(seen.len(), before, "{sources} reached Mimir"),
+        }
+    }
+    // A merge key Go's decoder would apply is refused, never forwarded.
+    let before = mimir.received().len();
+    let merged = "base: &b {source_tenants: [team-b]}\n<<: *b\nname: f\nrules:\n  - record: x:sum\n    expr: sum(x)\n";
+    let reply = send(
+        Method::POST,
+        &proxy.url("/config/v1/rules/ns"),
+        Some(&basic("ruler", "pw")),
+        &[],
+        merged,
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text());
+    assert_eq!(mimir.received().len(), before);
 }
 
 /// Mimir's Alertmanager (header mode, `alerts.upstream` at Mimir's root):

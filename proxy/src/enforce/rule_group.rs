@@ -111,6 +111,9 @@ pub enum RuleGroupError {
     Unreadable(String),
     #[error(transparent)]
     ForeignLabel(#[from] ForeignLabel),
+    /// Header mode: a federated group naming another tenant.
+    #[error("a rule group may read only this tenant's data; source_tenants names another")]
+    ForeignSourceTenant,
 }
 
 /// The rule group to forward, every rule's `labels` pinning the tenant
@@ -131,6 +134,46 @@ pub fn rewrite(body: &[u8], tenant: &TenantLabel<'_>) -> Result<String, RuleGrou
         })?;
     }
     serde_yaml_ng::to_string(&group).map_err(|e| RuleGroupError::Unreadable(e.to_string()))
+}
+
+/// Header mode (Mimir, Cortex): a posted rule group may carry
+/// `source_tenants`, the tenants a federated group's rules query. Mimir
+/// takes any list once `-ruler.tenant-federation.enabled` is set, trusting
+/// the gateway to have checked it: only the tenant's own id passes here.
+/// The body is forwarded as sent, so it is first held to what both readers
+/// read alike: YAML merge keys (`<<`, which Go's decoder applies and this
+/// one does not) and tags are refused.
+pub fn check_source_tenants(body: &[u8], tenant_id: &str) -> Result<(), RuleGroupError> {
+    use serde_yaml_ng::Value;
+    let group: Value =
+        serde_yaml_ng::from_slice(body).map_err(|e| RuleGroupError::Unreadable(e.to_string()))?;
+    fn plain(value: &Value) -> Result<(), RuleGroupError> {
+        match value {
+            Value::Tagged(_) => Err(RuleGroupError::Unreadable("a YAML tag".into())),
+            Value::Sequence(items) => items.iter().try_for_each(plain),
+            Value::Mapping(map) => map.iter().try_for_each(|(key, value)| {
+                if key.as_str() == Some("<<") {
+                    return Err(RuleGroupError::Unreadable("a YAML merge key `<<`".into()));
+                }
+                plain(key).and_then(|()| plain(value))
+            }),
+            _ => Ok(()),
+        }
+    }
+    plain(&group)?;
+    let sources = match group.get("source_tenants") {
+        None | Some(Value::Null) => return Ok(()),
+        Some(Value::Sequence(sources)) => sources,
+        Some(_) => {
+            return Err(RuleGroupError::Unreadable(
+                "source_tenants is not a list".into(),
+            ))
+        }
+    };
+    match sources.iter().all(|s| s.as_str() == Some(tenant_id)) {
+        true => Ok(()),
+        false => Err(RuleGroupError::ForeignSourceTenant),
+    }
 }
 
 /// Sets the tenant label in `labels` as the policy decides.

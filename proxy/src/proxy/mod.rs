@@ -320,6 +320,11 @@ async fn proxy(
             let body = rules::rule_group(state, &tenant, &mut parts, body).await?;
             (parts.uri.query().map(str::to_owned), body)
         }
+        Operation::FederatedRuleGroup => {
+            let tenant = credential.tenant.id.as_str();
+            let body = rules::federated_rule_group(state, tenant, &mut parts, body).await?;
+            (parts.uri.query().map(str::to_owned), body)
+        }
         _ => {
             let limited = Limited::new(body, state.limits.max_body_bytes as usize);
             let query = parts.uri.query().map(str::to_owned);

@@ -1,7 +1,9 @@
-//! Label mode: a rule group posted to Loki's ruler, checked and written
-//! again with the tenant label on every rule (`enforce::rule_group` says
-//! why).
+//! Rule groups posted through the proxy (`enforce::rule_group` says why):
+//! in label mode Loki's, checked and written again with the tenant label on
+//! every rule; in header mode Mimir's and Cortex's, forwarded as sent once
+//! they query no other tenant.
 
+use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use hyper::body::Incoming;
 
@@ -11,13 +13,42 @@ use crate::enforce::tenant_label::TenantLabel;
 use crate::http::body::{self, ProxyBody};
 use crate::http::error::ProxyError;
 
-/// The rule group to forward in place of the one received.
+/// The rule group to forward in place of the one received (label mode,
+/// Loki).
 pub(super) async fn rule_group(
     state: &AppState,
     tenant: &TenantLabel<'_>,
     parts: &mut http::request::Parts,
     body: body::Guarded<Incoming>,
 ) -> Result<ProxyBody, ProxyError> {
+    let received = read_uncompressed(state, parts, body).await?;
+    let yaml = rule_group::rewrite(&received, tenant).map_err(refusal)?;
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/yaml"),
+    );
+    Ok(sized(parts, yaml.into()))
+}
+
+/// The rule group as received, once it reads no other tenant's data
+/// (header mode, Mimir or Cortex).
+pub(super) async fn federated_rule_group(
+    state: &AppState,
+    tenant_id: &str,
+    parts: &mut http::request::Parts,
+    body: body::Guarded<Incoming>,
+) -> Result<ProxyBody, ProxyError> {
+    let received = read_uncompressed(state, parts, body).await?;
+    rule_group::check_source_tenants(&received, tenant_id).map_err(refusal)?;
+    Ok(sized(parts, received))
+}
+
+/// The body, bounded; a compressed one is refused (the checks read YAML).
+async fn read_uncompressed(
+    state: &AppState,
+    parts: &mut http::request::Parts,
+    body: body::Guarded<Incoming>,
+) -> Result<Bytes, ProxyError> {
     let identity = |v: &HeaderValue| v.as_bytes().eq_ignore_ascii_case(b"identity");
     if parts
         .headers
@@ -29,18 +60,25 @@ pub(super) async fn rule_group(
             "a compressed rule group is not accepted; send it as YAML".into(),
         ));
     }
-    let received = body::read_bounded(body, state.limits.max_body_bytes).await?;
-    // Unreadable, or a foreign label under `foreign_label: reject`: 400,
-    // as a remote write refused for the same reason.
-    let yaml = rule_group::rewrite(&received, tenant)
-        .map_err(|e: RuleGroupError| ProxyError::BadData(e.to_string()))?;
     parts.headers.remove(header::CONTENT_ENCODING);
-    parts.headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/yaml"),
-    );
+    Ok(body::read_bounded(body, state.limits.max_body_bytes).await?)
+}
+
+/// A group that does not read is 400, as is a foreign label under
+/// `foreign_label: reject` (as for a remote write); another tenant's data
+/// named as a source is 403.
+fn refusal(error: RuleGroupError) -> ProxyError {
+    match error {
+        RuleGroupError::ForeignSourceTenant => ProxyError::Foreign(error.to_string()),
+        RuleGroupError::Unreadable(_) | RuleGroupError::ForeignLabel(_) => {
+            ProxyError::BadData(error.to_string())
+        }
+    }
+}
+
+fn sized(parts: &mut http::request::Parts, bytes: Bytes) -> ProxyBody {
     parts
         .headers
-        .insert(header::CONTENT_LENGTH, HeaderValue::from(yaml.len()));
-    Ok(body::full(yaml))
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
+    body::full(bytes)
 }

@@ -200,3 +200,50 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn a_federated_group_may_name_only_its_own_tenant() {
+    let group =
+        |sources: &str| format!("name: g\n{sources}rules:\n  - record: a\n    expr: sum(up)\n");
+    for fine in [
+        "",
+        "source_tenants:\n",
+        "source_tenants: []\n",
+        "source_tenants: [team-a]\n",
+        "source_tenants: [team-a, team-a]\n",
+    ] {
+        assert_eq!(
+            check_source_tenants(group(fine).as_bytes(), "team-a"),
+            Ok(()),
+            "{fine}"
+        );
+    }
+    for foreign in [
+        "source_tenants: [team-b]\n",
+        "source_tenants: [team-a, team-b]\n",
+        "source_tenants: [\"team-a|team-b\"]\n",
+        "source_tenants: [1]\n",
+    ] {
+        assert_eq!(
+            check_source_tenants(group(foreign).as_bytes(), "team-a"),
+            Err(RuleGroupError::ForeignSourceTenant),
+            "{foreign}"
+        );
+    }
+    // What Go's decoder could read as another list than the one checked.
+    for unreadable in [
+        "<<: {source_tenants: [team-b]}\n",
+        "base: &b {source_tenants: [team-b]}\n<<: *b\n",
+        "source_tenants: !custom [team-b]\n",
+        "source_tenants: team-b\n",
+        "source_tenants: [\n",
+    ] {
+        assert!(
+            matches!(
+                check_source_tenants(group(unreadable).as_bytes(), "team-a"),
+                Err(RuleGroupError::Unreadable(_))
+            ),
+            "{unreadable}"
+        );
+    }
+}
