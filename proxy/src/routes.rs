@@ -135,7 +135,9 @@ impl Route {
         }
     }
 
-    fn matches_path(&self, path: &str) -> bool {
+    /// Whether `path` fills this route's pattern (`{}`: one non-empty
+    /// segment).
+    pub fn matches_path(&self, path: &str) -> bool {
         // Split as bytes: `str::split` looks for each `/` with a searcher set
         // up per segment, which cost more than the comparison on paths this
         // short (callgrind, docs/benchmarks.md).
