@@ -300,6 +300,18 @@ macro_rules! ruler_api {
     };
 }
 
+/// A ruler route, a posted rule group handled by `operation` (the other
+/// methods read or delete and pass as they are).
+fn posting_as(route: &Route, operation: Operation) -> Route {
+    match route.methods {
+        POST => Route {
+            operation,
+            ..route.clone()
+        },
+        _ => route.clone(),
+    }
+}
+
 /// Loki's ruler, at both its paths: Grafana's alerting (LotexRuler) uses the
 /// legacy `/api/prom/rules`.
 const LOKI_RULER: [[Route; 6]; 2] = [
@@ -493,12 +505,9 @@ impl RouteTable {
         if logs_enabled {
             routes.extend_from_slice(LOKI_ROUTES);
             let label_mode = metrics == Some(MetricsScoping::Label);
-            routes.extend(LOKI_RULER.iter().flatten().map(|r| match r.methods {
-                POST if label_mode => Route {
-                    operation: Operation::RuleGroup,
-                    ..r.clone()
-                },
-                _ => r.clone(),
+            routes.extend(LOKI_RULER.iter().flatten().map(|r| match label_mode {
+                true => posting_as(r, Operation::RuleGroup),
+                false => r.clone(),
             }));
         }
         // A route forwarded with the tenant header only.
@@ -522,18 +531,8 @@ impl RouteTable {
                         .map(by_header),
                 );
                 routes.extend_from_slice(HEADER_MODE_EXTRA_ROUTES);
-                routes.extend(
-                    MIMIR_RULER
-                        .iter()
-                        .chain(&CORTEX_RULER)
-                        .map(|r| match r.methods {
-                            POST => Route {
-                                operation: Operation::FederatedRuleGroup,
-                                ..r.clone()
-                            },
-                            _ => r.clone(),
-                        }),
-                );
+                let ruler = MIMIR_RULER.iter().chain(&CORTEX_RULER);
+                routes.extend(ruler.map(|r| posting_as(r, Operation::FederatedRuleGroup)));
             }
             // Only what such an upstream scopes by the header; metadata is
             // answered empty, as in label mode; the rest is refused by
