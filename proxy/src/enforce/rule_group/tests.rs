@@ -237,6 +237,7 @@ fn a_federated_group_may_name_only_its_own_tenant() {
         "source_tenants: !custom [team-b]\n",
         "source_tenants: team-b\n",
         "source_tenants: [\n",
+        "source_tenants: [team-a]\nsource_tenants: [team-b]\n",
     ] {
         assert!(
             matches!(
