@@ -208,6 +208,67 @@ async fn in_label_mode_every_loki_rule_pins_the_tenant_label() {
     assert_eq!(loki.received().len(), before);
 }
 
+/// The stand-in refuses the rule groups Loki refuses, each for its own
+/// reason, and takes a valid one with 202; posted through the proxy
+/// without metrics, so the group reaches it as sent.
+#[tokio::test]
+async fn the_loki_stand_in_refuses_the_rule_groups_loki_refuses() {
+    let loki = LokiStandIn::start().await;
+    let mut options = ProxyOptions::new(loki.url());
+    options.tenants = Some(tenants());
+    let proxy = RunningProxy::start(options).await;
+    let rule = |body: &str| format!("name: g\nrules:\n  - {body}\n");
+    let cases = [
+        ("rules: [\n".to_owned(), "unable to decoded"),
+        (
+            "name: g\nname: h\nrules: []\n".to_owned(),
+            "unable to decoded",
+        ),
+        ("rules: []\n".to_owned(), "name must not be empty"),
+        (rule("expr: vector(1)"), "invalid rule"),
+        (
+            rule("record: a\n    alert: b\n    expr: vector(1)"),
+            "invalid rule",
+        ),
+        (rule("record: a"), "invalid rule"),
+        (rule("record: a-b\n    expr: vector(1)"), "invalid rule"),
+        (
+            rule("record: a\n    expr: vector(1)\n    for: 5m"),
+            "invalid rule",
+        ),
+        (
+            rule("alert: a\n    expr: vector(1)\n    labels: {\"a.b\": x}"),
+            "invalid rule",
+        ),
+        (
+            rule("alert: a\n    expr: vector(1)\n    labels: {__name__: x}"),
+            "invalid rule",
+        ),
+    ];
+    for (group, why) in cases {
+        let reply = send(
+            Method::POST,
+            &proxy.url("/loki/api/v1/rules/ns"),
+            Some(&basic("ruler", "pw")),
+            &[],
+            group.clone(),
+        )
+        .await;
+        assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{group}");
+        assert!(reply.text().contains(why), "{group}: {}", reply.text());
+    }
+    let valid = rule("alert: a\n    expr: vector(1)\n    for: 5m\n    labels: {severity: page}");
+    let reply = send(
+        Method::POST,
+        &proxy.url("/loki/api/v1/rules/ns"),
+        Some(&basic("ruler", "pw")),
+        &[],
+        valid,
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.text());
+}
+
 #[test]
 fn a_selector_with_a_write_scope_is_refused_when_the_file_loads() {
     for write in ["rules:write", "alerts:write", "logs:delete"] {

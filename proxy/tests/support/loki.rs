@@ -136,35 +136,63 @@ fn reply(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
 
 /// Loki's ruler taking a posted rule group (`pkg/ruler/base/api.go`,
 /// `CreateRuleGroup`): yaml.v3 into `rulefmt.RuleGroup`, unknown fields
-/// ignored, 400 `unable to decoded rule group` when it does not read; then
-/// `ValidateRuleGroup`: a name, and each rule exactly one of `record` and
-/// `alert`, with an `expr`; 202 once stored. It skips LogQL parsing of
-/// `expr`, per-tenant rule limits and storing (tests read the body).
+/// ignored, a key defined twice refused, 400 `unable to decoded rule
+/// group` when it does not read; then `ValidateRuleGroup` and
+/// `rulefmt`'s `RuleNode.Validate`: a name; each rule exactly one of
+/// `record` and `alert`, with an `expr`; label and annotation names valid
+/// (the legacy charset, `__name__` excluded); a recording rule's name a
+/// valid metric name, without `for` or annotations. 202 once taken. It
+/// skips LogQL parsing of `expr`, per-tenant rule limits and storing
+/// (tests read the body).
 fn loki_rule_group(body: &[u8]) -> Response<Full<Bytes>> {
     use serde_yaml_ng::Value;
+    let unreadable = || reply(StatusCode::BAD_REQUEST, "unable to decoded rule group\n");
     let Ok(group) = serde_yaml_ng::from_slice::<Value>(body) else {
-        return reply(StatusCode::BAD_REQUEST, "unable to decoded rule group\n");
+        return unreadable();
     };
-    let text = |value: &Value, key: &str| {
+    fn text<'v>(value: &'v Value, key: &str) -> Option<&'v str> {
         value
             .get(key)
             .and_then(Value::as_str)
-            .is_some_and(|s| !s.is_empty())
+            .filter(|s| !s.is_empty())
+    }
+    let name_ok = |name: &str, colons: bool| {
+        let mut chars = name.chars();
+        let allowed = |c: char| c.is_ascii_alphabetic() || c == '_' || (colons && c == ':');
+        chars.next().is_some_and(allowed) && chars.all(|c| allowed(c) || c.is_ascii_digit())
     };
-    let rule_ok = |rule: &Value| text(rule, "record") != text(rule, "alert") && text(rule, "expr");
+    let names_ok = |rule: &Value, key: &str| match rule.get(key) {
+        None | Some(Value::Null) => true,
+        Some(Value::Mapping(map)) => map.iter().all(|(k, _)| {
+            k.as_str()
+                .is_some_and(|k| name_ok(k, false) && k != "__name__")
+        }),
+        Some(_) => false,
+    };
+    let rule_ok = |rule: &Value| {
+        let shape = text(rule, "record").is_some() != text(rule, "alert").is_some()
+            && text(rule, "expr").is_some();
+        let recording = text(rule, "record").is_none_or(|record| {
+            name_ok(record, true) && rule.get("for").is_none() && rule.get("annotations").is_none()
+        });
+        shape && recording && names_ok(rule, "labels") && names_ok(rule, "annotations")
+    };
     let rules_ok = match group.get("rules") {
         None | Some(Value::Null) => true,
         Some(Value::Sequence(rules)) => rules.iter().all(rule_ok),
         Some(_) => false,
     };
-    if !group.is_mapping() || !rules_ok {
-        return reply(StatusCode::BAD_REQUEST, "unable to decoded rule group\n");
+    if !group.is_mapping() {
+        return unreadable();
     }
-    if !text(&group, "name") {
+    if text(&group, "name").is_none() {
         return reply(
             StatusCode::BAD_REQUEST,
             "rule group name must not be empty\n",
         );
+    }
+    if !rules_ok {
+        return reply(StatusCode::BAD_REQUEST, "invalid rule\n");
     }
     reply(
         StatusCode::ACCEPTED,
