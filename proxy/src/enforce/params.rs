@@ -98,11 +98,7 @@ fn parse(bytes: &[u8]) -> Vec<(String, String)> {
 }
 
 fn check_form_headers(headers: &HeaderMap) -> Result<(), ParamsError> {
-    let encoding = headers
-        .get(header::CONTENT_ENCODING)
-        .map(|v| v.as_bytes())
-        .unwrap_or_default();
-    if !(encoding.is_empty() || encoding.eq_ignore_ascii_case(b"identity")) {
+    if !crate::http::headers::identity_coded(headers) {
         return Err(ParamsError::Compressed);
     }
     let media_type = headers

@@ -53,6 +53,16 @@ pub fn confirms_remote_write_2(headers: &HeaderMap) -> bool {
         .any(|name| headers.get(name).is_some_and(|value| !value.is_empty()))
 }
 
+/// Whether a request body is uncompressed: no `Content-Encoding`, or only
+/// `identity` (or nothing) in every copy (a reader of another copy must
+/// not find a coding the proxy did not see).
+pub fn identity_coded(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(http::header::CONTENT_ENCODING)
+        .iter()
+        .all(|value| value.is_empty() || value.as_bytes().eq_ignore_ascii_case(b"identity"))
+}
+
 /// Everything but the unreserved characters (RFC 3986) is percent-encoded.
 const POLICY_SELECTOR: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
     .remove(b'-')
@@ -104,6 +114,20 @@ mod tests {
             value.to_str().unwrap(),
             "team-a:%7Bapp%3D%22pay%20ments%22%2C%20env%3D~%22a%7Cb%22%7D"
         );
+    }
+
+    #[test]
+    fn only_identity_in_every_copy_is_uncompressed() {
+        let coded = |values: &[&'static str]| {
+            let mut headers = http::HeaderMap::new();
+            for value in values {
+                headers.append("content-encoding", http::HeaderValue::from_static(value));
+            }
+            super::identity_coded(&headers)
+        };
+        assert!(coded(&[]) && coded(&[""]));
+        assert!(coded(&["identity"]) && coded(&["IDENTITY", "identity"]));
+        assert!(!coded(&["gzip"]) && !coded(&["identity", "gzip"]));
     }
 
     #[test]

@@ -12,6 +12,7 @@ use crate::enforce::rule_group::{self, RuleGroupError};
 use crate::enforce::tenant_label::TenantLabel;
 use crate::http::body::{self, ProxyBody};
 use crate::http::error::ProxyError;
+use crate::http::headers;
 
 /// The rule group to forward in place of the one received (label mode,
 /// Loki).
@@ -49,13 +50,7 @@ async fn read_uncompressed(
     parts: &mut http::request::Parts,
     body: body::Guarded<Incoming>,
 ) -> Result<Bytes, ProxyError> {
-    let identity = |v: &HeaderValue| v.as_bytes().eq_ignore_ascii_case(b"identity");
-    if parts
-        .headers
-        .get_all(header::CONTENT_ENCODING)
-        .iter()
-        .any(|v| !identity(v))
-    {
+    if !headers::identity_coded(&parts.headers) {
         return Err(ProxyError::BadData(
             "a compressed rule group is not accepted; send it as YAML".into(),
         ));
