@@ -8,6 +8,24 @@ use http::{Method, StatusCode};
 use support::loki::LokiStandIn;
 use support::{basic, cheap_hash, send, ProxyOptions, RunningProxy};
 
+/// A rule group posted by team-a's `ruler` credential (`rules:write`).
+async fn post_as_ruler(
+    proxy: &RunningProxy,
+    path: &str,
+    headers: &[(&str, &str)],
+    group: impl Into<bytes::Bytes>,
+) -> support::Reply {
+    let url = proxy.url(path);
+    send(
+        Method::POST,
+        &url,
+        Some(&basic("ruler", "pw")),
+        headers,
+        group,
+    )
+    .await
+}
+
 /// team-a with one credential per scope set the matrix needs.
 fn tenants() -> String {
     let user = |name: &str, extra: &str| {
@@ -167,14 +185,7 @@ async fn in_label_mode_every_loki_rule_pins_the_tenant_label() {
         ("x-scope-orgid", "team-b"),
     ];
     for ruler in ["/loki/api/v1/rules/ns", "/api/prom/rules/ns"] {
-        let reply = send(
-            Method::POST,
-            &proxy.url(ruler),
-            Some(&basic("ruler", "pw")),
-            &headers,
-            group,
-        )
-        .await;
+        let reply = post_as_ruler(&proxy, ruler, &headers, group).await;
         assert_eq!(
             reply.status,
             StatusCode::ACCEPTED,
@@ -195,10 +206,9 @@ async fn in_label_mode_every_loki_rule_pins_the_tenant_label() {
     }
     // A group Loki could not read is refused here and never reaches it.
     let before = loki.received().len();
-    let reply = send(
-        Method::POST,
-        &proxy.url("/loki/api/v1/rules/ns"),
-        Some(&basic("ruler", "pw")),
+    let reply = post_as_ruler(
+        &proxy,
+        "/loki/api/v1/rules/ns",
         &headers,
         "name: g\nrules: [\n",
     )
@@ -246,26 +256,12 @@ async fn the_loki_stand_in_refuses_the_rule_groups_loki_refuses() {
         ),
     ];
     for (group, why) in cases {
-        let reply = send(
-            Method::POST,
-            &proxy.url("/loki/api/v1/rules/ns"),
-            Some(&basic("ruler", "pw")),
-            &[],
-            group.clone(),
-        )
-        .await;
+        let reply = post_as_ruler(&proxy, "/loki/api/v1/rules/ns", &[], group.clone()).await;
         assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{group}");
         assert!(reply.text().contains(why), "{group}: {}", reply.text());
     }
     let valid = rule("alert: a\n    expr: vector(1)\n    for: 5m\n    labels: {severity: page}");
-    let reply = send(
-        Method::POST,
-        &proxy.url("/loki/api/v1/rules/ns"),
-        Some(&basic("ruler", "pw")),
-        &[],
-        valid,
-    )
-    .await;
+    let reply = post_as_ruler(&proxy, "/loki/api/v1/rules/ns", &[], valid).await;
     assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.text());
 }
 
@@ -344,10 +340,9 @@ async fn mimirs_ruler_configuration_api_is_served_in_header_mode() {
     ] {
         let before = mimir.received().len();
         let body = federated(sources);
-        let reply = send(
-            Method::POST,
-            &proxy.url("/config/v1/rules/ns"),
-            Some(&basic("ruler", "pw")),
+        let reply = post_as_ruler(
+            &proxy,
+            "/config/v1/rules/ns",
             &[("content-type", "application/yaml")],
             body.clone(),
         )
@@ -362,14 +357,7 @@ async fn mimirs_ruler_configuration_api_is_served_in_header_mode() {
     // A merge key Go's decoder would apply is refused, never forwarded.
     let before = mimir.received().len();
     let merged = "base: &b {source_tenants: [team-b]}\n<<: *b\nname: f\nrules:\n  - record: x:sum\n    expr: sum(x)\n";
-    let reply = send(
-        Method::POST,
-        &proxy.url("/config/v1/rules/ns"),
-        Some(&basic("ruler", "pw")),
-        &[],
-        merged,
-    )
-    .await;
+    let reply = post_as_ruler(&proxy, "/config/v1/rules/ns", &[], merged).await;
     assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text());
     assert_eq!(mimir.received().len(), before);
 }
