@@ -458,6 +458,26 @@ async fn otlp_metrics_that_cannot_be_checked_are_refused_in_otlp_shape_and_never
     )
     .await;
     assert_eq!(not_gzip.status, StatusCode::BAD_REQUEST);
+    // Two codings: which one counts is ambiguous, so neither is picked.
+    let two_codings = post(
+        &proxy,
+        "/api/v1/otlp/v1/metrics",
+        &alice,
+        &[
+            protobuf[0],
+            ("content-encoding", "identity"),
+            ("content-encoding", "gzip"),
+        ],
+        metrics_request(&[]).encode_to_vec(),
+    )
+    .await;
+    assert_eq!(two_codings.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    let status = RpcStatus::decode(two_codings.body.as_ref()).unwrap();
+    assert!(
+        status.message.contains("more than one content-encoding"),
+        "{}",
+        status.message
+    );
 
     let reader = basic("reader", "reader-pw");
     let owned = metrics_request(&[kv("k8s_namespace_name", "team-a")]).encode_to_vec();
@@ -496,7 +516,7 @@ async fn otlp_metrics_that_cannot_be_checked_are_refused_in_otlp_shape_and_never
         "{metrics}"
     );
     assert!(
-        metrics.contains(r#"tenant_proxy_otlp_decode_errors_total{tenant="team-a"} 3"#),
+        metrics.contains(r#"tenant_proxy_otlp_decode_errors_total{tenant="team-a"} 4"#),
         "{metrics}"
     );
 }

@@ -34,6 +34,7 @@ use opentelemetry_proto::tonic::metrics::v1::{metric::Data, Metric};
 use super::protowire::WireError;
 use super::tenant_label::{ForeignLabel, TenantLabel};
 use super::Rewritten;
+use crate::http::headers::single_value;
 pub use translate::{translates_to, Level};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -84,14 +85,16 @@ pub struct Stats {
 
 /// Reads `Content-Type` (protobuf only: OTLP/JSON is refused with 415 in
 /// label mode, because it would need a second decoder to check) and
-/// `Content-Encoding` (gzip or identity), both case-insensitive.
+/// `Content-Encoding` (gzip or identity), both case-insensitive. A repeated
+/// header is 415, as on remote write: which copy counts is ambiguous, and
+/// the sender learns so (upstream gets canonical headers either way).
 pub fn read_headers(headers: &HeaderMap) -> Result<Encoding, OtlpError> {
     let value = |name| {
-        headers
-            .get(name)
-            .map(|v: &HeaderValue| v.to_str().unwrap_or("\u{fffd}").trim())
+        single_value(headers, &name)
+            .map(|v| v.map(str::trim))
+            .map_err(OtlpError::Unsupported)
     };
-    match value(header::CONTENT_TYPE) {
+    match value(header::CONTENT_TYPE)? {
         Some(ct) if ct.eq_ignore_ascii_case("application/x-protobuf") => {}
         Some(ct) if ct.to_ascii_lowercase().starts_with("application/json") => {
             return Err(OtlpError::Unsupported(
@@ -110,7 +113,7 @@ pub fn read_headers(headers: &HeaderMap) -> Result<Encoding, OtlpError> {
             ))
         }
     }
-    match value(header::CONTENT_ENCODING) {
+    match value(header::CONTENT_ENCODING)? {
         None => Ok(Encoding::Identity),
         Some(e) if e.eq_ignore_ascii_case("identity") => Ok(Encoding::Identity),
         Some(e) if e.eq_ignore_ascii_case("gzip") => Ok(Encoding::Gzip),

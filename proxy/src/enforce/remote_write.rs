@@ -151,24 +151,12 @@ pub fn sender_expects_v2(headers: &HeaderMap) -> bool {
     content_type_says || version_says
 }
 
-/// The one value of a header, if any.
+/// The one value of a header, if any; a repeated one is 415.
 fn single_header<'h>(
     headers: &'h HeaderMap,
     name: &HeaderName,
 ) -> Result<Option<&'h str>, RemoteWriteError> {
-    let mut values = headers.get_all(name).iter();
-    let Some(value) = values.next() else {
-        return Ok(None);
-    };
-    if values.next().is_some() {
-        return Err(RemoteWriteError::Unsupported(format!(
-            "more than one {name} header"
-        )));
-    }
-    value
-        .to_str()
-        .map(Some)
-        .map_err(|_| RemoteWriteError::Unsupported(format!("non-ASCII {name}")))
+    crate::http::headers::single_value(headers, name).map_err(RemoteWriteError::Unsupported)
 }
 
 /// Replaces the headers a receiver decodes by with the canonical spelling

@@ -63,6 +63,26 @@ pub fn identity_coded(headers: &HeaderMap) -> bool {
         .all(|value| value.is_empty() || value.as_bytes().eq_ignore_ascii_case(b"identity"))
 }
 
+/// The one value of a header a body is decoded by, if any. A repeated
+/// header is refused, not read one way: receivers differ on which copy
+/// they take (Go's `Header.Get` the first, others the last or all).
+pub fn single_value<'h>(
+    headers: &'h HeaderMap,
+    name: &HeaderName,
+) -> Result<Option<&'h str>, String> {
+    let mut values = headers.get_all(name).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(format!("more than one {name} header"));
+    }
+    value
+        .to_str()
+        .map(Some)
+        .map_err(|_| format!("non-ASCII {name}"))
+}
+
 /// Everything but the unreserved characters (RFC 3986) is percent-encoded.
 const POLICY_SELECTOR: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
     .remove(b'-')

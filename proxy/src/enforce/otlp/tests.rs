@@ -304,6 +304,33 @@ fn headers_protobuf_gzip_or_identity_json_refused() {
     assert!(none.contains("no content type"), "{none}");
 }
 
+#[test]
+fn a_repeated_type_or_coding_is_refused_whichever_copy_a_receiver_reads() {
+    for (name, first, second) in [
+        (header::CONTENT_ENCODING, "identity", "gzip"),
+        (header::CONTENT_ENCODING, "gzip", "identity"),
+        (
+            header::CONTENT_TYPE,
+            "application/x-protobuf",
+            "application/json",
+        ),
+        (
+            header::CONTENT_TYPE,
+            "application/x-protobuf",
+            "application/x-protobuf",
+        ),
+    ] {
+        let mut h = headers("application/x-protobuf", None);
+        h.insert(name.clone(), HeaderValue::from_static(first));
+        h.append(name.clone(), HeaderValue::from_static(second));
+        let refusal = read_headers(&h).unwrap_err();
+        assert!(
+            matches!(&refusal, OtlpError::Unsupported(why) if why.contains("more than one")),
+            "{name}: {first}, {second}: {refusal}"
+        );
+    }
+}
+
 fn gzip(raw: &[u8]) -> Vec<u8> {
     use std::io::Write;
     let mut gz = GzEncoder::new(Vec::new(), flate2::Compression::default());
