@@ -7,8 +7,9 @@
 //!   the typed group and as plain YAML (a second, untyped reading), with
 //!   every rule's `namespace` label an owned value and any group-level one
 //!   too; every other field as the body had it; under `reject` no value
-//!   the body set is changed; and rewriting what is forwarded changes
-//!   nothing (one reading, one spelling);
+//!   the body set is changed; the counts of pinned rules add up to the
+//!   rules that came without an owned value; and rewriting what is
+//!   forwarded changes and counts nothing (one reading, one spelling);
 //! - header mode: a body that passes names no source tenant but the
 //!   caller's, read as plain YAML.
 #![no_main]
@@ -16,7 +17,7 @@
 use libfuzzer_sys::fuzz_target;
 use serde_yaml_ng::Value;
 use tenant_proxy::config::ForeignLabelPolicy;
-use tenant_proxy::enforce::rule_group::{check_source_tenants, rewrite, RuleGroup};
+use tenant_proxy::enforce::rule_group::{check_source_tenants, rewrite, Pinned, RuleGroup};
 use tenant_proxy::enforce::tenant_label::TenantLabel;
 
 fn namespace_of(labels: &Value) -> Option<&str> {
@@ -50,7 +51,7 @@ fuzz_target!(|data: &[u8]| {
         owned_by: "team-a",
         policy,
     };
-    let Ok(text) = rewrite(body, &tenant) else {
+    let Ok((text, pinned)) = rewrite(body, &tenant) else {
         return;
     };
     let sent: RuleGroup = serde_yaml_ng::from_slice(body).unwrap();
@@ -58,6 +59,7 @@ fuzz_target!(|data: &[u8]| {
     let plain: Value = serde_yaml_ng::from_str(&text).unwrap();
     let owns = |v: Option<&str>| v.is_some_and(|v| owned.iter().any(|o| o == v));
     assert_eq!(forwarded.rules.len(), sent.rules.len());
+    let mut unpinned = 0;
     for (i, (out, came)) in forwarded.rules.iter().zip(&sent.rules).enumerate() {
         assert!(owns(out.labels.get("namespace").map(String::as_str)), "{text}");
         assert!(owns(namespace_of(&plain["rules"][i]["labels"])), "{text}");
@@ -65,6 +67,7 @@ fuzz_target!(|data: &[u8]| {
         others.labels.remove("namespace");
         let mut came_others = came.clone();
         let came_value = came_others.labels.remove("namespace");
+        unpinned += u64::from(!owns(came_value.as_deref()));
         assert_eq!(others, came_others, "{text}");
         if policy == ForeignLabelPolicy::Reject {
             if let Some(value) = came_value {
@@ -74,6 +77,11 @@ fuzz_target!(|data: &[u8]| {
     }
     if let Some(value) = forwarded.labels.get("namespace") {
         assert!(owns(Some(value)) && owns(namespace_of(&plain["labels"])), "{text}");
+        unpinned += u64::from(!owns(sent.labels.get("namespace").map(String::as_str)));
+    }
+    assert_eq!(pinned.added + pinned.overwritten, unpinned, "{text}");
+    if policy == ForeignLabelPolicy::Reject {
+        assert_eq!(pinned.overwritten, 0, "{text}");
     }
     let without_namespace = |g: &RuleGroup| {
         let mut labels = g.labels.clone();
@@ -81,5 +89,5 @@ fuzz_target!(|data: &[u8]| {
         (g.name.clone(), g.interval.clone(), g.query_offset.clone(), g.limit, labels)
     };
     assert_eq!(without_namespace(&forwarded), without_namespace(&sent), "{text}");
-    assert_eq!(rewrite(text.as_bytes(), &tenant).as_deref(), Ok(text.as_str()));
+    assert_eq!(rewrite(text.as_bytes(), &tenant), Ok((text.clone(), Pinned::default())));
 });

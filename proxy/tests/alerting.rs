@@ -204,6 +204,14 @@ async fn in_label_mode_every_loki_rule_pins_the_tenant_label() {
         assert_eq!(rules[1]["labels"]["severity"], "page");
         assert!(rules[0]["expr"].as_str().unwrap().contains("label_format"));
     }
+    // Per post: the recording rule had no label, the alert another's.
+    let metrics = proxy.metrics().await;
+    for action in ["added", "overwritten"] {
+        let line = format!(
+            r#"tenant_proxy_rule_tenant_label_total{{tenant="team-a",action="{action}"}} 2"#
+        );
+        assert!(metrics.contains(&line), "{line} in {metrics}");
+    }
     // A group Loki could not read is refused here and never reaches it.
     let before = loki.received().len();
     let reply = post_as_ruler(
@@ -216,6 +224,23 @@ async fn in_label_mode_every_loki_rule_pins_the_tenant_label() {
     assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text());
     assert!(reply.text().contains("rule group"), "{}", reply.text());
     assert_eq!(loki.received().len(), before);
+
+    // Under `reject`, the foreign alert refuses the whole group.
+    let mut options = ProxyOptions::new(loki.url());
+    options.tenants = Some(tenants());
+    options.metrics = Some(format!(
+        "  upstream: {}\n  mode: label\n  foreign_label: reject\n",
+        loki.url()
+    ));
+    let strict = RunningProxy::start(options).await;
+    let reply = post_as_ruler(&strict, "/loki/api/v1/rules/ns", &headers, group).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text());
+    assert!(reply.text().contains("Paged"), "{}", reply.text());
+    assert_eq!(loki.received().len(), before);
+    assert!(strict
+        .metrics()
+        .await
+        .contains(r#"tenant_proxy_rule_tenant_label_total{tenant="team-a",action="rejected"} 1"#));
 }
 
 /// The stand-in refuses the rule groups Loki refuses, each for its own

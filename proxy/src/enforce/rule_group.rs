@@ -116,24 +116,38 @@ pub enum RuleGroupError {
     ForeignSourceTenant,
 }
 
+/// What pinning did to a group, for metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Pinned {
+    /// Rules (and group `labels`) that had no tenant label.
+    pub added: u64,
+    /// Those whose value was not an owned one written literally.
+    pub overwritten: u64,
+}
+
 /// The rule group to forward, every rule's `labels` pinning the tenant
-/// label, and the YAML it is written as.
-pub fn rewrite(body: &[u8], tenant: &TenantLabel<'_>) -> Result<String, RuleGroupError> {
+/// label: the YAML it is written as, and what was pinned.
+pub fn rewrite(body: &[u8], tenant: &TenantLabel<'_>) -> Result<(String, Pinned), RuleGroupError> {
     let mut group: RuleGroup =
         serde_yaml_ng::from_slice(body).map_err(|e| RuleGroupError::Unreadable(e.to_string()))?;
     let name = group.name.clone();
+    let mut pinned = Pinned::default();
     // Rule labels win over the group's, but a reader that applied only
     // the group's must not find another tenant's value there either.
     if group.labels.contains_key(tenant.name) {
-        pin(&mut group.labels, tenant, || format!("rule group {name:?}"))?;
+        pin(&mut group.labels, tenant, &mut pinned, || {
+            format!("rule group {name:?}")
+        })?;
     }
     for rule in &mut group.rules {
         let rule_name = rule.alert.as_ref().or(rule.record.as_ref()).cloned();
-        pin(&mut rule.labels, tenant, || {
+        pin(&mut rule.labels, tenant, &mut pinned, || {
             format!("rule {:?} of group {name:?}", rule_name.unwrap_or_default())
         })?;
     }
-    serde_yaml_ng::to_string(&group).map_err(|e| RuleGroupError::Unreadable(e.to_string()))
+    let yaml =
+        serde_yaml_ng::to_string(&group).map_err(|e| RuleGroupError::Unreadable(e.to_string()))?;
+    Ok((yaml, pinned))
 }
 
 /// Header mode (Mimir, Cortex): a posted rule group may carry
@@ -176,22 +190,24 @@ pub fn check_source_tenants(body: &[u8], tenant_id: &str) -> Result<(), RuleGrou
     }
 }
 
-/// Sets the tenant label in `labels` as the policy decides.
+/// Sets the tenant label in `labels` as the policy decides, and counts it.
 fn pin(
     labels: &mut BTreeMap<String, String>,
     tenant: &TenantLabel<'_>,
+    pinned: &mut Pinned,
     describe: impl FnOnce() -> String,
 ) -> Result<(), ForeignLabel> {
     let found = labels
         .get(tenant.name)
         .map_or(Found::Nothing, |value| Found::Same(value.as_bytes()));
-    match decide(found, tenant, describe)? {
-        Decision::Keep(_) => {}
-        Decision::Add | Decision::Overwrite => {
-            let value = String::from_utf8_lossy(tenant.default_value()).into_owned();
-            labels.insert(tenant.name.to_owned(), value);
-        }
-    }
+    let count = match decide(found, tenant, describe)? {
+        Decision::Keep(_) => return Ok(()),
+        Decision::Add => &mut pinned.added,
+        Decision::Overwrite => &mut pinned.overwritten,
+    };
+    *count += 1;
+    let value = String::from_utf8_lossy(tenant.default_value()).into_owned();
+    labels.insert(tenant.name.to_owned(), value);
     Ok(())
 }
 

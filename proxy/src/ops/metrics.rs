@@ -115,6 +115,7 @@ pub struct Metrics {
     pub otlp_received_bytes: Family<TenantLabels, Counter>,
     pub otlp_tenant_label: Family<TenantActionLabels, Counter>,
     pub otlp_decode_errors: Family<TenantLabels, Counter>,
+    pub rule_tenant_label: Family<TenantActionLabels, Counter>,
     pub trace_exports: Family<OutcomeLabels, Counter>,
     /// Live tails spliced to Loki now, and those closed because the
     /// tenants file no longer granted their credential.
@@ -295,6 +296,12 @@ impl Default for Metrics {
             "OTLP metrics requests refused as undecodable, oversized or unsupported",
             otlp_decode_errors.clone(),
         );
+        let rule_tenant_label = Family::default();
+        registry.register(
+            "rule_tenant_label",
+            "Loki rules (and group labels) whose tenant label the proxy added, overwrote or rejected (label mode)",
+            rule_tenant_label.clone(),
+        );
         let trace_exports = Family::default();
         registry.register(
             "trace_exports",
@@ -343,6 +350,7 @@ impl Default for Metrics {
             otlp_received_bytes,
             otlp_tenant_label,
             otlp_decode_errors,
+            rule_tenant_label,
             trace_exports,
             live_tails,
             live_tails_revoked,

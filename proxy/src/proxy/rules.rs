@@ -13,6 +13,7 @@ use crate::enforce::tenant_label::TenantLabel;
 use crate::http::body::{self, ProxyBody};
 use crate::http::error::ProxyError;
 use crate::http::headers;
+use crate::ops::metrics::TenantActionLabels;
 
 /// The rule group to forward in place of the one received (label mode,
 /// Loki).
@@ -23,7 +24,14 @@ pub(super) async fn rule_group(
     body: body::Guarded<Incoming>,
 ) -> Result<ProxyBody, ProxyError> {
     let received = read_uncompressed(state, parts, body).await?;
-    let yaml = rule_group::rewrite(&received, tenant).map_err(refusal)?;
+    let (yaml, pinned) = rule_group::rewrite(&received, tenant).map_err(|error| {
+        if let RuleGroupError::ForeignLabel(_) = error {
+            count_pinned(state, tenant, "rejected", 1);
+        }
+        refusal(error)
+    })?;
+    count_pinned(state, tenant, "added", pinned.added);
+    count_pinned(state, tenant, "overwritten", pinned.overwritten);
     parts.headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/yaml"),
@@ -57,6 +65,18 @@ async fn read_uncompressed(
     }
     parts.headers.remove(header::CONTENT_ENCODING);
     Ok(body::read_bounded(body, state.limits.max_body_bytes).await?)
+}
+
+fn count_pinned(state: &AppState, tenant: &TenantLabel<'_>, action: &'static str, rules: u64) {
+    let labels = TenantActionLabels {
+        tenant: tenant.owned_by.to_owned(),
+        action,
+    };
+    state
+        .metrics
+        .rule_tenant_label
+        .get_or_create(&labels)
+        .inc_by(rules);
 }
 
 /// A group that does not read is 400, as is a foreign label under

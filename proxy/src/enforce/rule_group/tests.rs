@@ -9,7 +9,7 @@ fn owned() -> Vec<String> {
 /// What Loki would read from the forwarded text.
 fn forwarded(body: &str, policy: ForeignLabelPolicy) -> RuleGroup {
     let owned = owned();
-    let text = rewrite(body.as_bytes(), &tenant(&owned, policy)).unwrap();
+    let (text, _) = rewrite(body.as_bytes(), &tenant(&owned, policy)).unwrap();
     serde_yaml_ng::from_str(&text).unwrap()
 }
 
@@ -84,7 +84,14 @@ fn reject_refuses_a_foreign_or_templated_value_and_names_the_rule() {
     ));
     // Absent and owned are fine under reject too.
     let fine = "name: g\nrules:\n  - record: a\n    expr: vector(1)\n  - record: b\n    expr: vector(1)\n    labels: {namespace: team-a2}\n";
-    let text = rewrite(fine.as_bytes(), &reject).unwrap();
+    let (text, pinned) = rewrite(fine.as_bytes(), &reject).unwrap();
+    assert_eq!(
+        pinned,
+        Pinned {
+            added: 1,
+            overwritten: 0
+        }
+    );
     let group: RuleGroup = serde_yaml_ng::from_str(&text).unwrap();
     assert_eq!(namespaces(&group), [Some("team-a"), Some("team-a2")]);
 }
@@ -113,7 +120,7 @@ fn group_labels_are_held_to_the_tenant_too() {
 fn aliases_are_resolved_before_the_check_and_never_forwarded() {
     let body = "name: g\nrules:\n  - record: a\n    expr: vector(1)\n    labels: &foreign {namespace: team-b}\n  - record: b\n    expr: vector(1)\n    labels: *foreign\n";
     let owned = owned();
-    let text = rewrite(
+    let (text, _) = rewrite(
         body.as_bytes(),
         &tenant(&owned, ForeignLabelPolicy::Overwrite),
     )
@@ -187,7 +194,11 @@ proptest::proptest! {
                 .collect(),
         };
         let body = serde_yaml_ng::to_string(&group).unwrap();
-        let text = rewrite(body.as_bytes(), &tenant(&owned, ForeignLabelPolicy::Overwrite)).unwrap();
+        let (text, pinned) = rewrite(body.as_bytes(), &tenant(&owned, ForeignLabelPolicy::Overwrite)).unwrap();
+        // Counted as metrics: one per rule that did not carry an owned value.
+        let absent = values.iter().filter(|v| v.is_none()).count() as u64;
+        let foreign = values.iter().flatten().filter(|v| !owned.contains(v)).count() as u64;
+        proptest::prop_assert_eq!(pinned, Pinned { added: absent, overwritten: foreign });
         let read: RuleGroup = serde_yaml_ng::from_str(&text).unwrap();
         for (i, (rule, value)) in read.rules.iter().zip(&values).enumerate() {
             let pinned = &rule.labels["namespace"];
