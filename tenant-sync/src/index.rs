@@ -60,6 +60,11 @@ pub struct SecretCredential {
     pub selector: Option<String>,
 }
 
+/// The scopes a credential holds: those listed, or the default set.
+fn granted(scopes: Option<&[Scope]>) -> Scopes {
+    scopes.map_or_else(Scopes::default_set, |s| s.iter().copied().collect())
+}
+
 /// The annotation restricting a credential to a selector within its tenant.
 pub const SELECTOR_ANNOTATION: &str = "tenant-proxy/selector";
 
@@ -69,12 +74,20 @@ pub const SELECTOR_ANNOTATION: &str = "tenant-proxy/selector";
 /// Secrets in their namespaces.
 pub const LIMITS_ANNOTATION: &str = "tenant-proxy/limits";
 
+/// The annotation on a Namespace that caps the scopes its Secrets may
+/// grant, e.g. `logs:read,logs:write,metrics:read,metrics:write`. Like the
+/// limits, it is read on Namespaces only: whoever may edit Secrets in a
+/// namespace otherwise mints any scope for the whole tenant.
+pub const GRANTABLE_SCOPES_ANNOTATION: &str = "tenant-proxy/grantable-scopes";
+
 /// What a Namespace contributes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NamespaceEntry {
     pub tenant: Option<TenantId>,
     /// `Err`: the annotation is invalid (why), and left out.
     pub limits: Result<Option<TenantLimitsOverride>, String>,
+    /// The most a Secret here may grant; `None`: no cap.
+    pub grantable: Option<Scopes>,
 }
 
 /// Reads the limits annotation of a Namespace, checked as the proxy checks
@@ -87,6 +100,24 @@ pub fn limits_of(namespace: &Namespace) -> Result<Option<TenantLimitsOverride>, 
         serde_json::from_str(text).map_err(|e| format!("{LIMITS_ANNOTATION}: {e}"))?;
     limits.validate(LIMITS_ANNOTATION)?;
     Ok(Some(limits))
+}
+
+/// Reads the grantable-scopes annotation of a Namespace. One that cannot
+/// be read caps everything: it grants nothing (the platform meant a cap,
+/// and a typo must not lift it).
+pub fn grantable_of(namespace: &Namespace) -> Option<Scopes> {
+    let text = namespace.annotations().get(GRANTABLE_SCOPES_ANNOTATION)?;
+    match parse_scopes(text) {
+        Some(scopes) => Some(scopes.into_iter().collect()),
+        None => {
+            tracing::warn!(
+                namespace = %namespace.name_any(),
+                value = %text,
+                "{GRANTABLE_SCOPES_ANNOTATION} lists no known scope: its Secrets grant nothing"
+            );
+            Some(Scopes::default())
+        }
+    }
 }
 
 /// Why a Secret contributes no credential. The label of a metric.
@@ -103,6 +134,9 @@ pub enum SkipReason {
     InvalidScopes,
     InvalidSelector,
     NamespaceNotATenant,
+    /// Asks (by listing, or by default) for a scope its Namespace's
+    /// grantable-scopes annotation leaves out.
+    ScopeNotGrantable,
     DuplicateUsername,
 }
 
@@ -118,6 +152,7 @@ impl SkipReason {
             Self::InvalidScopes => "invalid_scopes",
             Self::InvalidSelector => "invalid_selector",
             Self::NamespaceNotATenant => "namespace_not_a_tenant",
+            Self::ScopeNotGrantable => "scope_not_grantable",
             Self::DuplicateUsername => "duplicate_username",
         }
     }
@@ -184,11 +219,9 @@ fn read_credential(
     let selector = match secret.annotations().get(SELECTOR_ANNOTATION) {
         None => None,
         Some(text) => {
-            let granted = scopes
-                .as_ref()
-                .map_or_else(Scopes::default_set, |s| s.iter().copied().collect());
-            let selector = tenant_proxy::tenants::file::read_only_selector(text, granted)
-                .map_err(|_| SkipReason::InvalidSelector)?;
+            let selector =
+                tenant_proxy::tenants::file::read_only_selector(text, granted(scopes.as_deref()))
+                    .map_err(|_| SkipReason::InvalidSelector)?;
             Some(selector.as_str().to_owned())
         }
     };
@@ -370,6 +403,7 @@ impl Index {
             let entry = NamespaceEntry {
                 tenant: tenant_of(ns, conventions),
                 limits: limits_of(ns),
+                grantable: grantable_of(ns),
             };
             (ns.name_any(), entry)
         });
@@ -393,9 +427,10 @@ impl Index {
             && self.peers.as_ref().is_none_or(|p| p.synced)
     }
 
-    /// Applies the rules: a Secret speaks only for its own namespace's tenant;
-    /// of several Secrets with one username the oldest wins (then the first by
-    /// namespace/name); invalid Secrets are skipped with a reason.
+    /// Applies the rules: a Secret speaks only for its own namespace's tenant,
+    /// with no scope its Namespace does not let it grant; of several Secrets
+    /// with one username the oldest wins (then the first by namespace/name);
+    /// invalid Secrets are skipped with a reason.
     pub fn desired(&self) -> Desired {
         let mut desired = Desired::default();
         for (namespace, entry) in &self.namespaces.current {
@@ -434,6 +469,7 @@ impl Index {
             };
             let Some(NamespaceEntry {
                 tenant: Some(tenant),
+                grantable,
                 ..
             }) = self.namespaces.current.get(&key.0)
             else {
@@ -442,6 +478,13 @@ impl Index {
                     .push((key.clone(), SkipReason::NamespaceNotATenant));
                 continue;
             };
+            let granted = granted(credential.scopes.as_deref());
+            if grantable.is_some_and(|cap| !granted.iter().all(|s| cap.contains(s))) {
+                desired
+                    .skipped
+                    .push((key.clone(), SkipReason::ScopeNotGrantable));
+                continue;
+            }
             if !taken.insert(credential.username.clone()) {
                 desired
                     .skipped

@@ -122,3 +122,22 @@ fn the_limits_annotation_example_is_valid() {
     let query = limits[0].query.unwrap();
     assert_eq!((query.requests_per_second, query.concurrency), (5.0, 2));
 }
+
+#[test]
+fn the_grantable_scopes_example_caps_staging_to_the_default_set() {
+    use tenant_proxy::tenants::Scopes;
+    let caps: Vec<_> = documents("tenant-namespaces.yaml")
+        .into_iter()
+        .map(|doc| {
+            let ns: Namespace = typed(doc);
+            (ns.metadata.name.clone().unwrap(), index::grantable_of(&ns))
+        })
+        .collect();
+    assert_eq!(
+        caps,
+        [
+            ("shop-prod".to_owned(), None),
+            ("shop-staging".to_owned(), Some(Scopes::default_set()))
+        ]
+    );
+}

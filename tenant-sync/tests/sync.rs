@@ -328,6 +328,50 @@ async fn secret_namespaces_watch_only_those_namespaces() {
     sync.stop().await.unwrap();
 }
 
+/// A Namespace's `tenant-proxy/grantable-scopes` keeps out a Secret that
+/// asks for more; the platform lifting it (a Namespace event, no Secret
+/// changed) brings the credential in.
+#[tokio::test]
+async fn a_secret_beyond_its_namespaces_grantable_scopes_stays_out_of_the_file() {
+    let api = cluster().await;
+    let cap = json!({"tenant-proxy/grantable-scopes": "metrics:write"});
+    api.annotated_namespace("team-b", json!({}), cap);
+    api.secret(
+        "team-b",
+        "push",
+        &[("username", "push-b"), ("password", "pw-b")],
+        json!({"tenant-proxy/scopes": "metrics:write"}),
+    );
+    api.secret(
+        "team-b",
+        "cleaner",
+        &[("username", "cleaner-b"), ("password", "pw-c")],
+        json!({"tenant-proxy/scopes": "logs:read,logs:delete"}),
+    );
+    let mut sync = RunningSync::start(&api, |_| {});
+    assert_eq!(
+        sync.next_write().await,
+        map(&[("grafana-a", "team-a"), ("push-b", "team-b")])
+    );
+    let metrics = sync.metrics.encode();
+    assert!(
+        metrics.contains("tenant_sync_skipped_secrets{reason=\"scope_not_grantable\"} 1"),
+        "{metrics}"
+    );
+
+    api.namespace("team-b", json!({}));
+    assert_eq!(
+        sync.next_write().await,
+        map(&[
+            ("cleaner-b", "team-b"),
+            ("grafana-a", "team-a"),
+            ("push-b", "team-b")
+        ])
+    );
+    assert!(sync.verifies("cleaner-b", "pw-c"));
+    sync.stop().await.unwrap();
+}
+
 /// Limits from Namespace annotations and the proxy's ready replicas from
 /// its Service's EndpointSlices reach the file; a change that alters
 /// neither does not rewrite it; only the Service's own slices count, each

@@ -519,3 +519,85 @@ fn namespace_limits_take_the_strictest_value_per_field_and_skip_invalid_ones() {
     assert_eq!(store.tenant("shop").unwrap().limits, Some(shop));
     assert_eq!(store.tenant("blog").unwrap().limits, None);
 }
+
+fn capped(name: &str, tenant: &str, grantable: &str) -> Namespace {
+    serde_json::from_value(json!({"metadata": {
+        "name": name,
+        "labels": {"example.com/tenant": tenant},
+        "annotations": {GRANTABLE_SCOPES_ANNOTATION: grantable},
+    }}))
+    .unwrap()
+}
+
+fn scoped(ns: &str, name: &str, user: &str, annotations: serde_json::Value) -> Secret {
+    let data = json!({"username": b64(user), "password": b64("p")});
+    secret(ns, name, "2026-01-01T00:00:00Z", data, annotations)
+}
+
+#[test]
+fn a_namespace_caps_the_scopes_its_secrets_may_grant() {
+    let mut index = Index::new(conventions(Some("example.com/tenant")), &[String::new()]);
+    let asks = |scopes: &str| json!({"tenant-proxy/scopes": scopes});
+    synced(
+        &mut index,
+        vec![
+            capped("shop-dev", "shop", "logs:read, logs:write"),
+            namespace("shop-prod", json!({"example.com/tenant": "shop"})),
+            capped("blog", "blog", "logs:read,rules:admin"),
+        ],
+        vec![
+            scoped("shop-dev", "pusher", "dev-pusher", asks("logs:write")),
+            // The default set holds metrics:read and more: beyond the cap.
+            scoped("shop-dev", "default", "dev-default", json!({})),
+            // A Secret cannot lift its Namespace's cap by annotating itself.
+            scoped(
+                "shop-dev",
+                "deleter",
+                "dev-deleter",
+                json!({"tenant-proxy/scopes": "logs:delete", GRANTABLE_SCOPES_ANNOTATION: "logs:delete"}),
+            ),
+            // Another namespace of the tenant, without a cap: any scope.
+            scoped("shop-prod", "deleter", "prod-deleter", asks("logs:delete")),
+            // A cap that cannot be read grants nothing.
+            scoped("blog", "reader", "blog-reader", asks("logs:read")),
+        ],
+    );
+    let desired = index.desired();
+    assert_eq!(users(&desired, "shop"), ["dev-pusher", "prod-deleter"]);
+    assert!(!desired
+        .tenants
+        .contains_key(&TenantId::parse("blog").unwrap()));
+    assert_eq!(
+        skip_reasons(&desired),
+        [
+            ("reader", SkipReason::ScopeNotGrantable),
+            ("default", SkipReason::ScopeNotGrantable),
+            ("deleter", SkipReason::ScopeNotGrantable),
+        ]
+    );
+    // A refused Secret does not hold its username: a newer one may take it.
+    let mut index = Index::new(conventions(Some("example.com/tenant")), &[String::new()]);
+    let newer = secret(
+        "shop-dev",
+        "newer",
+        "2026-02-01T00:00:00Z",
+        json!({"username": b64("dev"), "password": b64("p")}),
+        asks("logs:read"),
+    );
+    synced(
+        &mut index,
+        vec![capped("shop-dev", "shop", "logs:read")],
+        vec![
+            scoped("shop-dev", "older", "dev", asks("logs:delete")),
+            newer,
+        ],
+    );
+    let desired = index.desired();
+    assert_eq!(users(&desired, "shop"), ["dev"]);
+    assert_eq!(
+        desired.tenants[&TenantId::parse("shop").unwrap()].users[0]
+            .source
+            .1,
+        "newer"
+    );
+}
