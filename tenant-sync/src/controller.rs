@@ -24,6 +24,7 @@ use tokio::time::Instant;
 use crate::hashes::HashCache;
 use crate::index::{Conventions, Index, SecretKey, SkipReason};
 use crate::metrics::{Metrics, ReasonLabels, ResourceLabels};
+use crate::notices::Notices;
 use crate::render;
 use crate::writer;
 
@@ -53,6 +54,9 @@ pub struct Options {
     pub once: bool,
     /// The proxy's Service, whose ready endpoints are counted as `replicas`.
     pub peer_service: Option<PeerService>,
+    /// Publish a Kubernetes Event on each Secret newly left out, saying why
+    /// (`crate::notices`).
+    pub events: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -141,6 +145,8 @@ pub struct Syncer {
     status: Arc<Status>,
     last_skipped: BTreeSet<(SecretKey, SkipReason)>,
     last_invalid_limits: BTreeSet<(String, String)>,
+    /// Set by `run` when `options.events` asks for them.
+    notices: Option<Notices>,
     /// Asks for a resync now (SIGHUP), besides the resync clock.
     resync_asked: Option<watch::Receiver<u64>>,
 }
@@ -159,6 +165,7 @@ impl Syncer {
             status,
             last_skipped: BTreeSet::new(),
             last_invalid_limits: BTreeSet::new(),
+            notices: None,
             resync_asked: None,
         }
     }
@@ -176,6 +183,9 @@ impl Syncer {
         client: Client,
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), SyncError> {
+        if self.options.events {
+            self.notices = Some(Notices::start(client.clone()));
+        }
         let mut changes = watch_streams(client, &self.options);
         tokio::pin!(shutdown);
         let mut due: Option<Instant> = None;
@@ -342,11 +352,17 @@ impl Syncer {
         self.last_invalid_limits = now;
     }
 
-    /// Logs newly skipped Secrets once (not at every sync) and sets the gauges.
+    /// Logs newly skipped Secrets once (not at every sync), tells their
+    /// authors with an Event, and sets the gauges.
     fn report_skipped(&mut self, skipped: &[(SecretKey, SkipReason)]) {
         let now: BTreeSet<_> = skipped.iter().cloned().collect();
-        for ((namespace, name), reason) in now.difference(&self.last_skipped) {
+        for (key, reason) in now.difference(&self.last_skipped) {
+            let (namespace, name) = key;
             tracing::warn!(%namespace, secret = %name, reason = reason.as_str(), "Secret skipped");
+            let reference = self.index.secret_reference(key);
+            if let (Some(notices), Some(secret)) = (&self.notices, reference) {
+                notices.skipped(secret, *reason);
+            }
         }
         for reason in self
             .last_skipped

@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::{Namespace, ObjectReference, Secret};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::watcher::Event;
 use kube::ResourceExt;
@@ -163,6 +163,8 @@ impl SkipReason {
 pub struct SecretEntry {
     /// RFC 3339, for the duplicate-username rule (oldest wins).
     pub created: String,
+    /// What an Event about the Secret is attached by.
+    pub uid: Option<String>,
     pub credential: Result<SecretCredential, SkipReason>,
 }
 
@@ -175,6 +177,7 @@ pub fn read_secret(secret: &Secret, conventions: &Conventions) -> SecretEntry {
         .unwrap_or_default();
     SecretEntry {
         created,
+        uid: secret.metadata.uid.clone(),
         credential: read_credential(secret, conventions),
     }
 }
@@ -417,6 +420,20 @@ impl Index {
             let joined = format!("{}/{}", key.0, key.1);
             (joined, (key, read_secret(secret, conventions)))
         });
+    }
+
+    /// The Secret as an Event's `regarding` names it, if it is known.
+    pub fn secret_reference(&self, (namespace, name): &SecretKey) -> Option<ObjectReference> {
+        let joined = format!("{namespace}/{name}");
+        let (_, entry) = self.secrets.values().find_map(|s| s.current.get(&joined))?;
+        Some(ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Secret".into()),
+            namespace: Some(namespace.clone()),
+            name: Some(name.clone()),
+            uid: entry.uid.clone(),
+            ..ObjectReference::default()
+        })
     }
 
     /// Both initial lists are complete: rendering now cannot publish a

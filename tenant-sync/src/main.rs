@@ -66,6 +66,10 @@ struct Cli {
     /// the service account's namespace file).
     #[arg(long, env = "POD_NAMESPACE")]
     peer_namespace: Option<String>,
+    /// Publish no Kubernetes Event on a Secret left out of the file (they
+    /// need `create` and `patch` on `events.k8s.io` events).
+    #[arg(long)]
+    no_events: bool,
     /// Log format: `text` or `json`.
     #[arg(long, default_value = "text")]
     log_format: String,
@@ -88,6 +92,7 @@ async fn main() -> anyhow::Result<()> {
         max_delay: cli.max_delay,
         resync_interval: cli.resync_interval,
         once: cli.once,
+        events: !cli.no_events,
         peer_service: match cli.peer_service {
             None => None,
             Some(service) => Some(PeerService {

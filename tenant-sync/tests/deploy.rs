@@ -292,16 +292,20 @@ fn check_rendered(overlay: &str, mode: MetricsMode, objects: &[serde_yaml_ng::Va
     assert_eq!(subjects[0].name, account.metadata.name.clone().unwrap());
     assert_eq!(subjects[0].namespace, account.metadata.namespace);
 
-    // tenant-sync may list and watch Namespaces and Secrets, nothing else.
+    // tenant-sync may list and watch Namespaces and Secrets, and write the
+    // Events that say why a Secret was left out; nothing else.
     let role: ClusterRole = one(objects, "ClusterRole");
     assert_eq!(binding.role_ref.name, role.metadata.name.unwrap());
     let rules = role.rules.unwrap();
-    assert_eq!(rules.len(), 1);
+    assert_eq!(rules.len(), 2);
     assert_eq!(rules[0].verbs, ["list", "watch"]);
     assert_eq!(
         rules[0].resources.as_deref().unwrap(),
         ["namespaces", "secrets"]
     );
+    assert_eq!(rules[1].api_groups.as_deref().unwrap(), ["events.k8s.io"]);
+    assert_eq!(rules[1].resources.as_deref().unwrap(), ["events"]);
+    assert_eq!(rules[1].verbs, ["create", "patch"]);
 
     // And the proxy's own EndpointSlices, in its namespace only, to count
     // the replicas global limits are divided by.

@@ -88,17 +88,20 @@ fn example_secrets_are_read_as_valid_credentials() {
 }
 
 #[test]
-fn rbac_grants_only_reading_namespaces_and_secrets() {
+fn rbac_grants_reading_namespaces_and_secrets_and_writing_events_only() {
     let docs = documents("rbac.yaml");
     let _: ServiceAccount = typed(docs[0].clone());
     let role: ClusterRole = typed(docs[1].clone());
     let rules = role.rules.unwrap();
-    assert_eq!(rules.len(), 1);
+    assert_eq!(rules.len(), 2);
     assert_eq!(rules[0].verbs, ["list", "watch"]);
     assert_eq!(
         rules[0].resources.clone().unwrap(),
         ["namespaces", "secrets"]
     );
+    assert_eq!(rules[1].api_groups.clone().unwrap(), ["events.k8s.io"]);
+    assert_eq!(rules[1].resources.clone().unwrap(), ["events"]);
+    assert_eq!(rules[1].verbs, ["create", "patch"]);
     let binding: ClusterRoleBinding = typed(docs[2].clone());
     assert_eq!(binding.role_ref.name, "tenant-sync");
     // EndpointSlices of the proxy's own namespace, for --peer-service.

@@ -4,8 +4,9 @@
 mod support;
 
 use serde_json::json;
+use serde_json::Value;
 use std::time::Duration;
-use support::apiserver::{ApiServer, Kind};
+use support::apiserver::{events, ApiServer, Kind};
 use support::{map, RunningSync};
 
 async fn cluster() -> ApiServer {
@@ -61,7 +62,8 @@ async fn the_file_follows_creates_updates_and_deletes() {
     }
     sync.stop().await.unwrap();
     // Only collections were read (list and watch): the RBAC in deploy/ and
-    // examples/ grants exactly those two verbs.
+    // examples/ grants exactly those two verbs (and the writing of Events,
+    // which no Secret here gave cause for).
     for request in api.requests() {
         let path = request.split('?').next().unwrap();
         assert!(
@@ -328,6 +330,73 @@ async fn secret_namespaces_watch_only_those_namespaces() {
     sync.stop().await.unwrap();
 }
 
+/// A Secret left out gets one Event saying why, on the Secret itself
+/// (`kubectl describe secret` shows it), naming nothing from its data; a
+/// resync does not repeat it.
+#[tokio::test]
+async fn a_skipped_secret_gets_one_event_saying_why_and_nothing_secret() {
+    let api = cluster().await;
+    api.secret(
+        "team-b",
+        "typo",
+        &[("username", "push-b"), ("password", "s3cret-typo-pw")],
+        json!({"tenant-proxy/scopes": "logs:wrtie"}),
+    );
+    api.secret(
+        "team-b",
+        "taken",
+        &[("username", "grafana-a"), ("password", "s3cret-taken-pw")],
+        json!({}),
+    );
+    let mut sync = RunningSync::start(&api, |_| {});
+    assert_eq!(sync.next_write().await, map(&[("grafana-a", "team-a")]));
+    api.wait_for_event_writes(2).await;
+
+    // A resync finds the same two skipped: no Event again. A third Secret
+    // skipped after it is the next Event written (they go out in order).
+    let mut syncs = sync.status.syncs();
+    let before = *syncs.borrow_and_update();
+    sync.resync.now();
+    syncs.wait_for(|n| *n > before).await.unwrap();
+    api.secret("team-b", "empty", &[("username", "empty-b")], json!({}));
+    api.wait_for_event_writes(3).await;
+
+    let events = api.events();
+    let mut seen: Vec<(&str, &str)> = events
+        .iter()
+        .map(|e| {
+            assert_eq!(e["type"], "Warning");
+            assert_eq!(e["reason"], "CredentialSkipped");
+            assert_eq!(e["reportingController"], "tenant-sync");
+            assert_eq!(e["metadata"]["namespace"], "team-b");
+            assert!(e["series"].is_null(), "never sent twice: {e}");
+            let regarding = &e["regarding"];
+            assert_eq!(regarding["kind"], "Secret");
+            assert_eq!(regarding["namespace"], "team-b");
+            let name = regarding["name"].as_str().unwrap();
+            assert_eq!(regarding["uid"], format!("uid-team-b/{name}"));
+            (name, e["note"].as_str().unwrap())
+        })
+        .collect();
+    seen.sort();
+    assert_eq!(seen.len(), 3, "{events:?}");
+    assert_eq!(seen[0].0, "empty");
+    assert!(seen[0].1.contains("neither a `password`"), "{}", seen[0].1);
+    assert_eq!(seen[1].0, "taken");
+    assert!(
+        seen[1].1.contains("already holds this username"),
+        "{}",
+        seen[1].1
+    );
+    assert_eq!(seen[2].0, "typo");
+    assert!(seen[2].1.contains("unknown scope"), "{}", seen[2].1);
+    let text = serde_json::to_string(&events).unwrap();
+    for secret in ["s3cret", "push-b", "logs:wrtie"] {
+        assert!(!text.contains(secret), "{secret} in {text}");
+    }
+    sync.stop().await.unwrap();
+}
+
 /// A Namespace's `tenant-proxy/grantable-scopes` keeps out a Secret that
 /// asks for more; the platform lifting it (a Namespace event, no Secret
 /// changed) brings the credential in.
@@ -473,4 +542,43 @@ async fn namespace_limits_and_the_proxys_ready_replicas_reach_the_file() {
             );
         }
     }
+}
+
+/// The stand-in's Event checks refuse what Kubernetes 1.33 refuses.
+#[test]
+fn the_api_stand_in_checks_events_as_the_api_server_does() {
+    let good = json!({
+        "metadata": {"name": "push.1869f", "namespace": "team-b"},
+        "eventTime": "2026-12-02T18:00:00.000000Z",
+        "regarding": {"kind": "Secret", "namespace": "team-b", "name": "push"},
+        "reportingController": "tenant-sync", "reportingInstance": "pod-1",
+        "action": "Sync", "reason": "CredentialSkipped", "type": "Warning", "note": "why",
+    });
+    assert_eq!(
+        events::validate_create("team-b", &good),
+        Vec::<String>::new()
+    );
+    let broken = |field: &str, value: Value| {
+        let mut event = good.clone();
+        event[field] = value;
+        events::validate_create("team-b", &event)
+    };
+    assert_eq!(broken("eventTime", Value::Null).len(), 1);
+    assert_eq!(broken("type", json!("Error")).len(), 1);
+    assert_eq!(broken("note", json!("x".repeat(1025))).len(), 1);
+    assert_eq!(broken("reportingController", json!("")).len(), 1);
+    assert_eq!(broken("action", json!("")).len(), 1);
+    assert_eq!(broken("deprecatedCount", json!(1)).len(), 1);
+    assert_eq!(broken("series", json!({"count": 1})).len(), 2);
+    let mut renamed = good.clone();
+    renamed["metadata"]["name"] = json!("Push_1");
+    assert_eq!(events::validate_create("team-b", &renamed).len(), 1);
+    let mut counted = good.clone();
+    counted["series"] = json!({"count": 2, "lastObservedTime": "2026-12-02T18:01:00.000000Z"});
+    assert_eq!(
+        events::validate_update(&counted, &good),
+        Vec::<String>::new()
+    );
+    counted["note"] = json!("another");
+    assert_eq!(events::validate_update(&counted, &good).len(), 1);
 }

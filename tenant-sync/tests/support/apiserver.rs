@@ -1,7 +1,8 @@
 //! An in-process stand-in for the Kubernetes API server (behaviour of
 //! Kubernetes 1.33, core/v1 and discovery.k8s.io/v1): list and watch of
 //! Namespaces, Secrets and (namespaced) EndpointSlices over HTTP, so the
-//! real `kube` client and watcher code runs against it.
+//! real `kube` client and watcher code runs against it; and the writing
+//! of events.k8s.io/v1 Events (`events`).
 //!
 //! It keeps a resourceVersion counter and an event log, filters by label
 //! selector (`k=v`, `k`) and field selector (`type=`, `metadata.namespace=`),
@@ -24,6 +25,8 @@ use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio::sync::{broadcast, mpsc, watch, Notify};
+
+pub mod events;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Kind {
@@ -70,6 +73,7 @@ struct State {
     held: Mutex<Option<(Kind, bool)>>,
     release: Notify,
     requests: watch::Sender<Vec<String>>,
+    events: events::Events,
 }
 
 pub struct ApiServer {
@@ -95,6 +99,7 @@ impl ApiServer {
             held: Mutex::new(None),
             release: Notify::new(),
             requests: watch::Sender::new(Vec::new()),
+            events: events::Events::default(),
         });
         let shared = state.clone();
         let task = tokio::spawn(async move {
@@ -265,6 +270,21 @@ impl ApiServer {
 
     pub fn requests(&self) -> Vec<String> {
         self.state.requests.borrow().clone()
+    }
+
+    /// The Events stored so far.
+    pub fn events(&self) -> Vec<Value> {
+        self.state.events.stored()
+    }
+
+    /// Waits until `count` Events were created or patched.
+    pub async fn wait_for_event_writes(&self, count: usize) {
+        let mut writes = self.state.events.writes();
+        let wait = writes.wait_for(|n| *n >= count);
+        tokio::time::timeout(std::time::Duration::from_secs(10), wait)
+            .await
+            .expect("the Events arrived within 10 s")
+            .unwrap();
     }
 }
 
@@ -451,6 +471,9 @@ async fn handle(
         request.uri().query().unwrap_or_default()
     );
     state.requests.send_modify(|all| all.push(seen));
+    if let Some(target) = events::route(&request) {
+        return Ok(state.events.write(request, target).await);
+    }
     let query = match parse(&request) {
         None => {
             return Ok(json_response(

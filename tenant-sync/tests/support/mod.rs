@@ -30,6 +30,7 @@ pub fn options(tenants_file: PathBuf) -> Options {
         resync_interval: Duration::from_secs(3600),
         once: false,
         peer_service: None,
+        events: true,
     }
 }
 

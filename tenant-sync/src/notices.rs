@@ -1,0 +1,105 @@
+//! Tells a Secret's author why it was left out of the tenants file: a
+//! Kubernetes Event on the Secret, which `kubectl describe secret` shows.
+//! Tenants cannot read tenant-sync's log or metrics, and without this a
+//! skipped Secret only shows as a 401 at the proxy.
+//!
+//! Events go out one at a time from a task of their own, so a slow or
+//! refusing API server never holds a sync back; when too many wait, the
+//! newest are dropped (the log and `tenant_sync_skipped_secrets` still
+//! count them). A note is a fixed text per reason: nothing from the
+//! Secret's data is ever in it.
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::Client;
+use tokio::sync::mpsc;
+
+use crate::index::SkipReason;
+
+/// Events waiting to be published, at most.
+const QUEUE: usize = 1024;
+
+/// The Event's `reason`, as `kubectl describe` lists it.
+pub const REASON: &str = "CredentialSkipped";
+
+/// Publishes skip notices in the background.
+#[derive(Clone, Debug)]
+pub struct Notices {
+    queue: mpsc::Sender<(ObjectReference, SkipReason)>,
+}
+
+impl Notices {
+    /// Starts the publishing task, which ends when the last `Notices` is
+    /// dropped.
+    pub fn start(client: Client) -> Self {
+        let (queue, mut waiting) = mpsc::channel::<(ObjectReference, SkipReason)>(QUEUE);
+        // The instance is the pod's name (its hostname).
+        let recorder = Recorder::new(client, Reporter::from("tenant-sync"));
+        tokio::spawn(async move {
+            while let Some((secret, reason)) = waiting.recv().await {
+                let event = Event {
+                    type_: EventType::Warning,
+                    reason: REASON.into(),
+                    note: Some(note(reason).into()),
+                    action: "Sync".into(),
+                    secondary: None,
+                };
+                if let Err(error) = recorder.publish(&event, &secret).await {
+                    tracing::warn!(
+                        namespace = secret.namespace.as_deref().unwrap_or_default(),
+                        secret = secret.name.as_deref().unwrap_or_default(),
+                        %error,
+                        "cannot publish the Event saying why a Secret was skipped"
+                    );
+                }
+            }
+        });
+        Self { queue }
+    }
+
+    /// Queues a notice that `secret` was left out for `reason`.
+    pub fn skipped(&self, secret: ObjectReference, reason: SkipReason) {
+        if self.queue.try_send((secret, reason)).is_err() {
+            tracing::debug!("skip notice dropped: too many waiting");
+        }
+    }
+}
+
+/// What the Secret's author reads: why, and what to change.
+pub fn note(reason: SkipReason) -> &'static str {
+    match reason {
+        SkipReason::WrongType => {
+            "left out of tenant-proxy's tenants file: the Secret is not of type kubernetes.io/basic-auth"
+        }
+        SkipReason::MissingUsername => {
+            "left out of tenant-proxy's tenants file: the Secret has no `username` key"
+        }
+        SkipReason::InvalidUsername => {
+            "left out of tenant-proxy's tenants file: `username` is empty, not UTF-8, or holds ':' or a control character"
+        }
+        SkipReason::MissingPassword => {
+            "left out of tenant-proxy's tenants file: the Secret has neither a `password` nor a `password-hash` key"
+        }
+        SkipReason::InvalidPassword => {
+            "left out of tenant-proxy's tenants file: `password` is not UTF-8, so no client could send it"
+        }
+        SkipReason::InvalidPasswordHash => {
+            "left out of tenant-proxy's tenants file: `password-hash` is not an argon2id PHC string (make one with `tenant-proxy hash-password`)"
+        }
+        SkipReason::InvalidScopes => {
+            "left out of tenant-proxy's tenants file: the scopes annotation lists an unknown scope, or none"
+        }
+        SkipReason::InvalidSelector => {
+            "left out of tenant-proxy's tenants file: the tenant-proxy/selector annotation cannot be read, or comes with a scope that writes"
+        }
+        SkipReason::NamespaceNotATenant => {
+            "left out of tenant-proxy's tenants file: this namespace belongs to no tenant"
+        }
+        SkipReason::ScopeNotGrantable => {
+            "left out of tenant-proxy's tenants file: it asks (by its scopes annotation, or by default when it has none) for a scope this Namespace's tenant-proxy/grantable-scopes does not let its Secrets grant"
+        }
+        SkipReason::DuplicateUsername => {
+            "left out of tenant-proxy's tenants file: an older Secret already holds this username; choose another"
+        }
+    }
+}
