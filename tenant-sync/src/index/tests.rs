@@ -435,13 +435,18 @@ fn write_scopes_for_rules_alerts_and_deletes_come_only_from_the_annotation() {
     );
 }
 
-fn annotated(name: &str, tenant: &str, limits: &str) -> Namespace {
+/// A namespace of `tenant` with one annotation.
+fn annotated_with(name: &str, tenant: &str, key: &str, value: &str) -> Namespace {
     serde_json::from_value(json!({"metadata": {
         "name": name,
         "labels": {"example.com/tenant": tenant},
-        "annotations": {LIMITS_ANNOTATION: limits},
+        "annotations": {key: value},
     }}))
     .unwrap()
+}
+
+fn annotated(name: &str, tenant: &str, limits: &str) -> Namespace {
+    annotated_with(name, tenant, LIMITS_ANNOTATION, limits)
 }
 
 #[test]
@@ -521,12 +526,7 @@ fn namespace_limits_take_the_strictest_value_per_field_and_skip_invalid_ones() {
 }
 
 fn capped(name: &str, tenant: &str, grantable: &str) -> Namespace {
-    serde_json::from_value(json!({"metadata": {
-        "name": name,
-        "labels": {"example.com/tenant": tenant},
-        "annotations": {GRANTABLE_SCOPES_ANNOTATION: grantable},
-    }}))
-    .unwrap()
+    annotated_with(name, tenant, GRANTABLE_SCOPES_ANNOTATION, grantable)
 }
 
 fn scoped(ns: &str, name: &str, user: &str, annotations: serde_json::Value) -> Secret {
