@@ -236,7 +236,12 @@ impl Syncer {
                     due = None;
                     pending_since = None;
                     match self.sync().await {
-                        Ok(()) if self.options.once => return Ok(()),
+                        Ok(()) if self.options.once => {
+                            if let Some(notices) = self.notices.take() {
+                                notices.finish().await;
+                            }
+                            return Ok(());
+                        }
                         Ok(()) => {}
                         Err(e) if self.options.once => return Err(e),
                         Err(e) => {

@@ -9,10 +9,13 @@
 //! count them). A note is a fixed text per reason: nothing from the
 //! Secret's data is ever in it.
 
+use std::time::Duration;
+
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::Client;
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 
 use crate::index::SkipReason;
 
@@ -22,20 +25,24 @@ const QUEUE: usize = 1024;
 /// The Event's `reason`, as `kubectl describe` lists it.
 pub const REASON: &str = "CredentialSkipped";
 
+/// The longest `finish` waits for queued Events.
+const FINISH_WITHIN: Duration = Duration::from_secs(10);
+
 /// Publishes skip notices in the background.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Notices {
     queue: mpsc::Sender<(ObjectReference, SkipReason)>,
+    task: JoinHandle<()>,
 }
 
 impl Notices {
-    /// Starts the publishing task, which ends when the last `Notices` is
-    /// dropped.
+    /// Starts the publishing task, which ends once `Notices` is dropped and
+    /// the queue is empty.
     pub fn start(client: Client) -> Self {
         let (queue, mut waiting) = mpsc::channel::<(ObjectReference, SkipReason)>(QUEUE);
         // The instance is the pod's name (its hostname).
         let recorder = Recorder::new(client, Reporter::from("tenant-sync"));
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             while let Some((secret, reason)) = waiting.recv().await {
                 let event = Event {
                     type_: EventType::Warning,
@@ -54,7 +61,20 @@ impl Notices {
                 }
             }
         });
-        Self { queue }
+        Self { queue, task }
+    }
+
+    /// Publishes what is queued, then stops (`--once` exits right after):
+    /// within `FINISH_WITHIN`, so an API server that never answers cannot
+    /// hold the exit.
+    pub async fn finish(self) {
+        drop(self.queue);
+        if tokio::time::timeout(FINISH_WITHIN, self.task)
+            .await
+            .is_err()
+        {
+            tracing::warn!("gave up publishing the Events still queued");
+        }
     }
 
     /// Queues a notice that `secret` was left out for `reason`.

@@ -239,9 +239,14 @@ async fn nothing_is_written_before_every_initial_list_completes() {
 #[tokio::test]
 async fn once_renders_after_the_initial_lists_and_exits() {
     let api = cluster().await;
+    api.secret("team-b", "empty", &[("username", "empty-b")], json!({}));
     let mut sync = RunningSync::start(&api, |o| o.once = true);
     sync.finished().await.unwrap();
     assert_eq!(sync.users(), map(&[("grafana-a", "team-a")]));
+    // The Event for the Secret left out went out before the exit.
+    let events = api.events();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0]["regarding"]["name"], "empty");
 }
 
 /// `--namespace-selector` as the API server reads it (`!=` also picks a
