@@ -184,7 +184,7 @@ impl Syncer {
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), SyncError> {
         if self.options.events {
-            self.notices = Some(Notices::start(client.clone()));
+            self.notices = Some(Notices::start(client.clone(), self.metrics.clone()));
         }
         let mut changes = watch_streams(client, &self.options);
         tokio::pin!(shutdown);

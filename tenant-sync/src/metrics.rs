@@ -19,6 +19,12 @@ pub struct ResourceLabels {
     pub resource: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    /// `published`, `failed` or `dropped`.
+    pub outcome: &'static str,
+}
+
 pub struct Metrics {
     registry: Registry,
     pub tenants: Gauge,
@@ -32,6 +38,7 @@ pub struct Metrics {
     pub watch_errors: Family<ResourceLabels, Counter>,
     pub hashes_computed: Counter,
     pub hashes_reused: Counter,
+    pub events: Family<OutcomeLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -109,6 +116,12 @@ impl Default for Metrics {
             "Hashes reused for unchanged passwords",
             hashes_reused.clone(),
         );
+        let events = Family::default();
+        registry.register(
+            "events",
+            "Events on Secrets left out, by outcome: published, failed (the API server refused or was unreachable; RBAC?) or dropped (too many waiting)",
+            events.clone(),
+        );
         Self {
             registry,
             tenants,
@@ -122,6 +135,7 @@ impl Default for Metrics {
             watch_errors,
             hashes_computed,
             hashes_reused,
+            events,
         }
     }
 }

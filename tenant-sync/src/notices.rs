@@ -6,9 +6,10 @@
 //! Events go out one at a time from a task of their own, so a slow or
 //! refusing API server never holds a sync back; when too many wait, the
 //! newest are dropped (the log and `tenant_sync_skipped_secrets` still
-//! count them). A note is a fixed text per reason: nothing from the
+//! count them). `tenant_sync_events_total{outcome}` counts each. A note is a fixed text per reason: nothing from the
 //! Secret's data is ever in it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -18,6 +19,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::index::SkipReason;
+use crate::metrics::{Metrics, OutcomeLabels};
 
 /// Events waiting to be published, at most.
 const QUEUE: usize = 1024;
@@ -33,15 +35,17 @@ const FINISH_WITHIN: Duration = Duration::from_secs(10);
 pub struct Notices {
     queue: mpsc::Sender<(ObjectReference, SkipReason)>,
     task: JoinHandle<()>,
+    metrics: Arc<Metrics>,
 }
 
 impl Notices {
     /// Starts the publishing task, which ends once `Notices` is dropped and
     /// the queue is empty.
-    pub fn start(client: Client) -> Self {
+    pub fn start(client: Client, metrics: Arc<Metrics>) -> Self {
         let (queue, mut waiting) = mpsc::channel::<(ObjectReference, SkipReason)>(QUEUE);
         // The instance is the pod's name (its hostname).
         let recorder = Recorder::new(client, Reporter::from("tenant-sync"));
+        let counted = metrics.clone();
         let task = tokio::spawn(async move {
             while let Some((secret, reason)) = waiting.recv().await {
                 let event = Event {
@@ -51,7 +55,16 @@ impl Notices {
                     action: "Sync".into(),
                     secondary: None,
                 };
-                if let Err(error) = recorder.publish(&event, &secret).await {
+                let published = recorder.publish(&event, &secret).await;
+                count(
+                    &counted,
+                    if published.is_ok() {
+                        "published"
+                    } else {
+                        "failed"
+                    },
+                );
+                if let Err(error) = published {
                     tracing::warn!(
                         namespace = secret.namespace.as_deref().unwrap_or_default(),
                         secret = secret.name.as_deref().unwrap_or_default(),
@@ -61,7 +74,11 @@ impl Notices {
                 }
             }
         });
-        Self { queue, task }
+        Self {
+            queue,
+            task,
+            metrics,
+        }
     }
 
     /// Publishes what is queued, then stops (`--once` exits right after):
@@ -80,9 +97,17 @@ impl Notices {
     /// Queues a notice that `secret` was left out for `reason`.
     pub fn skipped(&self, secret: ObjectReference, reason: SkipReason) {
         if self.queue.try_send((secret, reason)).is_err() {
+            count(&self.metrics, "dropped");
             tracing::debug!("skip notice dropped: too many waiting");
         }
     }
+}
+
+fn count(metrics: &Metrics, outcome: &'static str) {
+    metrics
+        .events
+        .get_or_create(&OutcomeLabels { outcome })
+        .inc();
 }
 
 /// What the Secret's author reads: why, and what to change.

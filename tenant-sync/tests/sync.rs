@@ -247,6 +247,9 @@ async fn once_renders_after_the_initial_lists_and_exits() {
     let events = api.events();
     assert_eq!(events.len(), 1, "{events:?}");
     assert_eq!(events[0]["regarding"]["name"], "empty");
+    let metrics = sync.metrics.encode();
+    let published = r#"tenant_sync_events_total{outcome="published"} 1"#;
+    assert!(metrics.contains(published), "{metrics}");
 }
 
 /// `--namespace-selector` as the API server reads it (`!=` also picks a
@@ -399,6 +402,38 @@ async fn a_skipped_secret_gets_one_event_saying_why_and_nothing_secret() {
     for secret in ["s3cret", "push-b", "logs:wrtie"] {
         assert!(!text.contains(secret), "{secret} in {text}");
     }
+    sync.stop().await.unwrap();
+}
+
+/// An API server that refuses Events (a role without the Event rule) costs
+/// a warning and a count, never a sync.
+#[tokio::test]
+async fn refused_events_are_counted_and_hold_no_sync_back() {
+    let api = cluster().await;
+    api.forbid_events(true);
+    api.secret("team-b", "empty", &[("username", "empty-b")], json!({}));
+    let mut sync = RunningSync::start(&api, |_| {});
+    assert_eq!(sync.next_write().await, map(&[("grafana-a", "team-a")]));
+    api.wait_for_request("/apis/events.k8s.io/").await;
+    api.secret(
+        "team-b",
+        "push",
+        &[("username", "push-b"), ("password", "pw-b")],
+        json!({}),
+    );
+    assert_eq!(
+        sync.next_write().await,
+        map(&[("grafana-a", "team-a"), ("push-b", "team-b")])
+    );
+    // Taken again: the next Secret's Event is stored. One task publishes
+    // them in order, so the refused one has been counted by then.
+    api.forbid_events(false);
+    api.secret("team-b", "empty-2", &[("username", "empty-c")], json!({}));
+    api.wait_for_event_writes(1).await;
+    assert_eq!(api.events()[0]["regarding"]["name"], "empty-2");
+    let metrics = sync.metrics.encode();
+    let failed = r#"tenant_sync_events_total{outcome="failed"} 1"#;
+    assert!(metrics.contains(failed), "{metrics}");
     sync.stop().await.unwrap();
 }
 

@@ -272,6 +272,14 @@ impl ApiServer {
         self.state.requests.borrow().clone()
     }
 
+    /// Refuses (403) or takes Event writes from now on.
+    pub fn forbid_events(&self, forbidden: bool) {
+        self.state
+            .events
+            .forbidden
+            .store(forbidden, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// The Events stored so far.
     pub fn events(&self) -> Vec<Value> {
         self.state.events.stored()

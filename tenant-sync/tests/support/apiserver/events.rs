@@ -3,10 +3,12 @@
 //! both), each checked as `pkg/apis/core/validation/events.go` checks an
 //! Event of that API version (`ValidateEventCreate`, `ValidateEventUpdate`)
 //! and as the API server checks a request's namespace. Stored Events are
-//! kept for tests to read. Skipped: list, watch, get and delete (nothing
+//! kept for tests to read; a test can have every write refused (403) as
+//! RBAC without the Event rule would. Skipped: list, watch, get and delete (nothing
 //! here reads Events back), and the Event TTL.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use http::{Method, Request, Response, StatusCode};
@@ -21,6 +23,9 @@ use super::{json_response, Body};
 pub(super) struct Events {
     /// By `(namespace, name)`.
     stored: Mutex<BTreeMap<(String, String), Value>>,
+    /// While set, every write is 403, as for a service account whose role
+    /// lacks the Event rule.
+    pub(super) forbidden: AtomicBool,
     /// Events created or patched so far.
     writes: watch::Sender<usize>,
 }
@@ -44,6 +49,13 @@ impl Events {
         request: Request<Incoming>,
         (namespace, name): (String, Option<String>),
     ) -> Response<Body> {
+        if self.forbidden.load(Ordering::Relaxed) {
+            return status(
+                StatusCode::FORBIDDEN,
+                "Forbidden",
+                format!("events.events.k8s.io is forbidden: User \"system:serviceaccount:observability:tenant-proxy\" cannot create resource \"events\" in API group \"events.k8s.io\" in the namespace \"{namespace}\""),
+            );
+        }
         let method = request.method().clone();
         let content_type = request
             .headers()
