@@ -1,5 +1,6 @@
 //! Tells a Secret's author why it was left out of the tenants file: a
-//! Kubernetes Event on the Secret, which `kubectl describe secret` shows.
+//! Kubernetes Event on the Secret, which `kubectl events --for
+//! secret/<name>` shows (`kubectl describe secret` lists no Events).
 //! Tenants cannot read tenant-sync's log or metrics, and without this a
 //! skipped Secret only shows as a 401 at the proxy.
 //!
@@ -24,7 +25,7 @@ use crate::metrics::{Metrics, OutcomeLabels};
 /// Events waiting to be published, at most.
 const QUEUE: usize = 1024;
 
-/// The Event's `reason`, as `kubectl describe` lists it.
+/// The Event's `reason`, as `kubectl events` lists it.
 pub const REASON: &str = "CredentialSkipped";
 
 /// The longest `finish` waits for queued Events.
