@@ -22,9 +22,9 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::hashes::HashCache;
-use crate::index::{Conventions, Index, SecretKey, SkipReason};
+use crate::index::{Conventions, Desired, Index, SecretKey, SkipReason};
 use crate::metrics::{Metrics, ReasonLabels, ResourceLabels};
-use crate::notices::Notices;
+use crate::notices::{Notice, Notices};
 use crate::render;
 use crate::writer;
 
@@ -337,7 +337,7 @@ impl Syncer {
         }
         self.metrics.tenants.set(desired.tenants.len() as i64);
         self.metrics.credentials.set(credentials as i64);
-        self.report_skipped(&desired.skipped);
+        self.report_skipped(&desired);
         self.report_invalid_limits(&desired.invalid_limits);
         let now = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
@@ -345,6 +345,13 @@ impl Syncer {
         self.metrics.last_write.set(now.as_secs_f64());
         self.status.syncs.send_modify(|n| *n += 1);
         Ok(())
+    }
+
+    fn tell(&self, key: &SecretKey, notice: Notice) {
+        let reference = self.index.secret_reference(key);
+        if let (Some(notices), Some(secret)) = (&self.notices, reference) {
+            notices.tell(secret, notice);
+        }
     }
 
     /// Logs newly invalid limits annotations once and sets the gauge.
@@ -358,15 +365,25 @@ impl Syncer {
     }
 
     /// Logs newly skipped Secrets once (not at every sync), tells their
-    /// authors with an Event, and sets the gauges.
-    fn report_skipped(&mut self, skipped: &[(SecretKey, SkipReason)]) {
-        let now: BTreeSet<_> = skipped.iter().cloned().collect();
+    /// authors with an Event (and again once such a Secret is in the file),
+    /// and sets the gauges.
+    fn report_skipped(&mut self, desired: &Desired) {
+        let now: BTreeSet<_> = desired.skipped.iter().cloned().collect();
         for (key, reason) in now.difference(&self.last_skipped) {
             let (namespace, name) = key;
             tracing::warn!(%namespace, secret = %name, reason = reason.as_str(), "Secret skipped");
-            let reference = self.index.secret_reference(key);
-            if let (Some(notices), Some(secret)) = (&self.notices, reference) {
-                notices.skipped(secret, *reason);
+            self.tell(key, Notice::Skipped(*reason));
+        }
+        let loaded: BTreeSet<&SecretKey> = desired
+            .tenants
+            .values()
+            .flat_map(|t| t.users.iter().map(|u| &u.source))
+            .collect();
+        for ((namespace, name), _) in &self.last_skipped {
+            let key = (namespace.clone(), name.clone());
+            if loaded.contains(&key) {
+                tracing::info!(%namespace, secret = %name, "Secret in the file again");
+                self.tell(&key, Notice::Loaded);
             }
         }
         for reason in self

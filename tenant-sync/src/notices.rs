@@ -1,14 +1,14 @@
-//! Tells a Secret's author why it was left out of the tenants file: a
-//! Kubernetes Event on the Secret, which `kubectl events --for
-//! secret/<name>` shows (`kubectl describe secret` lists no Events).
-//! Tenants cannot read tenant-sync's log or metrics, and without this a
-//! skipped Secret only shows as a 401 at the proxy.
+//! Tells a Secret's author why it was left out of the tenants file, and
+//! when it is in again: a Kubernetes Event on the Secret, which `kubectl
+//! events --for secret/<name>` shows (`kubectl describe secret` lists no
+//! Events). Tenants cannot read tenant-sync's log or metrics, and without
+//! this a skipped Secret only shows as a 401 at the proxy.
 //!
 //! Events go out one at a time from a task of their own, so a slow or
 //! refusing API server never holds a sync back; when too many wait, the
 //! newest are dropped (the log and `tenant_sync_skipped_secrets` still
-//! count them). `tenant_sync_events_total{outcome}` counts each. A note is a fixed text per reason: nothing from the
-//! Secret's data is ever in it.
+//! count them). `tenant_sync_events_total{outcome}` counts each. A note is
+//! a fixed text per reason: nothing from the Secret's data is ever in it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,16 +25,23 @@ use crate::metrics::{Metrics, OutcomeLabels};
 /// Events waiting to be published, at most.
 const QUEUE: usize = 1024;
 
-/// The Event's `reason`, as `kubectl events` lists it.
-pub const REASON: &str = "CredentialSkipped";
+/// What an Event says about a Secret.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Notice {
+    /// Left out of the file (a `Warning`, reason `CredentialSkipped`).
+    Skipped(SkipReason),
+    /// In the file again after it was left out (`Normal`,
+    /// `CredentialLoaded`), so the old warning is not the last word.
+    Loaded,
+}
 
 /// The longest `finish` waits for queued Events.
 const FINISH_WITHIN: Duration = Duration::from_secs(10);
 
-/// Publishes skip notices in the background.
+/// Publishes notices in the background.
 #[derive(Debug)]
 pub struct Notices {
-    queue: mpsc::Sender<(ObjectReference, SkipReason)>,
+    queue: mpsc::Sender<(ObjectReference, Notice)>,
     task: JoinHandle<()>,
     metrics: Arc<Metrics>,
 }
@@ -43,16 +50,20 @@ impl Notices {
     /// Starts the publishing task, which ends once `Notices` is dropped and
     /// the queue is empty.
     pub fn start(client: Client, metrics: Arc<Metrics>) -> Self {
-        let (queue, mut waiting) = mpsc::channel::<(ObjectReference, SkipReason)>(QUEUE);
+        let (queue, mut waiting) = mpsc::channel::<(ObjectReference, Notice)>(QUEUE);
         // The instance is the pod's name (its hostname).
         let recorder = Recorder::new(client, Reporter::from("tenant-sync"));
         let counted = metrics.clone();
         let task = tokio::spawn(async move {
-            while let Some((secret, reason)) = waiting.recv().await {
+            while let Some((secret, notice)) = waiting.recv().await {
+                let (type_, reason) = match notice {
+                    Notice::Skipped(_) => (EventType::Warning, "CredentialSkipped"),
+                    Notice::Loaded => (EventType::Normal, "CredentialLoaded"),
+                };
                 let event = Event {
-                    type_: EventType::Warning,
-                    reason: REASON.into(),
-                    note: Some(note(reason).into()),
+                    type_,
+                    reason: reason.into(),
+                    note: Some(note(notice).into()),
                     action: "Sync".into(),
                     secondary: None,
                 };
@@ -70,7 +81,7 @@ impl Notices {
                         namespace = secret.namespace.as_deref().unwrap_or_default(),
                         secret = secret.name.as_deref().unwrap_or_default(),
                         %error,
-                        "cannot publish the Event saying why a Secret was skipped"
+                        "cannot publish an Event on a Secret"
                     );
                 }
             }
@@ -95,11 +106,11 @@ impl Notices {
         }
     }
 
-    /// Queues a notice that `secret` was left out for `reason`.
-    pub fn skipped(&self, secret: ObjectReference, reason: SkipReason) {
-        if self.queue.try_send((secret, reason)).is_err() {
+    /// Queues `notice` about `secret`.
+    pub fn tell(&self, secret: ObjectReference, notice: Notice) {
+        if self.queue.try_send((secret, notice)).is_err() {
             count(&self.metrics, "dropped");
-            tracing::debug!("skip notice dropped: too many waiting");
+            tracing::debug!("Secret notice dropped: too many waiting");
         }
     }
 }
@@ -112,7 +123,10 @@ fn count(metrics: &Metrics, outcome: &'static str) {
 }
 
 /// What the Secret's author reads: why, and what to change.
-pub fn note(reason: SkipReason) -> &'static str {
+pub fn note(notice: Notice) -> &'static str {
+    let Notice::Skipped(reason) = notice else {
+        return "in tenant-proxy's tenants file: its credential works at the proxy";
+    };
     match reason {
         SkipReason::WrongType => {
             "left out of tenant-proxy's tenants file: the Secret is not of type kubernetes.io/basic-auth"

@@ -478,6 +478,21 @@ async fn a_secret_beyond_its_namespaces_grantable_scopes_stays_out_of_the_file()
         ])
     );
     assert!(sync.verifies("cleaner-b", "pw-c"));
+    // Its author read why it was left out, and then that it is in.
+    api.wait_for_event_writes(2).await;
+    let mut told: Vec<String> = api
+        .events()
+        .iter()
+        .map(|e| format!("{} {} {}", e["regarding"]["name"], e["type"], e["reason"]))
+        .collect();
+    told.sort();
+    assert_eq!(
+        told,
+        [
+            r#""cleaner" "Normal" "CredentialLoaded""#,
+            r#""cleaner" "Warning" "CredentialSkipped""#,
+        ]
+    );
     sync.stop().await.unwrap();
 }
 
