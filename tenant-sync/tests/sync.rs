@@ -339,8 +339,8 @@ async fn secret_namespaces_watch_only_those_namespaces() {
 }
 
 /// A Secret left out gets one Event saying why, on the Secret itself
-/// (`kubectl events --for secret/<name>` shows it), naming nothing from its data; a
-/// resync does not repeat it.
+/// (`kubectl events --for secret/<name>` shows it), naming nothing from
+/// its data; a resync does not repeat it.
 #[tokio::test]
 async fn a_skipped_secret_gets_one_event_saying_why_and_nothing_secret() {
     let api = cluster().await;
