@@ -18,6 +18,7 @@ use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -145,6 +146,7 @@ pub struct Syncer {
     status: Arc<Status>,
     last_skipped: BTreeSet<(SecretKey, SkipReason)>,
     last_invalid_limits: BTreeSet<(String, String)>,
+    last_invalid_caps: BTreeSet<(String, String)>,
     /// Set by `run` when `options.events` asks for them.
     notices: Option<Notices>,
     /// Asks for a resync now (SIGHUP), besides the resync clock.
@@ -165,6 +167,7 @@ impl Syncer {
             status,
             last_skipped: BTreeSet::new(),
             last_invalid_limits: BTreeSet::new(),
+            last_invalid_caps: BTreeSet::new(),
             notices: None,
             resync_asked: None,
         }
@@ -338,7 +341,18 @@ impl Syncer {
         self.metrics.tenants.set(desired.tenants.len() as i64);
         self.metrics.credentials.set(credentials as i64);
         self.report_skipped(&desired);
-        self.report_invalid_limits(&desired.invalid_limits);
+        report_invalid(
+            &mut self.last_invalid_limits,
+            &desired.invalid_limits,
+            &self.metrics.invalid_limits,
+            "limits annotation skipped",
+        );
+        report_invalid(
+            &mut self.last_invalid_caps,
+            &desired.invalid_caps,
+            &self.metrics.invalid_caps,
+            "grantable-scopes annotation unreadable",
+        );
         let now = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .unwrap_or_default();
@@ -352,16 +366,6 @@ impl Syncer {
         if let (Some(notices), Some(secret)) = (&self.notices, reference) {
             notices.tell(secret, notice);
         }
-    }
-
-    /// Logs newly invalid limits annotations once and sets the gauge.
-    fn report_invalid_limits(&mut self, invalid: &[(String, String)]) {
-        let now: BTreeSet<_> = invalid.iter().cloned().collect();
-        for (namespace, why) in now.difference(&self.last_invalid_limits) {
-            tracing::warn!(%namespace, reason = %why, "limits annotation skipped");
-        }
-        self.metrics.invalid_limits.set(now.len() as i64);
-        self.last_invalid_limits = now;
     }
 
     /// Logs newly skipped Secrets once (not at every sync), tells their
@@ -403,6 +407,22 @@ impl Syncer {
         }
         self.last_skipped = now;
     }
+}
+
+/// Logs newly invalid Namespace annotations once (not at every sync) and
+/// sets their gauge.
+fn report_invalid(
+    last: &mut BTreeSet<(String, String)>,
+    invalid: &[(String, String)],
+    gauge: &Gauge,
+    message: &str,
+) {
+    let now: BTreeSet<_> = invalid.iter().cloned().collect();
+    for (namespace, why) in now.difference(last) {
+        tracing::warn!(%namespace, reason = %why, "{message}");
+    }
+    gauge.set(now.len() as i64);
+    *last = now;
 }
 
 fn secret_scopes(options: &Options) -> Vec<String> {

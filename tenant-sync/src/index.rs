@@ -86,8 +86,9 @@ pub struct NamespaceEntry {
     pub tenant: Option<TenantId>,
     /// `Err`: the annotation is invalid (why), and left out.
     pub limits: Result<Option<TenantLimitsOverride>, String>,
-    /// The most a Secret here may grant; `None`: no cap.
-    pub grantable: Option<Scopes>,
+    /// The most a Secret here may grant; `None`: no cap. `Err`: the
+    /// annotation lists no known scope (why), which grants nothing.
+    pub grantable: Result<Option<Scopes>, String>,
 }
 
 /// Reads the limits annotation of a Namespace, checked as the proxy checks
@@ -103,20 +104,17 @@ pub fn limits_of(namespace: &Namespace) -> Result<Option<TenantLimitsOverride>, 
 }
 
 /// Reads the grantable-scopes annotation of a Namespace. One that cannot
-/// be read caps everything: it grants nothing (the platform meant a cap,
-/// and a typo must not lift it).
-pub fn grantable_of(namespace: &Namespace) -> Option<Scopes> {
-    let text = namespace.annotations().get(GRANTABLE_SCOPES_ANNOTATION)?;
+/// be read is an error, and caps everything: it grants nothing (the
+/// platform meant a cap, and a typo must not lift it).
+pub fn grantable_of(namespace: &Namespace) -> Result<Option<Scopes>, String> {
+    let Some(text) = namespace.annotations().get(GRANTABLE_SCOPES_ANNOTATION) else {
+        return Ok(None);
+    };
     match parse_scopes(text) {
-        Some(scopes) => Some(scopes.into_iter().collect()),
-        None => {
-            tracing::warn!(
-                namespace = %namespace.name_any(),
-                value = %text,
-                "{GRANTABLE_SCOPES_ANNOTATION} lists no known scope: its Secrets grant nothing"
-            );
-            Some(Scopes::default())
-        }
+        Some(scopes) => Ok(Some(scopes.into_iter().collect())),
+        None => Err(format!(
+            "{GRANTABLE_SCOPES_ANNOTATION}: {text:?} lists no known scope; its Secrets grant nothing"
+        )),
     }
 }
 
@@ -353,6 +351,9 @@ pub struct Desired {
     pub skipped: Vec<(SecretKey, SkipReason)>,
     /// Namespaces whose limits annotation was left out, with why.
     pub invalid_limits: Vec<(String, String)>,
+    /// Namespaces whose grantable-scopes annotation cannot be read, with
+    /// why: their Secrets grant nothing.
+    pub invalid_caps: Vec<(String, String)>,
     /// Ready proxy replicas, when counted.
     pub replicas: Option<u32>,
 }
@@ -468,6 +469,9 @@ impl Index {
                     .invalid_limits
                     .push((namespace.clone(), why.clone())),
             }
+            if let Err(why) = &entry.grantable {
+                desired.invalid_caps.push((namespace.clone(), why.clone()));
+            }
         }
         let mut secrets: Vec<&(SecretKey, SecretEntry)> = self
             .secrets
@@ -495,8 +499,9 @@ impl Index {
                     .push((key.clone(), SkipReason::NamespaceNotATenant));
                 continue;
             };
+            let cap = grantable.clone().unwrap_or(Some(Scopes::default()));
             let granted = granted(credential.scopes.as_deref());
-            if grantable.is_some_and(|cap| !granted.iter().all(|s| cap.contains(s))) {
+            if cap.is_some_and(|cap| !granted.iter().all(|s| cap.contains(s))) {
                 desired
                     .skipped
                     .push((key.clone(), SkipReason::ScopeNotGrantable));

@@ -31,6 +31,7 @@ pub struct Metrics {
     pub credentials: Gauge,
     pub skipped_secrets: Family<ReasonLabels, Gauge>,
     pub invalid_limits: Gauge,
+    pub invalid_caps: Gauge,
     pub writes: Counter,
     pub write_errors: Counter,
     pub last_write: Gauge<f64, AtomicU64>,
@@ -73,6 +74,12 @@ impl Default for Metrics {
             "invalid_limit_annotations",
             "Namespaces whose tenant-proxy/limits annotation is currently left out as invalid",
             invalid_limits.clone(),
+        );
+        let invalid_caps = Gauge::default();
+        registry.register(
+            "invalid_scope_caps",
+            "Namespaces whose tenant-proxy/grantable-scopes annotation lists no known scope (their Secrets grant nothing)",
+            invalid_caps.clone(),
         );
         let writes = Counter::default();
         registry.register(
@@ -128,6 +135,7 @@ impl Default for Metrics {
             credentials,
             skipped_secrets,
             invalid_limits,
+            invalid_caps,
             writes,
             write_errors,
             last_write,

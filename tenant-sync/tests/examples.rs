@@ -133,7 +133,10 @@ fn the_grantable_scopes_example_caps_staging_to_the_default_set() {
         .into_iter()
         .map(|doc| {
             let ns: Namespace = typed(doc);
-            (ns.metadata.name.clone().unwrap(), index::grantable_of(&ns))
+            (
+                ns.metadata.name.clone().unwrap(),
+                index::grantable_of(&ns).unwrap(),
+            )
         })
         .collect();
     assert_eq!(

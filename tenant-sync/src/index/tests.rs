@@ -567,6 +567,10 @@ fn a_namespace_caps_the_scopes_its_secrets_may_grant() {
     assert!(!desired
         .tenants
         .contains_key(&TenantId::parse("blog").unwrap()));
+    // Reported once per Namespace, with the value that could not be read.
+    assert_eq!(desired.invalid_caps.len(), 1);
+    assert_eq!(desired.invalid_caps[0].0, "blog");
+    assert!(desired.invalid_caps[0].1.contains("rules:admin"));
     assert_eq!(
         skip_reasons(&desired),
         [
