@@ -383,11 +383,11 @@ impl Syncer {
             .values()
             .flat_map(|t| t.users.iter().map(|u| &u.source))
             .collect();
-        for ((namespace, name), _) in &self.last_skipped {
-            let key = (namespace.clone(), name.clone());
-            if loaded.contains(&key) {
+        for (key, _) in &self.last_skipped {
+            if loaded.contains(key) {
+                let (namespace, name) = key;
                 tracing::info!(%namespace, secret = %name, "Secret in the file again");
-                self.tell(&key, Notice::Loaded);
+                self.tell(key, Notice::Loaded);
             }
         }
         for reason in self

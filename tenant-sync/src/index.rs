@@ -499,7 +499,10 @@ impl Index {
                     .push((key.clone(), SkipReason::NamespaceNotATenant));
                 continue;
             };
-            let cap = grantable.clone().unwrap_or(Some(Scopes::default()));
+            // An unreadable cap grants nothing.
+            let cap = grantable
+                .as_ref()
+                .map_or(Some(Scopes::default()), |cap| *cap);
             let granted = granted(credential.scopes.as_deref());
             if cap.is_some_and(|cap| !granted.iter().all(|s| cap.contains(s))) {
                 desired

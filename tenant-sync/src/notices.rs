@@ -63,7 +63,7 @@ impl Notices {
                 let event = Event {
                     type_,
                     reason: reason.into(),
-                    note: Some(note(notice).into()),
+                    note: Some(note(notice)),
                     action: "Sync".into(),
                     secondary: None,
                 };
@@ -123,43 +123,37 @@ fn count(metrics: &Metrics, outcome: &'static str) {
 }
 
 /// What the Secret's author reads: why, and what to change.
-pub fn note(notice: Notice) -> &'static str {
+pub fn note(notice: Notice) -> String {
     let Notice::Skipped(reason) = notice else {
-        return "in tenant-proxy's tenants file: its credential works at the proxy";
+        return "in tenant-proxy's tenants file: its credential works at the proxy".into();
     };
+    format!("left out of tenant-proxy's tenants file: {}", why(reason))
+}
+
+fn why(reason: SkipReason) -> &'static str {
     match reason {
-        SkipReason::WrongType => {
-            "left out of tenant-proxy's tenants file: the Secret is not of type kubernetes.io/basic-auth"
-        }
-        SkipReason::MissingUsername => {
-            "left out of tenant-proxy's tenants file: the Secret has no `username` key"
-        }
+        SkipReason::WrongType => "the Secret is not of type kubernetes.io/basic-auth",
+        SkipReason::MissingUsername => "the Secret has no `username` key",
         SkipReason::InvalidUsername => {
-            "left out of tenant-proxy's tenants file: `username` is empty, not UTF-8, or holds ':' or a control character"
+            "`username` is empty, not UTF-8, or holds ':' or a control character"
         }
         SkipReason::MissingPassword => {
-            "left out of tenant-proxy's tenants file: the Secret has neither a `password` nor a `password-hash` key"
+            "the Secret has neither a `password` nor a `password-hash` key"
         }
-        SkipReason::InvalidPassword => {
-            "left out of tenant-proxy's tenants file: `password` is not UTF-8, so no client could send it"
-        }
+        SkipReason::InvalidPassword => "`password` is not UTF-8, so no client could send it",
         SkipReason::InvalidPasswordHash => {
-            "left out of tenant-proxy's tenants file: `password-hash` is not an argon2id PHC string (make one with `tenant-proxy hash-password`)"
+            "`password-hash` is not an argon2id PHC string (make one with `tenant-proxy hash-password`)"
         }
-        SkipReason::InvalidScopes => {
-            "left out of tenant-proxy's tenants file: the scopes annotation lists an unknown scope, or none"
-        }
+        SkipReason::InvalidScopes => "the scopes annotation lists an unknown scope, or none",
         SkipReason::InvalidSelector => {
-            "left out of tenant-proxy's tenants file: the tenant-proxy/selector annotation cannot be read, or comes with a scope that writes"
+            "the tenant-proxy/selector annotation cannot be read, or comes with a scope that writes"
         }
-        SkipReason::NamespaceNotATenant => {
-            "left out of tenant-proxy's tenants file: this namespace belongs to no tenant"
-        }
+        SkipReason::NamespaceNotATenant => "this namespace belongs to no tenant",
         SkipReason::ScopeNotGrantable => {
-            "left out of tenant-proxy's tenants file: it asks (by its scopes annotation, or by default when it has none) for a scope this Namespace's tenant-proxy/grantable-scopes does not let its Secrets grant"
+            "it asks (by its scopes annotation, or by default when it has none) for a scope this Namespace's tenant-proxy/grantable-scopes does not let its Secrets grant"
         }
         SkipReason::DuplicateUsername => {
-            "left out of tenant-proxy's tenants file: an older Secret already holds this username; choose another"
+            "an older Secret already holds this username; choose another"
         }
     }
 }
