@@ -288,6 +288,26 @@ async fn the_loki_stand_in_refuses_the_rule_groups_loki_refuses() {
     let valid = rule("alert: a\n    expr: vector(1)\n    for: 5m\n    labels: {severity: page}");
     let reply = post_as_ruler(&proxy, "/loki/api/v1/rules/ns", &[], valid).await;
     assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.text());
+
+    // Playing Mimir's ruler (asked directly: the proxy refuses these
+    // first), `source_tenants` must decode as a list of strings.
+    for (sources, status) in [
+        ("[team-a, team-b]", StatusCode::ACCEPTED),
+        ("team-a", StatusCode::BAD_REQUEST),
+        ("[[team-a]]", StatusCode::BAD_REQUEST),
+    ] {
+        let group = format!("name: g\nsource_tenants: {sources}\nrules: []\n");
+        let url = format!("{}/prometheus/config/v1/rules/ns", loki.url());
+        let reply = send(
+            Method::POST,
+            &url,
+            None,
+            &[("x-scope-orgid", "team-a")],
+            group,
+        )
+        .await;
+        assert_eq!(reply.status, status, "{sources}: {}", reply.text());
+    }
 }
 
 #[test]
@@ -343,7 +363,7 @@ async fn mimirs_ruler_configuration_api_is_served_in_header_mode() {
             let last = seen.last().unwrap();
             assert_eq!(last.path, format!("/prometheus{path}"));
             assert_eq!(last.org_ids(), ["team-a"]);
-            assert_eq!(last.body, body.as_bytes());
+            assert_eq!(yaml(&last.body), yaml(body.as_bytes()));
         } else {
             assert_eq!(
                 reply.status,
@@ -359,7 +379,7 @@ async fn mimirs_ruler_configuration_api_is_served_in_header_mode() {
         format!("name: f\nsource_tenants: {sources}\nrules:\n  - record: x:sum\n    expr: sum(x)\n")
     };
     for (sources, status) in [
-        ("[team-a]", StatusCode::OK),
+        ("[team-a]", StatusCode::ACCEPTED),
         ("[team-a, team-b]", StatusCode::FORBIDDEN),
         ("[\"team-a|team-b\"]", StatusCode::FORBIDDEN),
     ] {
@@ -375,10 +395,23 @@ async fn mimirs_ruler_configuration_api_is_served_in_header_mode() {
         assert_eq!(reply.status, status, "{sources}: {}", reply.text());
         let seen = mimir.received();
         match status {
-            StatusCode::OK => assert_eq!(seen.last().unwrap().body, body.as_bytes()),
+            StatusCode::ACCEPTED => {
+                assert_eq!(yaml(&seen.last().unwrap().body), yaml(body.as_bytes()))
+            }
             _ => assert_eq!(seen.len(), before, "{sources} reached Mimir"),
         }
     }
+    // Mimir reads what the proxy checked, not the client's spelling of it:
+    // an alias leaves resolved.
+    let aliased = "mine: &m [team-a]\nname: f\nsource_tenants: *m\nrules:\n  - record: x:sum\n    expr: sum(x)\n";
+    let reply = post_as_ruler(&proxy, "/config/v1/rules/ns", &[], aliased).await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.text());
+    let last = mimir.last();
+    assert_eq!(
+        last.body,
+        "mine:\n- team-a\nname: f\nsource_tenants:\n- team-a\nrules:\n- record: x:sum\n  expr: sum(x)\n"
+    );
+    assert_eq!(last.headers["content-type"], "application/yaml");
     // A merge key Go's decoder would apply is refused, never forwarded.
     let before = mimir.received().len();
     let merged = "base: &b {source_tenants: [team-b]}\n<<: *b\nname: f\nrules:\n  - record: x:sum\n    expr: sum(x)\n";
@@ -645,7 +678,7 @@ async fn mimirs_alertmanager_configuration_is_managed_per_tenant_under_the_data_
 /// query string, `subtype=…`, kept), replayed through the proxy with a
 /// Grafana's credential (reads, `rules:read`, `rules:write`): each reaches the
 /// backend at the path Grafana meant, with the tenant header and the rule
-/// group byte for byte.
+/// group Grafana sent.
 #[tokio::test]
 async fn grafanas_rule_management_calls_are_replayed_for_loki_mimir_and_cortex() {
     let group = "name: disk\nrules:\n    - alert: DiskFull\n      expr: sum(x) > 1\n";
@@ -716,7 +749,18 @@ async fn grafanas_rule_management_calls_are_replayed_for_loki_mimir_and_cortex()
             assert_eq!(last.path, format!("{prefix}{path}"), "{what}");
             assert_eq!(last.query.as_deref(), query, "{what}");
             assert_eq!(last.org_ids(), ["team-a"], "{what}");
-            assert_eq!(last.body, body.as_bytes(), "{what}");
+            match kind {
+                // Loki's rules, metrics unscoped: forwarded as sent.
+                "loki" => assert_eq!(last.body, body.as_bytes(), "{what}"),
+                // Mimir's and Cortex's: written again from what was
+                // checked, the same group.
+                _ => assert_eq!(yaml(&last.body), yaml(body.as_bytes()), "{what}"),
+            }
         }
     }
+}
+
+/// A body as YAML reads it: the same group, whatever its spelling.
+fn yaml(body: &[u8]) -> serde_yaml_ng::Value {
+    serde_yaml_ng::from_slice(body).expect("the body is YAML")
 }

@@ -154,10 +154,15 @@ pub fn rewrite(body: &[u8], tenant: &TenantLabel<'_>) -> Result<(String, Pinned)
 /// `source_tenants`, the tenants a federated group's rules query. Mimir
 /// takes any list once `-ruler.tenant-federation.enabled` is set, trusting
 /// the gateway to have checked it: only the tenant's own id passes here.
-/// The body is forwarded as sent, so it is first held to what both readers
-/// read alike: YAML merge keys (`<<`, which Go's decoder applies and this
-/// one does not) and tags are refused.
-pub fn check_source_tenants(body: &[u8], tenant_id: &str) -> Result<(), RuleGroupError> {
+///
+/// Returns the group to forward, written again from what was checked, as
+/// in label mode: Mimir's decoder (gopkg.in/yaml.v3) then reads the
+/// YAML this one wrote, with anchors and aliases already resolved and no
+/// construct the two decoders might read apart. What neither writing can
+/// carry alike is refused: merge keys (`<<`, which Go's decoder applies
+/// and this one keeps as a plain key) and tags. Fields are kept as sent,
+/// unknown ones too (Mimir's own fields change between releases).
+pub fn federated(body: &[u8], tenant_id: &str) -> Result<String, RuleGroupError> {
     use serde_yaml_ng::Value;
     let group: Value =
         serde_yaml_ng::from_slice(body).map_err(|e| RuleGroupError::Unreadable(e.to_string()))?;
@@ -174,20 +179,26 @@ pub fn check_source_tenants(body: &[u8], tenant_id: &str) -> Result<(), RuleGrou
             _ => Ok(()),
         }
     }
+    if !group.is_mapping() {
+        return Err(RuleGroupError::Unreadable(
+            "a rule group is a mapping (name, rules, …)".into(),
+        ));
+    }
     plain(&group)?;
-    let sources = match group.get("source_tenants") {
-        None | Some(Value::Null) => return Ok(()),
-        Some(Value::Sequence(sources)) => sources,
+    match group.get("source_tenants") {
+        None | Some(Value::Null) => {}
+        Some(Value::Sequence(sources)) => {
+            if !sources.iter().all(|s| s.as_str() == Some(tenant_id)) {
+                return Err(RuleGroupError::ForeignSourceTenant);
+            }
+        }
         Some(_) => {
             return Err(RuleGroupError::Unreadable(
                 "source_tenants is not a list".into(),
             ))
         }
-    };
-    match sources.iter().all(|s| s.as_str() == Some(tenant_id)) {
-        true => Ok(()),
-        false => Err(RuleGroupError::ForeignSourceTenant),
     }
+    serde_yaml_ng::to_string(&group).map_err(|e| RuleGroupError::Unreadable(e.to_string()))
 }
 
 /// Sets the tenant label in `labels` as the policy decides, and counts it.

@@ -1,7 +1,7 @@
 //! Rule groups posted through the proxy (`enforce::rule_group` says why):
 //! in label mode Loki's, checked and written again with the tenant label on
-//! every rule; in header mode Mimir's and Cortex's, forwarded as sent once
-//! they query no other tenant.
+//! every rule; in header mode Mimir's and Cortex's, once they query no
+//! other tenant, written again from what was checked.
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
@@ -32,14 +32,11 @@ pub(super) async fn rule_group(
     })?;
     count_pinned(state, tenant, "added", pinned.added);
     count_pinned(state, tenant, "overwritten", pinned.overwritten);
-    parts.headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/yaml"),
-    );
+    set_yaml(parts);
     Ok(sized(parts, yaml.into()))
 }
 
-/// The rule group as received, once it reads no other tenant's data
+/// The rule group to forward, once it reads no other tenant's data
 /// (header mode, Mimir or Cortex).
 pub(super) async fn federated_rule_group(
     state: &AppState,
@@ -48,8 +45,9 @@ pub(super) async fn federated_rule_group(
     body: body::Guarded<Incoming>,
 ) -> Result<ProxyBody, ProxyError> {
     let received = read_uncompressed(state, parts, body).await?;
-    rule_group::check_source_tenants(&received, tenant_id).map_err(refusal)?;
-    Ok(sized(parts, received))
+    let yaml = rule_group::federated(&received, tenant_id).map_err(refusal)?;
+    set_yaml(parts);
+    Ok(sized(parts, yaml.into()))
 }
 
 /// The body, bounded; a compressed one is refused (the checks read YAML).
@@ -89,6 +87,15 @@ fn refusal(error: RuleGroupError) -> ProxyError {
             ProxyError::BadData(error.to_string())
         }
     }
+}
+
+/// The forwarded group is the YAML written here, whatever the client
+/// declared (JSON is YAML to both readers).
+fn set_yaml(parts: &mut http::request::Parts) {
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/yaml"),
+    );
 }
 
 fn sized(parts: &mut http::request::Parts, bytes: Bytes) -> ProxyBody {

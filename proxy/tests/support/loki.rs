@@ -144,7 +144,13 @@ fn reply(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
 /// valid metric name, without `for` or annotations. 202 once taken. It
 /// skips LogQL parsing of `expr`, per-tenant rule limits and storing
 /// (tests read the body).
-fn loki_rule_group(body: &[u8]) -> Response<Full<Bytes>> {
+///
+/// With `federation`, Mimir's (and Cortex's) ruler configuration API,
+/// which reads the same way (`pkg/ruler/api.go`) into Mimir's `rulefmt`,
+/// where `source_tenants` is a list of strings: anything else there does
+/// not decode. It plays `-ruler.tenant-federation.enabled`, taking any
+/// list, as Mimir does: checking it is the gateway's job.
+fn rule_group(body: &[u8], federation: bool) -> Response<Full<Bytes>> {
     use serde_yaml_ng::Value;
     let unreadable = || reply(StatusCode::BAD_REQUEST, "unable to decoded rule group\n");
     let Ok(group) = serde_yaml_ng::from_slice::<Value>(body) else {
@@ -182,7 +188,13 @@ fn loki_rule_group(body: &[u8]) -> Response<Full<Bytes>> {
         Some(Value::Sequence(rules)) => rules.iter().all(rule_ok),
         Some(_) => false,
     };
-    if !group.is_mapping() {
+    let sources_ok = !federation
+        || match group.get("source_tenants") {
+            None | Some(Value::Null) => true,
+            Some(Value::Sequence(sources)) => sources.iter().all(Value::is_string),
+            Some(_) => false,
+        };
+    if !group.is_mapping() || !sources_ok {
         return unreadable();
     }
     if text(&group, "name").is_none() {
@@ -264,12 +276,14 @@ async fn handle(
             &body,
         ));
     }
-    if parts.method == Method::POST
-        && ["/loki/api/v1/rules/", "/api/prom/rules/"]
-            .iter()
-            .any(|ruler| path.starts_with(ruler))
-    {
-        return Ok(loki_rule_group(&body));
+    if parts.method == Method::POST {
+        let loki = ["/loki/api/v1/rules/", "/api/prom/rules/"];
+        if loki.iter().any(|ruler| path.starts_with(ruler)) {
+            return Ok(rule_group(&body, false));
+        }
+        if path.starts_with("/prometheus/config/v1/rules/") {
+            return Ok(rule_group(&body, true));
+        }
     }
     let pushed = if path.ends_with("/loki/api/v1/push") || path.ends_with("/api/prom/push") {
         Some(super::loki_push::lines(path, &parts.headers, &body))

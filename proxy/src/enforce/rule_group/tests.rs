@@ -223,11 +223,11 @@ fn a_federated_group_may_name_only_its_own_tenant() {
         "source_tenants: [team-a]\n",
         "source_tenants: [team-a, team-a]\n",
     ] {
-        assert_eq!(
-            check_source_tenants(group(fine).as_bytes(), "team-a"),
-            Ok(()),
-            "{fine}"
-        );
+        let body = group(fine);
+        let sent: serde_yaml_ng::Value = serde_yaml_ng::from_str(&body).unwrap();
+        let text = federated(body.as_bytes(), "team-a").unwrap();
+        let forwarded: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).unwrap();
+        assert_eq!(forwarded, sent, "{fine}");
     }
     for foreign in [
         "source_tenants: [team-b]\n",
@@ -236,7 +236,7 @@ fn a_federated_group_may_name_only_its_own_tenant() {
         "source_tenants: [1]\n",
     ] {
         assert_eq!(
-            check_source_tenants(group(foreign).as_bytes(), "team-a"),
+            federated(group(foreign).as_bytes(), "team-a"),
             Err(RuleGroupError::ForeignSourceTenant),
             "{foreign}"
         );
@@ -252,10 +252,40 @@ fn a_federated_group_may_name_only_its_own_tenant() {
     ] {
         assert!(
             matches!(
-                check_source_tenants(group(unreadable).as_bytes(), "team-a"),
+                federated(group(unreadable).as_bytes(), "team-a"),
                 Err(RuleGroupError::Unreadable(_))
             ),
             "{unreadable}"
         );
     }
+    for not_a_group in ["", "- name: g\n", "just text\n"] {
+        assert!(
+            matches!(
+                federated(not_a_group.as_bytes(), "team-a"),
+                Err(RuleGroupError::Unreadable(_))
+            ),
+            "{not_a_group:?}"
+        );
+    }
+}
+
+/// The federated group leaves as the YAML written from what was checked:
+/// aliases resolved, comments and the client's spelling gone, fields this
+/// proxy does not know (Mimir's own) kept.
+#[test]
+fn a_federated_group_is_forwarded_as_written_from_what_was_checked() {
+    let body = "# the client's comment\n\
+        tenants: &mine [team-a]\n\
+        name: g\n\
+        source_tenants: *mine\n\
+        evaluation_delay: 1m\n\
+        rules:\n  - record: a\n    expr: |\n      sum(up)\n    labels: {severity: 1}\n";
+    let text = federated(body.as_bytes(), "team-a").unwrap();
+    assert!(!text.contains(['#', '&', '*']), "{text}");
+    assert_eq!(
+        text,
+        "tenants:\n- team-a\nname: g\nsource_tenants:\n- team-a\nevaluation_delay: 1m\n\
+         rules:\n- record: a\n  expr: |\n    sum(up)\n  labels:\n    severity: 1\n"
+    );
+    assert_eq!(federated(text.as_bytes(), "team-a").as_ref(), Ok(&text));
 }
