@@ -19,8 +19,8 @@ fn address(entry: &[u8]) -> Option<IpAddr> {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let trusted = TrustedProxies::try_from(vec!["10.0.0.0/8".to_string(), "fd00::/8".to_string()])
-        .unwrap();
+    let trusted =
+        TrustedProxies::try_from(vec!["10.0.0.0/8".to_string(), "fd00::/8".to_string()]).unwrap();
     let is_trusted = |ip: IpAddr| {
         let ip = ip.to_canonical();
         match ip {

@@ -47,7 +47,10 @@ fuzz_target!(|data: &[u8]| {
             let (again, _) = rewrite(&out, &tenant).expect("a forwarded body is accepted again");
             assert_eq!(again, out, "{label}: a forwarded body is not a fixed point");
             if policy == ForeignLabelPolicy::Reject {
-                assert_eq!(stats.overwritten, 0, "reject never relabels a foreign value");
+                assert_eq!(
+                    stats.overwritten, 0,
+                    "reject never relabels a foreign value"
+                );
             }
         }
     }

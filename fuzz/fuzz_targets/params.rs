@@ -14,7 +14,11 @@ fuzz_target!(|data: &[u8]| {
     let Ok(query) = std::str::from_utf8(query) else {
         return;
     };
-    let method = if selector % 2 == 0 { http::Method::GET } else { http::Method::POST };
+    let method = if selector % 2 == 0 {
+        http::Method::GET
+    } else {
+        http::Method::POST
+    };
     let mut headers = http::HeaderMap::new();
     headers.insert(
         http::header::CONTENT_TYPE,

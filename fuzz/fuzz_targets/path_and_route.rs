@@ -47,7 +47,10 @@ fuzz_target!(|data: &[u8]| {
                     assert!(route.matches_path(&path), "{path} in {}", route.pattern);
                 }
                 Err(ProxyError::MethodNotAllowed { allow }) => {
-                    assert!(!allow.is_empty() && !allow.contains(&method), "{method} {path}");
+                    assert!(
+                        !allow.is_empty() && !allow.contains(&method),
+                        "{method} {path}"
+                    );
                     for other in &allow {
                         assert!(table.classify(other, &path).is_ok(), "{other} {path}");
                     }

@@ -11,7 +11,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tenant_proxy::enforce::alertmanager::{rewrite_silence, Matcher, PostableSilence, TenantAlerts};
+use tenant_proxy::enforce::alertmanager::{
+    rewrite_silence, Matcher, PostableSilence, TenantAlerts,
+};
 
 fn matches(m: &Matcher, value: &str) -> bool {
     let hit = if m.is_regex {
@@ -32,8 +34,19 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     assert!(tenant.owns_silence(&silence.matchers), "{silence:?}");
-    let on_label: Vec<&Matcher> = silence.matchers.iter().filter(|m| m.name == "namespace").collect();
-    for foreign in ["", "team-b", "team-a-3", "TEAM-A", "team-a|team-b", "x\nteam-a"] {
+    let on_label: Vec<&Matcher> = silence
+        .matchers
+        .iter()
+        .filter(|m| m.name == "namespace")
+        .collect();
+    for foreign in [
+        "",
+        "team-b",
+        "team-a-3",
+        "TEAM-A",
+        "team-a|team-b",
+        "x\nteam-a",
+    ] {
         let silenced = on_label.iter().all(|m| matches(m, foreign));
         assert!(!silenced, "{silence:?} silences namespace={foreign:?}");
     }

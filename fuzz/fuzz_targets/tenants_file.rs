@@ -34,8 +34,14 @@ fuzz_target!(|data: &[u8]| {
     for credential in credentials {
         let name = &credential.username;
         let found = store.credential(name).expect("found by its name");
-        assert!(std::sync::Arc::ptr_eq(found, credential), "{name:?} names two");
-        assert!(credential.scopes.iter().next().is_some(), "{name:?} has no scope");
+        assert!(
+            std::sync::Arc::ptr_eq(found, credential),
+            "{name:?} names two"
+        );
+        assert!(
+            credential.scopes.iter().next().is_some(),
+            "{name:?} has no scope"
+        );
         let tenant = store.tenant(credential.tenant.id.as_str());
         assert!(
             tenant.is_some_and(|t| std::sync::Arc::ptr_eq(t, &credential.tenant)),
