@@ -55,7 +55,9 @@ pub enum AlertmanagerCall {
 pub enum Operation {
     /// Body streamed through untouched, tenant header set.
     Push,
-    /// Query parameters forwarded as sent, tenant header set.
+    /// Query parameters forwarded as sent, tenant header set (under a
+    /// Loki label policy, read and moved into the URL:
+    /// `proxy/label_policy.rs`).
     Read,
     /// WebSocket upgrade passed through, tenant header set.
     Tail,
@@ -81,8 +83,8 @@ pub enum Operation {
     /// backend and the Alertmanager, which scope by that label).
     RuleGroup,
     /// Header mode: a rule group posted to Mimir's or Cortex's ruler,
-    /// forwarded as sent once it is known to query no other tenant
-    /// (`source_tenants`).
+    /// forwarded as written again once it is known to query no other
+    /// tenant (`source_tenants`).
     FederatedRuleGroup,
 }
 
@@ -430,6 +432,39 @@ const MIMIR_ALERTMANAGER_DATASOURCE: ([Route; 8], Route) = (
     ),
 );
 
+/// The Loki read routes whose answers Loki's label-based access control
+/// filters by `X-Prom-Label-Policy`, as wired in Loki 3.7's `setupLBAC`
+/// (`pkg/loki/modules_lbac.go`): log and metric queries (the chunk and
+/// stream filterers of the ingesters, the store and the new engine), label
+/// names and values (the store and ingester wrappers), series, and volume
+/// (its own middleware and answer filter); and the routes that return no
+/// log data. Left out, so a credential restricted by a selector is refused
+/// there: live tail (the ingester's tailer applies no policy), patterns
+/// (the pattern ingester is not wired), `index/stats` and `detected_labels`
+/// (ingester and index calls no wrapper covers), and `detected_fields`
+/// with its values (not covered by Loki's LBAC tests). Refused is the
+/// answer a selector gets wherever it cannot be held.
+const LOKI_LABEL_POLICY_ROUTES: &[&str] = &[
+    "/loki/api/v1/query",
+    "/loki/api/v1/query_range",
+    "/loki/api/v1/labels",
+    "/loki/api/v1/label/{}/values",
+    "/loki/api/v1/series",
+    "/loki/api/v1/index/volume",
+    "/loki/api/v1/index/volume_range",
+    "/loki/api/v1/format_query",
+    "/loki/api/v1/drilldown-limits",
+    "/loki/api/v1/status/buildinfo",
+];
+
+impl Route {
+    /// Whether Loki holds what this route returns to the label policy of
+    /// a credential restricted by a selector.
+    pub fn loki_applies_label_policy(&self) -> bool {
+        self.signal == Signal::Logs && LOKI_LABEL_POLICY_ROUTES.contains(&self.pattern)
+    }
+}
+
 /// Loki, header mode. Every route here is tenant-scoped by `X-Scope-OrgID`.
 pub const LOKI_ROUTES: &[Route] = &[
     logs(POST, "/loki/api/v1/push", Operation::Push),
@@ -625,6 +660,34 @@ mod tests {
         Some(MetricsScoping::HeaderScopesEveryApi),
         Some(MetricsScoping::HeaderScopesQueries),
     ];
+
+    /// Each route a label policy is trusted on is one of Loki's reads; the
+    /// reads it is not trusted on are the ones the list says why of.
+    #[test]
+    fn a_label_policy_is_trusted_only_on_lokis_reads_it_filters() {
+        for pattern in LOKI_LABEL_POLICY_ROUTES {
+            let route = LOKI_ROUTES.iter().find(|r| r.pattern == *pattern);
+            let route = route.unwrap_or_else(|| panic!("{pattern} is not a Loki route"));
+            assert_eq!(route.scope, Scope::LogsRead, "{pattern}");
+            assert!(route.loki_applies_label_policy(), "{pattern}");
+        }
+        let untrusted: Vec<_> = LOKI_ROUTES
+            .iter()
+            .filter(|r| r.scope == Scope::LogsRead && !r.loki_applies_label_policy())
+            .map(|r| r.pattern)
+            .collect();
+        assert_eq!(
+            untrusted,
+            [
+                "/loki/api/v1/index/stats",
+                "/loki/api/v1/patterns",
+                "/loki/api/v1/detected_fields",
+                "/loki/api/v1/detected_field/{}/values",
+                "/loki/api/v1/detected_labels",
+                "/loki/api/v1/tail",
+            ]
+        );
+    }
 
     fn table() -> &'static RouteTable {
         static TABLE: std::sync::OnceLock<RouteTable> = std::sync::OnceLock::new();

@@ -42,6 +42,7 @@ use crate::tenants::Credential;
 use crate::upstream;
 
 mod alerts;
+mod label_policy;
 mod push;
 mod rules;
 mod state;
@@ -246,6 +247,9 @@ async fn proxy(
     // that enforces the label policy header; anything else is refused.
     let label_policy = match &credential.selector {
         None => None,
+        Some(_) if target.enforces_label_policy && !route.loki_applies_label_policy() => {
+            return Err(ProxyError::SelectorNotEnforceable)
+        }
         Some(selector) if target.enforces_label_policy => Some(headers::label_policy(
             credential.tenant.id.as_str(),
             selector.as_str(),
@@ -324,6 +328,11 @@ async fn proxy(
             let tenant = credential.tenant.id.as_str();
             let body = rules::federated_rule_group(state, tenant, &mut parts, body).await?;
             (parts.uri.query().map(str::to_owned), body)
+        }
+        _ if label_policy.is_some() => {
+            let limit = state.limits.max_body_bytes;
+            let query = label_policy::parameters_in_url(&mut parts, body, limit).await?;
+            (query, body::empty())
         }
         _ => {
             let limited = Limited::new(body, state.limits.max_body_bytes as usize);

@@ -45,6 +45,35 @@ impl Received {
             .map(|v| v.to_str().unwrap().to_owned())
             .collect()
     }
+
+    /// `key` as Loki's label-based access control reads it before
+    /// rewriting a volume or aggregated-metric query (`pkg/labelaccess`,
+    /// `r.URL.Query().Get`): the URL's first value.
+    pub fn read_by_label_policy(&self, key: &str) -> Option<String> {
+        first(self.query.as_deref().unwrap_or_default().as_bytes(), key)
+    }
+
+    /// `key` as Loki's handlers read it (`r.ParseForm`, then `r.Form`):
+    /// on a POST, PUT or PATCH with a form body the body's first value,
+    /// else the URL's.
+    pub fn read_by_handler(&self, key: &str) -> Option<String> {
+        let form = self
+            .headers
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("application/x-www-form-urlencoded"));
+        let reads_body = matches!(self.method, Method::POST | Method::PUT | Method::PATCH);
+        (form && reads_body)
+            .then(|| first(&self.body, key))
+            .flatten()
+            .or_else(|| self.read_by_label_policy(key))
+    }
+}
+
+fn first(form: &[u8], key: &str) -> Option<String> {
+    form_urlencoded::parse(form)
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.into_owned())
 }
 
 struct State {

@@ -1,0 +1,44 @@
+//! A Loki read under a label policy (`logs.lbac`, a credential restricted
+//! by a selector): its parameters go to Loki in the URL alone.
+//!
+//! Loki's label-based access control reads the `query` it rewrites for
+//! volume and aggregated-metric requests from the URL (`r.URL.Query()` in
+//! `pkg/labelaccess`), while Loki's handlers read the form, where a POST
+//! body's values come first (`r.Form`). A `query` in the body would be
+//! checked by one reading and answered by the other. So the parameters are
+//! read once, by the rules label mode holds Prometheus requests to
+//! (`enforce::params`: the URL, or a form body on POST, never a key in both
+//! or twice), and forwarded in the URL with an empty body.
+
+use http::header::{self, HeaderValue};
+use http::Method;
+
+use crate::enforce::params::Params;
+use crate::http::body::{self, BoxError};
+use crate::http::error::ProxyError;
+
+/// Reads the request's parameters (bounded) and leaves `parts` with no
+/// body headers; returns the query string to forward.
+pub(super) async fn parameters_in_url<B>(
+    parts: &mut http::request::Parts,
+    body: B,
+    body_limit: u64,
+) -> Result<Option<String>, ProxyError>
+where
+    B: hyper::body::Body,
+    B::Error: Into<BoxError>,
+{
+    let bytes = body::read_bounded(body, body_limit).await?;
+    let params = Params::from_request(&parts.method, parts.uri.query(), &parts.headers, &bytes)
+        .map_err(|e| ProxyError::BadData(e.to_string()))?;
+    let headers = &mut parts.headers;
+    headers.remove(header::CONTENT_TYPE);
+    headers.remove(header::CONTENT_ENCODING);
+    if parts.method == Method::POST {
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(0));
+    } else {
+        headers.remove(header::CONTENT_LENGTH);
+    }
+    let query = params.encode();
+    Ok((!query.is_empty()).then_some(query))
+}
