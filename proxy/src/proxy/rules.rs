@@ -32,8 +32,7 @@ pub(super) async fn rule_group(
     })?;
     count_pinned(state, tenant, "added", pinned.added);
     count_pinned(state, tenant, "overwritten", pinned.overwritten);
-    set_yaml(parts);
-    Ok(sized(parts, yaml.into()))
+    Ok(yaml_body(parts, yaml))
 }
 
 /// The rule group to forward, once it reads no other tenant's data
@@ -46,8 +45,7 @@ pub(super) async fn federated_rule_group(
 ) -> Result<ProxyBody, ProxyError> {
     let received = read_uncompressed(state, parts, body).await?;
     let yaml = rule_group::federated(&received, tenant_id).map_err(refusal)?;
-    set_yaml(parts);
-    Ok(sized(parts, yaml.into()))
+    Ok(yaml_body(parts, yaml))
 }
 
 /// The body, bounded; a compressed one is refused (the checks read YAML).
@@ -89,18 +87,14 @@ fn refusal(error: RuleGroupError) -> ProxyError {
     }
 }
 
-/// The forwarded group is the YAML written here, whatever the client
-/// declared (JSON is YAML to both readers).
-fn set_yaml(parts: &mut http::request::Parts) {
-    parts.headers.insert(
+/// The group as written here, whatever the client declared (JSON is YAML
+/// to both readers), with its headers.
+fn yaml_body(parts: &mut http::request::Parts, yaml: String) -> ProxyBody {
+    let headers = &mut parts.headers;
+    headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/yaml"),
     );
-}
-
-fn sized(parts: &mut http::request::Parts, bytes: Bytes) -> ProxyBody {
-    parts
-        .headers
-        .insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
-    body::full(bytes)
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(yaml.len()));
+    body::full(yaml)
 }
