@@ -201,15 +201,13 @@ async fn a_restricted_credential_is_refused_where_loki_applies_no_label_policy()
         "/loki/api/v1/detected_field/level/values",
     ] {
         let url = proxy.url(&format!("{path}{selector}"));
+        let get_as = |user: &'static str| {
+            let credential = basic(user, &format!("{user}-pw"));
+            let url = url.clone();
+            async move { send(Method::GET, &url, Some(&credential), &[], "").await }
+        };
         let before = loki.received().len();
-        let reply = send(
-            Method::GET,
-            &url,
-            Some(&basic("narrow", "narrow-pw")),
-            &[],
-            "",
-        )
-        .await;
+        let reply = get_as("narrow").await;
         assert_eq!(reply.status, StatusCode::FORBIDDEN, "{path}");
         assert!(
             reply.text().contains("selector"),
@@ -220,14 +218,7 @@ async fn a_restricted_credential_is_refused_where_loki_applies_no_label_policy()
         if path.ends_with("/tail") {
             continue; // a WebSocket upgrade, served in tests/loki.rs
         }
-        let reply = send(
-            Method::GET,
-            &url,
-            Some(&basic("alice", "alice-pw")),
-            &[],
-            "",
-        )
-        .await;
+        let reply = get_as("alice").await;
         assert_eq!(reply.status, StatusCode::OK, "{path}");
         assert_eq!(loki.received().len(), before + 1, "{path}");
     }
