@@ -442,8 +442,10 @@ const MIMIR_ALERTMANAGER_DATASOURCE: ([Route; 8], Route) = (
 /// there: live tail (the ingester's tailer applies no policy), patterns
 /// (the pattern ingester is not wired), `index/stats` and `detected_labels`
 /// (ingester and index calls no wrapper covers), and `detected_fields`
-/// with its values (not covered by Loki's LBAC tests). Refused is the
-/// answer a selector gets wherever it cannot be held.
+/// with its values (its log query is made inside Loki, past the URL
+/// rewrite that holds aggregated-metric streams, whose lines carry other
+/// streams' labels, to the policy). Refused is the answer a selector gets
+/// wherever it cannot be held.
 const LOKI_LABEL_POLICY_ROUTES: &[&str] = &[
     "/loki/api/v1/query",
     "/loki/api/v1/query_range",
