@@ -19,7 +19,8 @@ pub struct LogsConfig {
     pub upstream: Upstream,
     /// Loki runs with `lbac.enabled: true` (3.7.3 and later, experimental),
     /// so credentials restricted by a `selector` may read logs, enforced by
-    /// Loki through `X-Prom-Label-Policy`. Without it such credentials get
+    /// Loki through `X-Prom-Label-Policy`, on the reads Loki holds to it
+    /// (`routes::LOKI_LABEL_POLICY_ROUTES`). Without it such credentials get
     /// 403 on every log route: a Loki that ignores the header would show
     /// them the whole tenant.
     #[serde(default)]

@@ -171,6 +171,16 @@ impl Config {
                 ));
             }
         }
+        if self.logs.as_ref().is_some_and(|logs| logs.lbac) {
+            // The proxy sends the policy; only Loki can hold a query to it.
+            warnings.push(
+                "logs.lbac: Loki must run 3.7.3 or later with `lbac: {enabled: true}`, or it \
+                 ignores X-Prom-Label-Policy and a credential with a selector reads its whole \
+                 tenant. Such credentials are refused live tail, patterns, index stats and \
+                 detected labels and fields, which Loki does not hold to the policy"
+                    .into(),
+            );
+        }
         if self.trusted_proxies.trusts_everyone() {
             warnings.push(
                 "trusted_proxies holds 0.0.0.0/0 or ::/0: any client is then believed about \

@@ -92,6 +92,18 @@ fn a_header_other_than_x_scope_orgid_is_warned_about_and_takes_no_alerts() {
     assert!(Config::parse(&mimir).unwrap().warnings().is_empty());
 }
 
+/// Only Loki can hold a restricted credential to its label policy, and the
+/// proxy cannot see whether it was told to.
+#[test]
+fn lbac_is_warned_about_as_a_loki_setting_the_proxy_cannot_check() {
+    let lbac = format!("{MINIMAL}  lbac: true\n");
+    let warned = Config::parse(&lbac).unwrap().warnings();
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    assert!(warned[0].contains("lbac: {enabled: true}"), "{warned:?}");
+    let off = format!("{MINIMAL}  lbac: false\n");
+    assert!(Config::parse(&off).unwrap().warnings().is_empty());
+}
+
 #[test]
 fn trusting_every_address_is_warned_about() {
     for everyone in ["0.0.0.0/0", "::/0"] {
