@@ -436,7 +436,9 @@ const MIMIR_ALERTMANAGER_DATASOURCE: ([Route; 8], Route) = (
 /// filters by `X-Prom-Label-Policy`, as wired in Loki 3.7's `setupLBAC`
 /// (`pkg/loki/modules_lbac.go`): log and metric queries (the chunk and
 /// stream filterers of the ingesters, the store and the new engine), label
-/// names and values (the store and ingester wrappers), series, and volume
+/// values (the store and ingester wrappers; label names only from the
+/// ingesters, those from the store are not filtered, a gap of Loki's that
+/// leaks names, never values), series, and volume
 /// (its own middleware and answer filter); and the routes that return no
 /// log data. Left out, so a credential restricted by a selector is refused
 /// there: live tail (the ingester's tailer applies no policy), patterns

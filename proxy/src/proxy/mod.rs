@@ -247,13 +247,15 @@ async fn proxy(
     // that enforces the label policy header; anything else is refused.
     let label_policy = match &credential.selector {
         None => None,
-        Some(_) if target.enforces_label_policy && !route.loki_applies_label_policy() => {
-            return Err(ProxyError::SelectorNotEnforceable)
+        Some(selector) if target.enforces_label_policy => {
+            if !route.loki_applies_label_policy() {
+                return Err(ProxyError::SelectorNotEnforceable);
+            }
+            Some(headers::label_policy(
+                credential.tenant.id.as_str(),
+                selector.as_str(),
+            ))
         }
-        Some(selector) if target.enforces_label_policy => Some(headers::label_policy(
-            credential.tenant.id.as_str(),
-            selector.as_str(),
-        )),
         Some(_) if target.tenant_label.is_some() => None,
         Some(_) => return Err(ProxyError::SelectorNotEnforceable),
     };
