@@ -25,7 +25,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 
 use crate::config::Config;
-use crate::http::server::{serve_connections, Shutdown};
+use crate::http::server::{serve_connections, ListenerMetrics, Shutdown};
 use crate::http::tls::TlsReloader;
 use crate::ops::admin;
 use crate::ops::metrics::Metrics;
@@ -160,7 +160,10 @@ impl Proxy {
             stopping.wait().await;
             tails.close_all().await;
         };
-        let open_connections = state.metrics.client_connections.clone();
+        let listener_metrics = ListenerMetrics {
+            open: state.metrics.client_connections.clone(),
+            refused_per_address: state.metrics.client_connections_refused.clone(),
+        };
         state
             .metrics
             .connection_limit
@@ -171,7 +174,7 @@ impl Proxy {
             current_tls,
             move |peer, request| proxy::handle(state.clone(), peer, request),
             shutdown,
-            Some(open_connections),
+            Some(listener_metrics),
         );
         tokio::join!(admin_server, tenant_server, close_tails);
         let _ = reload.await;

@@ -381,6 +381,64 @@ async fn connections_beyond_the_limit_wait_until_one_ends() {
     assert_eq!(loki.received().len(), 3);
 }
 
+/// One address holds at most its cap of connections: one more from it is
+/// closed on arrival, unread, while another address is still served; a
+/// connection that ends gives the address its slot back.
+#[tokio::test]
+async fn connections_beyond_the_cap_per_address_are_closed_on_arrival() {
+    let (loki, proxy) = start("  max_connections_per_address: 2\n", "").await;
+    let request = query_request();
+    let mut held = vec![
+        connection_after_one_query(&proxy, &request).await,
+        connection_after_one_query(&proxy, &request).await,
+    ];
+    let mut third = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    assert_eq!(
+        answered(&mut third, Duration::from_secs(10)).await,
+        Some(String::new()),
+        "closed on arrival (the end of the stream, no answer)"
+    );
+    // All of 127.0.0.0/8 is loopback: another address on this host.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+    let mut other = socket.connect(proxy.addr).await.unwrap();
+    other.write_all(request.as_bytes()).await.unwrap();
+    let head = answered(&mut other, Duration::from_secs(10)).await.unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "another address: {head}");
+    assert_eq!(loki.received().len(), 3, "the refused one reached nothing");
+    let metrics = proxy.metrics().await;
+    for line in [
+        "tenant_proxy_client_connections_refused_total 1",
+        "tenant_proxy_client_connections 3",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in {metrics}");
+    }
+    let logs = String::from_utf8_lossy(&support::captured_logs().lock().unwrap()).into_owned();
+    assert!(
+        logs.contains("further ones from it are closed on arrival") && logs.contains("127.0.0.1"),
+        "{logs}"
+    );
+
+    // One ends; once the proxy has seen it go (the gauge, which drops after
+    // the address's count), the address may open another.
+    drop(held.remove(0));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !proxy
+        .metrics()
+        .await
+        .lines()
+        .any(|l| l == "tenant_proxy_client_connections 2")
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the connection's end was noticed"
+        );
+        tokio::task::yield_now().await;
+    }
+    held.push(connection_after_one_query(&proxy, &request).await);
+    assert_eq!(loki.received().len(), 4);
+}
+
 /// A full listener shortens the quiet period to an eighth (here 16 s to
 /// 2 s): an idle connection is closed within 2-4 s to let a waiting one
 /// in, where nothing would close for 16 s otherwise.

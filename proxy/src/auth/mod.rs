@@ -40,7 +40,7 @@ use self::password::Verifier;
 use crate::auth::throttle::FailureThrottle;
 use crate::auth::verifier_threads::{VerifierThreads, RELEASE_AFTER_IDLE};
 use crate::config::AuthConfig;
-use crate::http::client_address::network_of;
+use crate::http::client_address::counted_as;
 use crate::http::error::ProxyError;
 use crate::tenants::{Credential, TenantStore};
 
@@ -134,17 +134,6 @@ pub fn parse_basic(headers: &HeaderMap) -> Result<BasicCredentials, AuthFailure>
     Ok(BasicCredentials { decoded, colon })
 }
 
-/// The address failures are counted under: an IPv6 client's /64, which
-/// one host is usually given whole and can walk through address by address
-/// (privacy addresses, or on purpose) to start a fresh count with each; an
-/// IPv4 client's own address (also when it arrives as `::ffff:a.b.c.d`).
-fn throttled_as(client: IpAddr) -> IpAddr {
-    match client.to_canonical() {
-        v6 @ IpAddr::V6(_) => network_of(v6, 64),
-        v4 => v4,
-    }
-}
-
 // === impl Authenticator ===
 
 pub struct Authenticator {
@@ -209,7 +198,7 @@ impl Authenticator {
         }
 
         let now = Instant::now();
-        let client = throttled_as(client);
+        let client = counted_as(client);
         self.per_user
             .check(presented.username(), now)
             .and_then(|()| self.per_client.check(&client, now))
@@ -645,7 +634,7 @@ mod tests {
                 "{other}"
             );
         }
-        assert_eq!(throttled_as(ip("::ffff:192.0.2.1")), ip("192.0.2.1"));
+        assert_eq!(counted_as(ip("::ffff:192.0.2.1")), ip("192.0.2.1"));
     }
 
     #[tokio::test]

@@ -398,6 +398,13 @@ pub struct Limits {
     /// as long, so idle connections make room sooner.
     #[serde(default = "defaults::max_connections")]
     pub max_connections: usize,
+    /// Of those, open at once from one client address (the TCP peer's; an
+    /// IPv6 one's /64); beyond it a new one is closed on arrival, so one
+    /// address cannot take every slot (`http/address_slots.rs`). 0, the
+    /// default: no cap, as behind a balancer every connection shares its
+    /// address.
+    #[serde(default)]
+    pub max_connections_per_address: usize,
     /// How long the upstream may take to answer with its response head (504 after).
     #[serde(default = "defaults::upstream_timeout", with = "humantime_serde")]
     pub upstream_timeout: Duration,
@@ -417,6 +424,7 @@ impl Default for Limits {
             body_read_timeout: defaults::body_read_timeout(),
             max_concurrent_requests: 0,
             max_connections: defaults::max_connections(),
+            max_connections_per_address: 0,
             upstream_timeout: defaults::upstream_timeout(),
             shutdown_grace: defaults::shutdown_grace(),
         }

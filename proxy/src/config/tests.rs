@@ -8,6 +8,7 @@ fn minimal_config_gets_defaults() {
     assert_eq!(c.limits.max_body_bytes, 16 * 1024 * 1024);
     assert_eq!(c.tenants_poll_interval, Duration::from_secs(5));
     assert_eq!(c.limits.max_connections, 4096);
+    assert_eq!(c.limits.max_connections_per_address, 0, "no cap by default");
     assert!(c.metrics.is_none());
 }
 
@@ -20,6 +21,11 @@ fn a_listener_takes_at_least_one_connection() {
     );
     let c = Config::parse(&format!("{MINIMAL}limits:\n  max_connections: 1\n")).unwrap();
     assert_eq!(c.limits.max_connections, 1);
+    let c = Config::parse(&format!(
+        "{MINIMAL}limits:\n  max_connections_per_address: 64\n"
+    ))
+    .unwrap();
+    assert_eq!(c.limits.max_connections_per_address, 64);
 }
 
 #[test]

@@ -71,6 +71,18 @@ impl Network {
     }
 }
 
+/// The key a client is counted under (failed logins, connections open):
+/// an IPv6 client's /64, which one host is usually given whole and can
+/// walk through address by address (privacy addresses, or on purpose) to
+/// start a fresh count with each; an IPv4 client's own address (also when
+/// it arrives as `::ffff:a.b.c.d` on a dual-stack socket).
+pub fn counted_as(client: IpAddr) -> IpAddr {
+    match client.to_canonical() {
+        v6 @ IpAddr::V6(_) => network_of(v6, 64),
+        v4 => v4,
+    }
+}
+
 /// `ip` with the bits past the first `prefix` cleared: the network of that
 /// size it is in (`prefix` at most the family's 32 or 128 bits).
 pub fn network_of(ip: IpAddr, prefix: u8) -> IpAddr {

@@ -3,6 +3,7 @@
 //! WebSocket framing, and the one place that turns every failure into a
 //! status and a body.
 
+pub mod address_slots;
 pub mod body;
 pub mod client_address;
 pub mod connection;

@@ -12,6 +12,7 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
@@ -19,6 +20,7 @@ use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
 
 use crate::config::Limits;
+use crate::http::address_slots::AddressSlots;
 use crate::http::body::ProxyBody;
 use crate::http::connection::{until_stopped, Marked, Transport};
 use crate::http::timer::ReusingTimer;
@@ -44,6 +46,16 @@ impl Shutdown {
     }
 }
 
+/// What a listener counts of its connections.
+#[derive(Clone, Debug)]
+pub struct ListenerMetrics {
+    /// Connections open now.
+    pub open: Gauge,
+    /// Connections closed on arrival: their address had
+    /// `limits.max_connections_per_address` open.
+    pub refused_per_address: Counter,
+}
+
 /// Serves HTTP/1.1 (with upgrades, for live tail) and HTTP/2 on `listener`,
 /// over TLS when `tls` is set, calling `handler` per request with the
 /// peer's address.
@@ -53,7 +65,7 @@ pub async fn serve_connections<H, F>(
     tls: Option<CurrentTls>,
     handler: H,
     shutdown: Shutdown,
-    open: Option<Gauge>,
+    metrics: Option<ListenerMetrics>,
 ) where
     H: Fn(SocketAddr, Request<Incoming>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Result<Response<ProxyBody>, Infallible>> + Send + 'static,
@@ -77,22 +89,25 @@ pub async fn serve_connections<H, F>(
     // Each connection holds a receiver: the sender's `closed()` is "every
     // connection has ended".
     let (drain, draining) = watch::channel(false);
-    let slots = Slots::new(limits.max_connections, open);
-    // Logged at most once a minute, not per connection held back.
-    let mut warned: Option<tokio::time::Instant> = None;
+    let slots = Slots::new(
+        limits.max_connections,
+        metrics.as_ref().map(|m| m.open.clone()),
+    );
+    let per_address = AddressSlots::new(limits.max_connections_per_address);
+    // Each logged at most once a minute, not per connection.
+    let (mut full_warning, mut address_warning) = (EveryMinute::default(), EveryMinute::default());
     let stop = shutdown.wait();
     tokio::pin!(stop);
     loop {
         let slot = match slots.try_reserve() {
             Some(slot) => slot,
             None => {
-                if warned.is_none_or(|at| at.elapsed() >= Duration::from_secs(60)) {
+                if full_warning.due() {
                     tracing::warn!(
                         max_connections = limits.max_connections,
                         "connection limit reached; new connections wait until one ends, \
                          and connections close after an eighth of the usual quiet time"
                     );
-                    warned = Some(tokio::time::Instant::now());
                 }
                 tokio::select! {
                     _ = &mut stop => break,
@@ -115,6 +130,28 @@ pub async fn serve_connections<H, F>(
                 }
             },
         };
+        let address_held = match &per_address {
+            None => None,
+            Some(per_address) => match per_address.try_hold(peer.ip()) {
+                Some(held) => Some(held),
+                None => {
+                    // Closed unread: the slot is free again at once.
+                    drop(stream);
+                    if let Some(metrics) = &metrics {
+                        metrics.refused_per_address.inc();
+                    }
+                    if address_warning.due() {
+                        tracing::warn!(
+                            client = %peer.ip(),
+                            max_connections_per_address = limits.max_connections_per_address,
+                            "an address has its most connections open; \
+                             further ones from it are closed on arrival"
+                        );
+                    }
+                    continue;
+                }
+            },
+        };
         let _ = stream.set_nodelay(true);
         let handler = handler.clone();
         let service = service_fn(move |request| handler(peer, request));
@@ -128,7 +165,8 @@ pub async fn serve_connections<H, F>(
         let held = slots.hold(slot);
         let crowded = slots.crowded();
         tokio::spawn(async move {
-            let _held = held;
+            // The address first: once the open gauge drops, the address has its slot back.
+            let _held = (address_held, held);
             let transport = match tls {
                 None => Transport::Plain(stream),
                 Some(acceptor) => {
@@ -171,6 +209,23 @@ pub async fn serve_connections<H, F>(
         .is_err()
     {
         tracing::warn!("shutdown grace period over; closing remaining connections");
+    }
+}
+
+/// A warning's clock: due at the first call, then once a minute at most.
+#[derive(Default)]
+struct EveryMinute(Option<tokio::time::Instant>);
+
+impl EveryMinute {
+    fn due(&mut self) -> bool {
+        let now = tokio::time::Instant::now();
+        let due = self
+            .0
+            .is_none_or(|at| now.duration_since(at) >= Duration::from_secs(60));
+        if due {
+            self.0 = Some(now);
+        }
+        due
     }
 }
 

@@ -52,9 +52,15 @@ pub async fn serve(
     limits: &Limits,
     shutdown: Shutdown,
 ) {
+    // The admin listener's clients are the platform's own (probes, the
+    // scraper): no cap per address, which could fail a probe in a burst.
+    let limits = Limits {
+        max_connections_per_address: 0,
+        ..limits.clone()
+    };
     serve_connections(
         listener,
-        limits,
+        &limits,
         None,
         move |_, request| handle(state.clone(), request),
         shutdown,

@@ -95,6 +95,9 @@ pub struct Metrics {
     /// `connection_limit` (`limits.max_connections`).
     pub client_connections: Gauge,
     pub connection_limit: Gauge,
+    /// Client connections closed on arrival: their address had
+    /// `limits.max_connections_per_address` open.
+    pub client_connections_refused: Counter,
     pub errors: Family<ReasonLabels, Counter>,
     pub upstream_duration: Family<SurfaceLabels, Histogram, LatencyHistogram>,
     pub tenants_generation: Gauge,
@@ -179,6 +182,13 @@ impl Default for Metrics {
             "connection_limit",
             "Client connections the tenant listener keeps open at most (limits.max_connections)",
             connection_limit.clone(),
+        );
+        let client_connections_refused = Counter::default();
+        registry.register(
+            "client_connections_refused",
+            "Client connections closed on arrival because their address had \
+             limits.max_connections_per_address open",
+            client_connections_refused.clone(),
         );
         let errors = Family::default();
         registry.register(
@@ -330,6 +340,7 @@ impl Default for Metrics {
             limit_replicas,
             client_connections,
             connection_limit,
+            client_connections_refused,
             errors,
             upstream_duration,
             tenants_generation,
