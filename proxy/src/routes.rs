@@ -432,13 +432,18 @@ const MIMIR_ALERTMANAGER_DATASOURCE: ([Route; 8], Route) = (
     ),
 );
 
+/// Loki's label names, which a selector narrows in the request too
+/// (`proxy/label_policy.rs`).
+pub const LOKI_LABEL_NAMES: &str = "/loki/api/v1/labels";
+
 /// The Loki read routes whose answers Loki's label-based access control
 /// filters by `X-Prom-Label-Policy`, as wired in Loki 3.7's `setupLBAC`
 /// (`pkg/loki/modules_lbac.go`): log and metric queries (the chunk and
 /// stream filterers of the ingesters, the store and the new engine), label
 /// values (the store and ingester wrappers; label names only from the
-/// ingesters, those from the store are not filtered, a gap of Loki's that
-/// leaks names, never values), series, and volume
+/// ingesters, those from the store are not filtered: a gap of Loki's that
+/// `proxy/label_policy.rs` closes by asking for the selector's streams'
+/// names), series, and volume
 /// (its own middleware and answer filter); and the routes that return no
 /// log data. Left out, so a credential restricted by a selector is refused
 /// there: live tail (the ingester's tailer applies no policy), patterns
@@ -451,7 +456,7 @@ const MIMIR_ALERTMANAGER_DATASOURCE: ([Route; 8], Route) = (
 const LOKI_LABEL_POLICY_ROUTES: &[&str] = &[
     "/loki/api/v1/query",
     "/loki/api/v1/query_range",
-    "/loki/api/v1/labels",
+    LOKI_LABEL_NAMES,
     "/loki/api/v1/label/{}/values",
     "/loki/api/v1/series",
     "/loki/api/v1/index/volume",
@@ -477,7 +482,7 @@ pub const LOKI_ROUTES: &[Route] = &[
     logs(POST, "/otlp/v1/logs", Operation::OtlpPush),
     logs(GET_POST, "/loki/api/v1/query", Operation::Read),
     logs(GET_POST, "/loki/api/v1/query_range", Operation::Read),
-    logs(GET_POST, "/loki/api/v1/labels", Operation::Read),
+    logs(GET_POST, LOKI_LABEL_NAMES, Operation::Read),
     logs(GET_POST, "/loki/api/v1/label/{}/values", Operation::Read),
     logs(GET_POST, "/loki/api/v1/series", Operation::Read),
     logs(GET_POST, "/loki/api/v1/index/stats", Operation::Read),

@@ -181,6 +181,101 @@ async fn under_a_label_policy_loki_gets_the_parameters_in_the_url_alone() {
     assert_eq!(seen.query, None);
 }
 
+/// Loki's label policy leaves label names read from the store unfiltered,
+/// so a restricted credential's request for label names carries its
+/// selector as `query`, joined to the client's own, in the URL (where
+/// Loki's handlers and its policy read the same value). Label values, which
+/// the policy filters, go as asked; a `query` that is not a stream selector
+/// is refused. An unrestricted credential's request goes as sent.
+#[tokio::test]
+async fn a_restricted_credentials_label_names_are_asked_for_its_streams_only() {
+    support::captured_logs();
+    let loki = LokiStandIn::start().await;
+    let mut options = ProxyOptions::new(format!("{}\n  lbac: true", loki.url()));
+    options.tenants = Some(tenants(r#"{app="payments"}"#));
+    let proxy = RunningProxy::start(options).await;
+    let narrow = basic("narrow", "narrow-pw");
+    let labels = "/loki/api/v1/labels";
+    let env_prod = "query=%7Benv%3D%22prod%22%7D";
+    let joined = r#"{env="prod", app="payments"}"#;
+    for (method, path, body, expected) in [
+        (
+            Method::GET,
+            format!("{labels}?start=1"),
+            "",
+            Some(r#"{app="payments"}"#),
+        ),
+        (
+            Method::GET,
+            format!("{labels}?{env_prod}"),
+            "",
+            Some(joined),
+        ),
+        (Method::POST, labels.to_owned(), env_prod, Some(joined)),
+        (
+            Method::GET,
+            format!("{labels}?query="),
+            "",
+            Some(r#"{app="payments"}"#),
+        ),
+        (
+            Method::GET,
+            format!("/loki/api/v1/label/app/values?{env_prod}"),
+            "",
+            Some(r#"{env="prod"}"#),
+        ),
+        (
+            Method::GET,
+            "/loki/api/v1/label/app/values".to_owned(),
+            "",
+            None,
+        ),
+    ] {
+        let reply = send(
+            method.clone(),
+            &proxy.url(&path),
+            Some(&narrow),
+            &[FORM],
+            body,
+        )
+        .await;
+        assert_eq!(
+            reply.status,
+            StatusCode::OK,
+            "{method} {path}: {}",
+            reply.text()
+        );
+        let seen = loki.last();
+        assert!(seen.body.is_empty(), "{method} {path}");
+        assert_eq!(seen.read_by_label_policy("query").as_deref(), expected);
+        assert_eq!(seen.read_by_handler("query").as_deref(), expected);
+    }
+    let before = loki.received().len();
+    let not_a_selector = "query=%7Benv%3D%22prod%22%7D%20%7C%3D%20%22x%22";
+    let reply = send(
+        Method::GET,
+        &proxy.url(&format!("{labels}?{not_a_selector}")),
+        Some(&narrow),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text());
+    assert!(reply.text().contains("label names"), "{}", reply.text());
+    assert_eq!(loki.received().len(), before, "nothing forwarded");
+
+    let reply = send(
+        Method::GET,
+        &proxy.url(labels),
+        Some(&basic("alice", "alice-pw")),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(loki.last().query, None, "an unrestricted request as sent");
+}
+
 /// Where Loki applies no label policy (live tail, patterns, stats,
 /// detected labels and fields), a restricted credential is refused, and an
 /// unrestricted one of the same tenant is served.

@@ -202,7 +202,9 @@ pub struct CredentialSelector {
 
 impl CredentialSelector {
     /// A plain `{...}` selector with at least one matcher, none of them on
-    /// `__name__` (a metric-name restriction means nothing to Loki).
+    /// `__name__` (a metric-name restriction means nothing to Loki). The
+    /// parser insists on a matcher that cannot match the empty value, as
+    /// Loki does of a stream selector (`validateMatchers`).
     pub fn parse(text: &str) -> Result<Self, String> {
         let expr = parse(text).map_err(|e| format!("selector {text:?}: {e}"))?;
         let Expr::VectorSelector(vs) = expr else {
@@ -221,6 +223,10 @@ impl CredentialSelector {
         if matchers.iter().any(|m| m.name == "__name__") {
             return Err(format!("selector {text:?}: __name__ cannot be restricted"));
         }
+        Ok(Self::from_matchers(matchers))
+    }
+
+    fn from_matchers(matchers: Vec<Matcher>) -> Self {
         let printed = format!(
             "{{{}}}",
             matchers
@@ -229,7 +235,15 @@ impl CredentialSelector {
                 .collect::<Vec<_>>()
                 .join(", ")
         );
-        Ok(Self { matchers, printed })
+        Self { matchers, printed }
+    }
+
+    /// One selector holding this one's matchers and then `other`'s: what
+    /// both select.
+    pub fn and(&self, other: &CredentialSelector) -> Self {
+        let mut matchers = self.matchers.clone();
+        matchers.extend(other.matchers.iter().cloned());
+        Self::from_matchers(matchers)
     }
 
     pub fn as_str(&self) -> &str {

@@ -37,7 +37,7 @@ use crate::http::path;
 use crate::ops::access_log;
 use crate::ops::metrics::{self, ReasonLabels, SurfaceLabels, TenantLabels};
 use crate::ops::otel::RequestSpan;
-use crate::routes::{Operation, Signal};
+use crate::routes::{self, Operation, Signal};
 use crate::tenants::Credential;
 use crate::upstream;
 
@@ -333,7 +333,12 @@ async fn proxy(
         }
         _ if label_policy.is_some() => {
             let limit = state.limits.max_body_bytes;
-            let query = label_policy::parameters_in_url(&mut parts, body, limit).await?;
+            let label_names_of = credential
+                .selector
+                .as_ref()
+                .filter(|_| route.pattern == routes::LOKI_LABEL_NAMES);
+            let query =
+                label_policy::parameters_in_url(&mut parts, body, limit, label_names_of).await?;
             (query, body::empty())
         }
         _ => {

@@ -341,6 +341,12 @@ async fn handle(
     if path.ends_with("/tail") {
         return Ok(accept_websocket(&parts.headers, upgrade, tenant));
     }
+    let labels = path == "/loki/api/v1/labels" || path.starts_with("/loki/api/v1/label/");
+    if let Some(query) = received.read_by_handler("query").filter(|_| labels) {
+        if let Err(refusal) = stream_selector(&query) {
+            return Ok(reply(StatusCode::BAD_REQUEST, refusal));
+        }
+    }
     let lines = state
         .pushed
         .lock()
@@ -353,6 +359,34 @@ async fn handle(
         "data": {"resultType": "streams", "tenant": tenant, "result": lines},
     });
     Ok(reply(StatusCode::OK, body.to_string()))
+}
+
+/// The `query` of a label names or values request, as Loki's querier reads
+/// it (`syntax.ParseMatchers(query, true)`, Loki 3.x): matchers alone in
+/// `{...}`, at least one of which cannot match the empty value
+/// (`validateMatchers`), else 400. Read here with promql-parser, whose
+/// matcher syntax is LogQL's but for quoting (it takes `'...'`, Loki does
+/// not; it reads escapes in backquotes, Loki does not).
+fn stream_selector(query: &str) -> Result<(), String> {
+    use promql_parser::parser::{self, Expr};
+    let Ok(Expr::VectorSelector(selector)) = parser::parse(query) else {
+        return Err(format!("parse error: {query:?} is not a stream selector\n"));
+    };
+    let plain = selector.name.is_none()
+        && selector.offset.is_none()
+        && selector.at.is_none()
+        && selector.matchers.or_matchers.is_empty();
+    if !plain {
+        return Err(format!("parse error: {query:?} is not a stream selector\n"));
+    }
+    if selector.matchers.matchers.iter().all(|m| m.is_match("")) {
+        return Err(
+            "parse error : queries require at least one regexp or equality matcher \
+                    that does not have an empty-compatible value\n"
+                .into(),
+        );
+    }
+    Ok(())
 }
 
 /// Mimir's Alertmanager configuration API at its root, per tenant, as
