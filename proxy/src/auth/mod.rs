@@ -10,9 +10,10 @@
 //! 2. otherwise, failure throttles per username and client address are
 //!    checked (429), then the hash is verified on one of a fixed set of
 //!    verifier threads, behind a semaphore (503 when no slot frees up in
-//!    time). A fixed set, because each keeps argon2's working memory for
-//!    reuse: memory stays at threads × 19 MiB however many logins arrive
-//!    (and drops to nothing once logins stop). Unknown usernames are
+//!    time). argon2's working memory is kept for reuse and bounded as a
+//!    whole (`auth.verification_memory_bytes`, whatever each hash asks:
+//!    `working_memory.rs`), and drops to nothing once logins stop; a hash
+//!    that finds no room in time is a 503 too. Unknown usernames are
 //!    verified against a decoy hash so they cost the same as a wrong
 //!    password;
 //! 3. requests presenting the same (username, password) while it is being
@@ -23,6 +24,7 @@
 pub mod password;
 pub mod throttle;
 pub mod verifier_threads;
+pub mod working_memory;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -39,6 +41,7 @@ use tokio::sync::{OnceCell, Semaphore};
 use self::password::Verifier;
 use crate::auth::throttle::FailureThrottle;
 use crate::auth::verifier_threads::{VerifierThreads, RELEASE_AFTER_IDLE};
+use crate::auth::working_memory::{OverBudget, WorkingMemory};
 use crate::config::AuthConfig;
 use crate::http::client_address::counted_as;
 use crate::http::error::ProxyError;
@@ -171,6 +174,10 @@ impl Authenticator {
             verifiers: VerifierThreads::new(
                 config.max_concurrent_verifications,
                 RELEASE_AFTER_IDLE,
+                Arc::new(WorkingMemory::new(
+                    config.verification_memory_bytes,
+                    config.verification_wait,
+                )),
             ),
             in_flight: Mutex::new(HashMap::new()),
             verifications,
@@ -265,18 +272,19 @@ impl Authenticator {
         let decoy = self.decoy.clone();
         let outcome = self
             .verifiers
-            .run(move || {
+            .run(move |memory| {
                 let _permit = permit;
                 match &credential {
-                    Some(c) => c.verifier.verify(&password),
-                    None => {
-                        decoy.verify(&password);
-                        false
-                    }
+                    Some(c) => c.verifier.verify_in(&password, memory),
+                    None => decoy.verify_in(&password, memory).map(|_| false),
                 }
             })
             .ok_or(AuthFailure::VerifierBusy)?;
-        outcome.await.map_err(|_| AuthFailure::VerifierBusy)
+        // No working memory in time is a busy verifier too: 503, retried.
+        match outcome.await {
+            Ok(Ok(accepted)) => Ok(accepted),
+            Ok(Err(OverBudget)) | Err(_) => Err(AuthFailure::VerifierBusy),
+        }
     }
 
     fn digest(&self, presented: &BasicCredentials) -> [u8; 32] {
@@ -635,6 +643,32 @@ mod tests {
             );
         }
         assert_eq!(counted_as(ip("::ffff:192.0.2.1")), ip("192.0.2.1"));
+    }
+
+    /// A verification that gets no working memory in time is a busy
+    /// verifier (503, retried), never a wrong password, and counts as no
+    /// failed attempt.
+    #[tokio::test]
+    async fn no_working_memory_in_time_is_busy_not_a_failure() {
+        let config = AuthConfig {
+            verification_memory_bytes: 1 << 20, // below one 19 MiB hash
+            verification_wait: Duration::from_millis(10),
+            max_failures_per_user: 1,
+            ..AuthConfig::default()
+        };
+        let auth = Authenticator::new(&config, Counter::default());
+        let s = store("right", 1);
+        for _ in 0..3 {
+            let refused = auth
+                .authenticate(&s, &basic("alice", "right"), CLIENT)
+                .await;
+            assert_eq!(refused.unwrap_err(), AuthFailure::VerifierBusy);
+        }
+        let roomy = Authenticator::new(&AuthConfig::default(), Counter::default());
+        assert!(roomy
+            .authenticate(&s, &basic("alice", "right"), CLIENT)
+            .await
+            .is_ok());
     }
 
     #[tokio::test]

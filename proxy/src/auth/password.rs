@@ -3,8 +3,10 @@
 //!
 //! argon2 allocates its working memory (19 MiB with default parameters) on
 //! every call, and glibc does not reuse those large aligned blocks well: a
-//! thread verifying 32 passwords in a row grew to 138 MiB. So each thread
-//! keeps one working buffer and reuses it for every hash it computes.
+//! thread verifying 32 passwords in a row grew to 138 MiB. So working
+//! buffers are reused: the verifier threads' from a pool within a budget
+//! (`working_memory.rs`), any other thread's (hashing for the CLI or for
+//! tenant-sync) one of its own.
 
 use std::cell::RefCell;
 use std::fmt;
@@ -13,9 +15,21 @@ use argon2::password_hash::phc::{Output, ParamsString, Salt};
 use argon2::{Algorithm, Argon2, Block, Params, PasswordHash, Version};
 use subtle::ConstantTimeEq;
 
-/// Largest argon2 memory cost accepted from a tenants file (KiB): one bad
-/// hash string must not make every verification allocate gigabytes.
-pub const MAX_MEMORY_KIB: u32 = 256 * 1024;
+use super::working_memory::{OverBudget, WorkingMemory};
+
+/// Largest argon2 memory cost accepted from a tenants file (KiB). A hash
+/// string is a tenant's to write (a Secret's `password-hash`), and each
+/// verification against it allocates this much: 64 MiB is what the common
+/// tools' strongest defaults ask (RFC 9106's second option, argon2-cffi,
+/// Go's `x/crypto` example), three times this proxy's own.
+pub const MAX_MEMORY_KIB: u32 = 64 * 1024;
+
+/// Largest memory cost times passes accepted (KiB): what a verification
+/// costs in time, 145 ms at the bound against 23 ms at this proxy's own
+/// parameters (2-core benchmark machine, release build). Unbounded, one hash
+/// could hold a verifier thread for hours, and a few logins against it
+/// every thread, so that no other login got through.
+pub const MAX_COST_KIB_PASSES: u64 = 4 * MAX_MEMORY_KIB as u64;
 
 thread_local! {
     static WORKING_MEMORY: RefCell<Vec<Block>> = const { RefCell::new(Vec::new()) };
@@ -30,16 +44,6 @@ fn with_working_memory<T>(blocks: usize, f: impl FnOnce(&mut [Block]) -> T) -> T
         }
         f(&mut memory[..blocks])
     })
-}
-
-/// argon2 blocks (1 KiB each) this thread holds for reuse.
-pub fn working_memory_blocks() -> usize {
-    WORKING_MEMORY.with(|memory| memory.borrow().len())
-}
-
-/// Frees this thread's argon2 working memory.
-pub fn release_working_memory() {
-    WORKING_MEMORY.with(|memory| *memory.borrow_mut() = Vec::new());
 }
 
 /// How a credential's password is checked. `Debug` never prints the secret.
@@ -68,6 +72,15 @@ impl Verifier {
                 params.m_cost()
             ));
         }
+        let cost = u64::from(params.m_cost()) * u64::from(params.t_cost());
+        if cost > MAX_COST_KIB_PASSES {
+            return Err(format!(
+                "argon2 cost of {} passes over {} KiB is above the {MAX_COST_KIB_PASSES} \
+                 KiB-passes this proxy accepts (at most 4 passes at {MAX_MEMORY_KIB} KiB)",
+                params.t_cost(),
+                params.m_cost()
+            ));
+        }
         if parsed.salt.is_none() || parsed.hash.is_none() {
             return Err("the hash string has no salt or no hash".into());
         }
@@ -91,14 +104,25 @@ impl Verifier {
         }
     }
 
-    /// Expensive for argon2id (tens of milliseconds): call it off the async
-    /// runtime, behind the verification semaphore (see `auth/mod.rs`).
+    /// Expensive for argon2id (tens of milliseconds), with this thread's
+    /// own working memory: for tests and tools. The proxy verifies with
+    /// [`Verifier::verify_in`].
     pub fn verify(&self, password: &str) -> bool {
+        self.check(password, None) == Ok(true)
+    }
+
+    /// [`Verifier::verify`] with argon2's working memory from `memory`, on a
+    /// verifier thread (`auth/verifier_threads.rs`).
+    pub fn verify_in(&self, password: &str, memory: &WorkingMemory) -> Result<bool, OverBudget> {
+        self.check(password, Some(memory))
+    }
+
+    fn check(&self, password: &str, memory: Option<&WorkingMemory>) -> Result<bool, OverBudget> {
         match self {
-            Self::Argon2id { phc } => verify_argon2id(phc, password.as_bytes()).unwrap_or(false),
+            Self::Argon2id { phc } => verify_argon2id(phc, password.as_bytes(), memory),
             Self::Plaintext { digest } => {
                 let given = blake3::hash(password.as_bytes());
-                given.as_bytes().ct_eq(digest).into()
+                Ok(given.as_bytes().ct_eq(digest).into())
             }
         }
     }
@@ -118,23 +142,36 @@ impl fmt::Debug for Verifier {
 }
 
 /// Recomputes the hash with the PHC string's own parameters and salt, in
-/// this thread's working memory, and compares in constant time.
-fn verify_argon2id(phc: &str, password: &[u8]) -> Result<bool, argon2::Error> {
-    let hash = PasswordHash::new(phc).map_err(|_| argon2::Error::AlgorithmInvalid)?;
-    let params = Params::try_from(&hash).map_err(|_| argon2::Error::AlgorithmInvalid)?;
-    let version = match hash.version {
-        Some(v) => Version::try_from(v)?,
-        None => Version::default(),
-    };
-    let (Some(salt), Some(expected)) = (&hash.salt, &hash.hash) else {
+/// working memory from `memory` (else this thread's), and compares in
+/// constant time. A string argon2 cannot use matches nothing.
+fn verify_argon2id(
+    phc: &str,
+    password: &[u8],
+    memory: Option<&WorkingMemory>,
+) -> Result<bool, OverBudget> {
+    let Ok(hash) = PasswordHash::new(phc) else {
         return Ok(false);
+    };
+    let (Ok(params), Some(salt), Some(expected)) =
+        (Params::try_from(&hash), &hash.salt, &hash.hash)
+    else {
+        return Ok(false);
+    };
+    let version = match hash.version.map(Version::try_from) {
+        None => Version::default(),
+        Some(Ok(version)) => version,
+        Some(Err(_)) => return Ok(false),
     };
     let argon2 = Argon2::new(Algorithm::Argon2id, version, params.clone());
     let mut computed = vec![0u8; expected.len()];
-    with_working_memory(params.block_count(), |memory| {
-        argon2.hash_password_into_with_memory(password, salt.as_ref(), &mut computed, memory)
-    })?;
-    Ok(computed.ct_eq(expected.as_bytes()).into())
+    let hash = |buffer: &mut [Block]| {
+        argon2.hash_password_into_with_memory(password, salt.as_ref(), &mut computed, buffer)
+    };
+    let hashed = match memory {
+        Some(memory) => memory.with(params.block_count(), hash)?,
+        None => with_working_memory(params.block_count(), hash),
+    };
+    Ok(hashed.is_ok() && bool::from(computed.ct_eq(expected.as_bytes())))
 }
 
 /// Hashes with argon2id and the crate's default (OWASP) parameters.
@@ -233,6 +270,52 @@ mod tests {
         assert!(Verifier::argon2id(&phc)
             .unwrap_err()
             .contains("memory cost"));
+    }
+
+    /// A PHC string of these parameters (salt and hash arbitrary): only
+    /// its reading is tested, hashing at the bounds is slow.
+    fn phc(m: u32, t: u32, p: u32) -> String {
+        format!(
+            "$argon2id$v=19$m={m},t={t},p={p}$c29tZXNhbHRzb21lc2FsdA$\
+             1RWcgeLQwFjY8DZUsZ7AvjWo4PywF1FuCFRNHq4UizQ"
+        )
+    }
+
+    /// What the common tools' strongest defaults ask is accepted; more
+    /// memory, or more passes over the largest memory, is not: a tenant
+    /// writes these parameters, and each login against them pays them.
+    #[test]
+    fn a_hash_costing_more_than_the_bounds_is_refused() {
+        for (m, t, p, tool) in [
+            (19456, 2, 1, "this proxy, OWASP"),
+            (65536, 3, 4, "argon2-cffi, RFC 9106 second option"),
+            (65536, 1, 4, "Go x/crypto's example"),
+            (65536, 4, 1, "the bound"),
+            (16384, 16, 1, "the bound, as less memory and more passes"),
+        ] {
+            assert!(Verifier::argon2id(&phc(m, t, p)).is_ok(), "{tool}");
+        }
+        let refused = Verifier::argon2id(&phc(MAX_MEMORY_KIB + 1024, 1, 1)).unwrap_err();
+        assert!(refused.contains("memory cost"), "{refused}");
+        for (m, t) in [(65536, 5), (16384, 17), (19456, 1000), (8, u32::MAX)] {
+            let refused = Verifier::argon2id(&phc(m, t, 1)).unwrap_err();
+            assert!(refused.contains("passes"), "m={m} t={t}: {refused}");
+        }
+    }
+
+    #[test]
+    fn verifying_within_a_budget_is_verifying() {
+        let phc = hash_password("pw").unwrap();
+        let v = Verifier::argon2id(&phc).unwrap();
+        let memory = WorkingMemory::new(64 << 20, std::time::Duration::ZERO);
+        assert_eq!(v.verify_in("pw", &memory), Ok(true));
+        assert_eq!(v.verify_in("pW", &memory), Ok(false));
+        let small = WorkingMemory::new(1 << 20, std::time::Duration::ZERO);
+        assert_eq!(
+            v.verify_in("pw", &small),
+            Err(OverBudget),
+            "19 MiB in 1 MiB"
+        );
     }
 
     #[test]

@@ -1,11 +1,9 @@
-//! The threads that run argon2, and nothing else.
-//!
-//! A fixed set, because each keeps argon2's working memory (19 MiB with
-//! default parameters) between hashes: allocating it per hash on whatever
-//! thread was free let glibc keep hundreds of MiB after a burst of logins.
-//! A thread that has had no work for a while ([`RELEASE_AFTER_IDLE`] in
-//! the proxy) frees its buffer, so a proxy whose logins are all cached
-//! holds none.
+//! The threads that run argon2, and nothing else: a fixed set, lending
+//! each job the working memory they share (`working_memory.rs`: buffers
+//! kept for reuse within a budget). A thread that has had no work for a
+//! while ([`RELEASE_AFTER_IDLE`] in the proxy) frees the spare buffers if
+//! no other thread has used one since, so a proxy whose logins are all
+//! cached holds none.
 
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Mutex};
@@ -13,13 +11,13 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use crate::auth::password;
+use crate::auth::working_memory::WorkingMemory;
 
 /// Long enough that a burst of logins reuses the buffer, short enough that
 /// an idle proxy gives the memory back soon after.
 pub const RELEASE_AFTER_IDLE: Duration = Duration::from_secs(5);
 
-type Job = Box<dyn FnOnce() + Send>;
+type Job = Box<dyn FnOnce(&WorkingMemory) + Send>;
 
 pub struct VerifierThreads {
     jobs: SyncSender<Job>,
@@ -28,14 +26,14 @@ pub struct VerifierThreads {
 impl VerifierThreads {
     /// Jobs must arrive with a permit of a semaphore sized `threads`, so the
     /// queue never holds more than there are threads to take them.
-    pub fn new(threads: usize, release_after_idle: Duration) -> Self {
+    pub fn new(threads: usize, release_after_idle: Duration, memory: Arc<WorkingMemory>) -> Self {
         let (jobs, queue) = sync_channel::<Job>(threads);
         let queue = Arc::new(Mutex::new(queue));
         for i in 0..threads {
-            let queue = queue.clone();
+            let (queue, memory) = (queue.clone(), memory.clone());
             std::thread::Builder::new()
                 .name(format!("argon2-verify-{i}"))
-                .spawn(move || work(&queue, release_after_idle))
+                .spawn(move || work(&queue, &memory, release_after_idle))
                 .expect("spawning a verifier thread");
         }
         Self { jobs }
@@ -44,19 +42,20 @@ impl VerifierThreads {
     /// Queues `job`; `None` when the queue is full.
     pub fn run<T: Send + 'static>(
         &self,
-        job: impl FnOnce() -> T + Send + 'static,
+        job: impl FnOnce(&WorkingMemory) -> T + Send + 'static,
     ) -> Option<oneshot::Receiver<T>> {
         let (tx, rx) = oneshot::channel();
         self.jobs
-            .try_send(Box::new(move || {
-                let _ = tx.send(job());
+            .try_send(Box::new(move |memory: &WorkingMemory| {
+                let _ = tx.send(job(memory));
             }))
             .ok()?;
         Some(rx)
     }
 }
 
-fn work(queue: &Mutex<Receiver<Job>>, release_after_idle: Duration) {
+fn work(queue: &Mutex<Receiver<Job>>, memory: &WorkingMemory, release_after_idle: Duration) {
+    // Whether this thread has given a buffer back since it last looked.
     let mut holds_memory = false;
     loop {
         let next = {
@@ -70,11 +69,11 @@ fn work(queue: &Mutex<Receiver<Job>>, release_after_idle: Duration) {
         };
         match next {
             Ok(job) => {
-                job();
+                job(memory);
                 holds_memory = true;
             }
             Err(RecvTimeoutError::Timeout) => {
-                password::release_working_memory();
+                memory.release_if_idle(release_after_idle);
                 holds_memory = false;
             }
             Err(RecvTimeoutError::Disconnected) => return, // the Authenticator is gone
@@ -85,10 +84,11 @@ fn work(queue: &Mutex<Receiver<Job>>, release_after_idle: Duration) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::auth::password;
 
     async fn run<T: Send + 'static>(
         threads: &VerifierThreads,
-        job: impl FnOnce() -> T + Send + 'static,
+        job: impl FnOnce(&WorkingMemory) -> T + Send + 'static,
     ) -> T {
         threads.run(job).expect("queue has room").await.unwrap()
     }
@@ -96,20 +96,21 @@ mod tests {
     #[tokio::test]
     async fn working_memory_is_kept_through_a_burst_and_freed_when_idle() {
         let idle = Duration::from_millis(100);
-        let threads = VerifierThreads::new(1, idle);
+        let memory = Arc::new(WorkingMemory::new(64 << 20, Duration::ZERO));
+        let threads = VerifierThreads::new(1, idle, memory.clone());
         let hash = password::hash_password("pw").unwrap();
         let verifier = password::Verifier::argon2id(&hash).unwrap();
-        let held = run(&threads, move || {
-            assert!(verifier.verify("pw"));
-            password::working_memory_blocks()
-        })
-        .await;
+        let verified = run(&threads, move |memory| verifier.verify_in("pw", memory)).await;
+        assert_eq!(verified, Ok(true));
+        let held = memory.allocated_blocks();
         assert_eq!(held, 19 * 1024, "19 MiB of 1 KiB blocks after a hash");
         // The next job comes before the idle period ends: still there.
-        assert_eq!(run(&threads, password::working_memory_blocks).await, held);
+        run(&threads, |_| ()).await;
+        assert_eq!(memory.allocated_blocks(), held);
         // The release is what this test is about, and it is timed by
         // design: wait past it.
         tokio::time::sleep(idle * 3).await;
-        assert_eq!(run(&threads, password::working_memory_blocks).await, 0);
+        run(&threads, |_| ()).await;
+        assert_eq!(memory.allocated_blocks(), 0);
     }
 }

@@ -62,6 +62,12 @@ pub fn cache_size() -> usize {
 pub fn max_concurrent_verifications() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get())
 }
+/// 128 MiB: six verifications against hashes of the default parameters
+/// (19 MiB each), or two against the largest accepted (64 MiB), within
+/// half of the manifests' 256 MiB memory limit.
+pub fn verification_memory_bytes() -> u64 {
+    128 << 20
+}
 pub fn verification_wait() -> Duration {
     Duration::from_secs(5)
 }

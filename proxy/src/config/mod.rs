@@ -278,6 +278,13 @@ impl Config {
         if self.auth.max_concurrent_verifications == 0 {
             return Err("auth.max_concurrent_verifications must be at least 1".into());
         }
+        let largest_hash = u64::from(crate::auth::password::MAX_MEMORY_KIB) * 1024;
+        if self.auth.verification_memory_bytes < largest_hash {
+            return Err(format!(
+                "auth.verification_memory_bytes must be at least {largest_hash} (64 MiB, \
+                 the most one accepted hash asks for)"
+            ));
+        }
         self.check_no_zero_durations()?;
         self.tenant_limits.validate()
     }
@@ -442,9 +449,15 @@ pub struct AuthConfig {
     /// for tens of milliseconds. Default: the number of CPUs.
     #[serde(default = "defaults::max_concurrent_verifications")]
     pub max_concurrent_verifications: usize,
-    /// How long a request waits for a verification slot before a 503.
+    /// How long a request waits for a verification slot before a 503, and
+    /// as long again for working memory.
     #[serde(default = "defaults::verification_wait", with = "humantime_serde")]
     pub verification_wait: Duration,
+    /// argon2 working memory held at once, by verifications running and
+    /// buffers kept for the next (`auth/working_memory.rs`): a hash's own
+    /// parameters decide its share, and a tenant may write them.
+    #[serde(default = "defaults::verification_memory_bytes")]
+    pub verification_memory_bytes: u64,
     /// Failed attempts per username within `failure_window` before further
     /// uncached attempts get 429.
     #[serde(default = "defaults::max_failures_per_user")]
@@ -462,6 +475,7 @@ impl Default for AuthConfig {
             cache_size: defaults::cache_size(),
             max_concurrent_verifications: defaults::max_concurrent_verifications(),
             verification_wait: defaults::verification_wait(),
+            verification_memory_bytes: defaults::verification_memory_bytes(),
             max_failures_per_user: defaults::max_failures_per_user(),
             max_failures_per_client: defaults::max_failures_per_client(),
             failure_window: defaults::failure_window(),

@@ -26,6 +26,19 @@ fn a_listener_takes_at_least_one_connection() {
     ))
     .unwrap();
     assert_eq!(c.limits.max_connections_per_address, 64);
+    let err = Config::parse(&format!(
+        "{MINIMAL}auth:\n  verification_memory_bytes: 67108863\n"
+    ))
+    .unwrap_err();
+    assert!(
+        err.contains("auth.verification_memory_bytes must be at least 67108864"),
+        "{err}"
+    );
+    let c = Config::parse(&format!(
+        "{MINIMAL}auth:\n  verification_memory_bytes: 67108864\n"
+    ))
+    .unwrap();
+    assert_eq!(c.auth.verification_memory_bytes, 64 << 20);
 }
 
 #[test]
