@@ -151,7 +151,9 @@ pub struct Authenticator {
     in_flight: Mutex<HashMap<InFlightKey, Arc<OnceCell<Verdict>>>>,
     verifications: Counter,
     verification_wait: Duration,
-    per_user: FailureThrottle<String>,
+    /// Keyed by [`Authenticator::username_key`]: a client chooses the
+    /// names it fails with, up to a header's size each.
+    per_user: FailureThrottle<[u8; 16]>,
     per_client: FailureThrottle<IpAddr>,
     decoy: Arc<Verifier>,
 }
@@ -206,8 +208,9 @@ impl Authenticator {
 
         let now = Instant::now();
         let client = counted_as(client);
+        let username = self.username_key(presented.username());
         self.per_user
-            .check(presented.username(), now)
+            .check(&username, now)
             .and_then(|()| self.per_client.check(&client, now))
             .map_err(AuthFailure::Throttled)?;
 
@@ -222,8 +225,7 @@ impl Authenticator {
             }
             known => {
                 let now = Instant::now();
-                self.per_user
-                    .record_failure(presented.username().to_owned(), now);
+                self.per_user.record_failure(username, now);
                 self.per_client.record_failure(client, now);
                 Err(if known.is_some() {
                     AuthFailure::WrongPassword
@@ -285,6 +287,19 @@ impl Authenticator {
             Ok(Ok(accepted)) => Ok(accepted),
             Ok(Err(OverBudget)) | Err(_) => Err(AuthFailure::VerifierBusy),
         }
+    }
+
+    /// What failures are counted under for a username: a keyed digest of
+    /// fixed size, so that the throttle's 100,000 keys hold 16 bytes each,
+    /// not names of up to a header's size (64 KiB) that a client chose.
+    fn username_key(&self, username: &str) -> [u8; 16] {
+        let mut hasher = blake3::Hasher::new_keyed(&self.digest_key);
+        // Not a (username, password) digest: those begin with a length.
+        hasher.update(b"failures of username\0");
+        hasher.update(username.as_bytes());
+        let mut key = [0; 16];
+        key.copy_from_slice(&hasher.finalize().as_bytes()[..16]);
+        key
     }
 
     fn digest(&self, presented: &BasicCredentials) -> [u8; 32] {
