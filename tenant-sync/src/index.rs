@@ -198,9 +198,8 @@ fn read_credential(
         Some(Err(_)) => return Err(SkipReason::InvalidUsername),
         Some(Ok(u)) => u,
     };
-    if username.is_empty() || username.contains(':') || username.chars().any(char::is_control) {
-        return Err(SkipReason::InvalidUsername);
-    }
+    tenant_proxy::tenants::file::valid_username(&username)
+        .map_err(|_| SkipReason::InvalidUsername)?;
     // A pre-hashed password wins: nothing plaintext needs to be kept.
     let password = match (text("password-hash"), text("password")) {
         (Some(Ok(hash)), _) => {

@@ -77,10 +77,42 @@ struct NativeUser {
     selector: Option<String>,
 }
 
+/// The longest username accepted, in bytes: far beyond any in use, and a
+/// bound on what one credential adds to the file every replica loads, when
+/// the names come from Secrets a tenant writes (tenant-sync).
+pub const MAX_USERNAME_BYTES: usize = 256;
+
+/// The longest selector accepted, in bytes (a list of a hundred apps in
+/// one regex fits), for the same reason, and because label mode adds it to
+/// every selector of every query the credential sends.
+pub const MAX_SELECTOR_BYTES: usize = 4096;
+
+/// A username basic auth can carry: not empty, no `:` (RFC 7617 splits
+/// there), no control character, at most [`MAX_USERNAME_BYTES`].
+/// (tenant-sync applies it to Secrets.)
+pub fn valid_username(username: &str) -> Result<(), String> {
+    if username.is_empty() || username.contains(':') || username.chars().any(char::is_control) {
+        return Err("username must be non-empty, without ':' or control characters".into());
+    }
+    if username.len() > MAX_USERNAME_BYTES {
+        return Err(format!(
+            "username is {} bytes long, above the {MAX_USERNAME_BYTES} accepted",
+            username.len()
+        ));
+    }
+    Ok(())
+}
+
 /// A selector restricts what a credential reads; nothing could hold a push
 /// to it, so a credential with one must not push at all. (tenant-sync
 /// applies the same rule to Secrets.)
 pub fn read_only_selector(text: &str, scopes: Scopes) -> Result<CredentialSelector, String> {
+    if text.len() > MAX_SELECTOR_BYTES {
+        return Err(format!(
+            "the selector is {} bytes long, above the {MAX_SELECTOR_BYTES} accepted",
+            text.len()
+        ));
+    }
     // A push, a rule, a silence or a delete would reach beyond the selector.
     if let Some(write) = scopes.iter().find(|s| !s.is_read()) {
         return Err(format!(
@@ -306,10 +338,7 @@ impl UniquenessChecks {
     }
 
     fn username(&mut self, username: &str) -> Result<(), String> {
-        // Basic auth splits user and password at the first ':' (RFC 7617).
-        if username.is_empty() || username.contains(':') || username.chars().any(char::is_control) {
-            return Err("username must be non-empty, without ':' or control characters".into());
-        }
+        valid_username(username)?;
         if !self.usernames.insert(username.to_owned()) {
             return Err("username is used more than once".into());
         }
@@ -319,6 +348,27 @@ impl UniquenessChecks {
 
 #[cfg(test)]
 mod tests {
+
+    /// Names and selectors have a bound: with tenant-sync, tenants write
+    /// them, and every replica loads the file they make.
+    #[test]
+    fn a_username_or_a_selector_beyond_its_bound_is_refused() {
+        assert!(super::valid_username(&"u".repeat(super::MAX_USERNAME_BYTES)).is_ok());
+        let long = super::valid_username(&"u".repeat(super::MAX_USERNAME_BYTES + 1));
+        assert!(long.unwrap_err().contains("257 bytes"));
+        for bad in ["", "a:b", "a\nb"] {
+            assert!(super::valid_username(bad).is_err(), "{bad:?}");
+        }
+        let read = crate::tenants::Scopes::from_iter([crate::tenants::Scope::LogsRead]);
+        let values: Vec<String> = (0..1000).map(|i| format!("app{i:04}")).collect();
+        let selector = format!("{{app=~\"{}\"}}", values.join("|"));
+        assert!(selector.len() > super::MAX_SELECTOR_BYTES);
+        let refused = super::read_only_selector(&selector, read).unwrap_err();
+        assert!(refused.contains("bytes long"), "{refused}");
+        let hundred = format!("{{app=~\"{}\"}}", values[..100].join("|"));
+        assert!(super::read_only_selector(&hundred, read).is_ok());
+    }
+
     use super::*;
     use crate::auth::password::hash_password;
 

@@ -265,6 +265,13 @@ fn invalid_secrets_are_skipped_with_a_reason_and_break_nothing_else() {
         ),
         secret(
             "a",
+            "long-user",
+            "2026-01-01T00:00:00Z",
+            json!({"username": b64(&"u".repeat(257)), "password": b64("p")}),
+            json!({}),
+        ),
+        secret(
+            "a",
             "no-pass",
             "2026-01-01T00:00:00Z",
             json!({"username": b64("x")}),
@@ -309,6 +316,7 @@ fn invalid_secrets_are_skipped_with_a_reason_and_break_nothing_else() {
             ("bad-scopes", SkipReason::InvalidScopes),
             ("colon", SkipReason::InvalidUsername),
             ("latin1-pass", SkipReason::InvalidPassword),
+            ("long-user", SkipReason::InvalidUsername),
             ("no-pass", SkipReason::MissingPassword),
             ("no-user", SkipReason::MissingUsername),
         ]
