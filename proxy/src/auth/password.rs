@@ -164,12 +164,12 @@ fn verify_argon2id(
     };
     let argon2 = Argon2::new(Algorithm::Argon2id, version, params.clone());
     let mut computed = vec![0u8; expected.len()];
-    let hash = |buffer: &mut [Block]| {
+    let compute = |buffer: &mut [Block]| {
         argon2.hash_password_into_with_memory(password, salt.as_ref(), &mut computed, buffer)
     };
     let hashed = match memory {
-        Some(memory) => memory.with(params.block_count(), hash)?,
-        None => with_working_memory(params.block_count(), hash),
+        Some(memory) => memory.with(params.block_count(), compute)?,
+        None => with_working_memory(params.block_count(), compute),
     };
     Ok(hashed.is_ok() && bool::from(computed.ct_eq(expected.as_bytes())))
 }
