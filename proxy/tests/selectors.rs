@@ -39,13 +39,48 @@ tenants:
     )
 }
 
-#[tokio::test]
-async fn loki_gets_the_label_policy_of_a_restricted_credential_and_no_client_copy() {
+/// Loki with `logs.lbac`, behind a proxy whose user `narrow` is restricted
+/// to `selector`.
+async fn behind_lbac(selector: &str) -> (LokiStandIn, RunningProxy) {
     support::captured_logs();
     let loki = LokiStandIn::start().await;
     let mut options = ProxyOptions::new(format!("{}\n  lbac: true", loki.url()));
-    options.tenants = Some(tenants(r#"{app="payments"}"#));
+    options.tenants = Some(tenants(selector));
     let proxy = RunningProxy::start(options).await;
+    (loki, proxy)
+}
+
+/// A form-typed request as `narrow`, answered 200; the `query` Loki got,
+/// which its label policy (from the URL) and its handlers (from the form)
+/// read alike, with an empty body.
+async fn query_loki_read(
+    (proxy, loki): (&RunningProxy, &LokiStandIn),
+    method: Method,
+    path: &str,
+    body: &str,
+) -> Option<String> {
+    let narrow = basic("narrow", "narrow-pw");
+    let reply = send(
+        method.clone(),
+        &proxy.url(path),
+        Some(&narrow),
+        &[FORM],
+        body.to_owned(),
+    )
+    .await;
+    let status = reply.status;
+    assert_eq!(status, StatusCode::OK, "{method} {path}: {}", reply.text());
+    let seen = loki.last();
+    assert_eq!(seen.method, method);
+    assert!(seen.body.is_empty(), "{method} {path}");
+    let query = seen.read_by_label_policy("query");
+    assert_eq!(seen.read_by_handler("query"), query, "{method} {path}");
+    query
+}
+
+#[tokio::test]
+async fn loki_gets_the_label_policy_of_a_restricted_credential_and_no_client_copy() {
+    let (loki, proxy) = behind_lbac(r#"{app="payments"}"#).await;
     let query = "/loki/api/v1/query_range?query=%7Bapp%3D%22x%22%7D";
     let spoofed = [("x-prom-label-policy", "team-a:%7Bapp%3D~%22.%2A%22%7D")];
     for (user, password, expected) in [
@@ -84,11 +119,7 @@ async fn loki_gets_the_label_policy_of_a_restricted_credential_and_no_client_cop
 /// refused. Without a policy the request goes as sent.
 #[tokio::test]
 async fn under_a_label_policy_loki_gets_the_parameters_in_the_url_alone() {
-    support::captured_logs();
-    let loki = LokiStandIn::start().await;
-    let mut options = ProxyOptions::new(format!("{}\n  lbac: true", loki.url()));
-    options.tenants = Some(tenants(r#"{app="payments"}"#));
-    let proxy = RunningProxy::start(options).await;
+    let (loki, proxy) = behind_lbac(r#"{app="payments"}"#).await;
     let narrow = basic("narrow", "narrow-pw");
     let volume = "/loki/api/v1/index/volume";
     let asked = r#"{app="ledger"}"#;
@@ -109,25 +140,9 @@ async fn under_a_label_policy_loki_gets_the_parameters_in_the_url_alone() {
             "",
         ),
     ] {
-        let reply = send(
-            method.clone(),
-            &proxy.url(&path),
-            Some(&narrow),
-            &[FORM],
-            body,
-        )
-        .await;
-        assert_eq!(
-            reply.status,
-            StatusCode::OK,
-            "{method} {path}: {}",
-            reply.text()
-        );
+        let query = query_loki_read((&proxy, &loki), method, &path, body).await;
+        assert_eq!(query.as_deref(), Some(asked));
         let seen = loki.last();
-        assert_eq!(seen.method, method);
-        assert!(seen.body.is_empty(), "{method} {path}");
-        assert_eq!(seen.read_by_label_policy("query").as_deref(), Some(asked));
-        assert_eq!(seen.read_by_handler("query").as_deref(), Some(asked));
         assert_eq!(seen.read_by_handler("limit").as_deref(), Some("5"));
         assert!(seen.headers.contains_key("x-prom-label-policy"));
     }
@@ -189,11 +204,7 @@ async fn under_a_label_policy_loki_gets_the_parameters_in_the_url_alone() {
 /// is refused. An unrestricted credential's request goes as sent.
 #[tokio::test]
 async fn a_restricted_credentials_label_names_are_asked_for_its_streams_only() {
-    support::captured_logs();
-    let loki = LokiStandIn::start().await;
-    let mut options = ProxyOptions::new(format!("{}\n  lbac: true", loki.url()));
-    options.tenants = Some(tenants(r#"{app="payments"}"#));
-    let proxy = RunningProxy::start(options).await;
+    let (loki, proxy) = behind_lbac(r#"{app="payments"}"#).await;
     let narrow = basic("narrow", "narrow-pw");
     let labels = "/loki/api/v1/labels";
     let env_prod = "query=%7Benv%3D%22prod%22%7D";
@@ -231,24 +242,8 @@ async fn a_restricted_credentials_label_names_are_asked_for_its_streams_only() {
             None,
         ),
     ] {
-        let reply = send(
-            method.clone(),
-            &proxy.url(&path),
-            Some(&narrow),
-            &[FORM],
-            body,
-        )
-        .await;
-        assert_eq!(
-            reply.status,
-            StatusCode::OK,
-            "{method} {path}: {}",
-            reply.text()
-        );
-        let seen = loki.last();
-        assert!(seen.body.is_empty(), "{method} {path}");
-        assert_eq!(seen.read_by_label_policy("query").as_deref(), expected);
-        assert_eq!(seen.read_by_handler("query").as_deref(), expected);
+        let query = query_loki_read((&proxy, &loki), method.clone(), &path, body).await;
+        assert_eq!(query.as_deref(), expected, "{method} {path}");
     }
     let before = loki.received().len();
     let not_a_selector = "query=%7Benv%3D%22prod%22%7D%20%7C%3D%20%22x%22";
@@ -281,11 +276,7 @@ async fn a_restricted_credentials_label_names_are_asked_for_its_streams_only() {
 /// unrestricted one of the same tenant is served.
 #[tokio::test]
 async fn a_restricted_credential_is_refused_where_loki_applies_no_label_policy() {
-    support::captured_logs();
-    let loki = LokiStandIn::start().await;
-    let mut options = ProxyOptions::new(format!("{}\n  lbac: true", loki.url()));
-    options.tenants = Some(tenants(r#"{app="payments"}"#));
-    let proxy = RunningProxy::start(options).await;
+    let (loki, proxy) = behind_lbac(r#"{app="payments"}"#).await;
     let selector = "?query=%7Bapp%3D%22payments%22%7D";
     for path in [
         "/loki/api/v1/tail",

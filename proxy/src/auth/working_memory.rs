@@ -166,25 +166,32 @@ mod tests {
         assert_eq!(memory.allocated_blocks(), 40);
     }
 
+    /// A thread using `blocks` of `memory` until told to finish.
+    fn holding(
+        memory: &Arc<WorkingMemory>,
+        blocks: usize,
+    ) -> (std::thread::JoinHandle<()>, mpsc::Sender<()>) {
+        let (started, running) = mpsc::channel();
+        let (finish, finished) = mpsc::channel::<()>();
+        let memory = memory.clone();
+        let holder = std::thread::spawn(move || {
+            memory
+                .with(blocks, |_| {
+                    started.send(()).unwrap();
+                    finished.recv().unwrap();
+                })
+                .unwrap();
+        });
+        running.recv().unwrap();
+        (holder, finish)
+    }
+
     /// Buffers in use are never freed: a hash that finds no room waits for
     /// one to come back, and gets it.
     #[test]
     fn a_hash_without_room_waits_for_a_buffer_in_use() {
         let memory = Arc::new(WorkingMemory::new(100 * KIB, Duration::from_secs(30)));
-        let (started, running) = mpsc::channel();
-        let (finish, finished) = mpsc::channel::<()>();
-        let holder = {
-            let memory = memory.clone();
-            std::thread::spawn(move || {
-                memory
-                    .with(80, |_| {
-                        started.send(()).unwrap();
-                        finished.recv().unwrap();
-                    })
-                    .unwrap();
-            })
-        };
-        running.recv().unwrap();
+        let (holder, finish) = holding(&memory, 80);
         let waiter = {
             let memory = memory.clone();
             std::thread::spawn(move || memory.with(60, |b| b.len()))
@@ -198,20 +205,7 @@ mod tests {
     #[test]
     fn without_a_buffer_back_in_time_a_hash_is_over_budget() {
         let memory = Arc::new(WorkingMemory::new(100 * KIB, Duration::from_millis(50)));
-        let (started, running) = mpsc::channel();
-        let (finish, finished) = mpsc::channel::<()>();
-        let holder = {
-            let memory = memory.clone();
-            std::thread::spawn(move || {
-                memory
-                    .with(80, |_| {
-                        started.send(()).unwrap();
-                        finished.recv().unwrap();
-                    })
-                    .unwrap();
-            })
-        };
-        running.recv().unwrap();
+        let (holder, finish) = holding(&memory, 80);
         assert_eq!(memory.with(60, |_| ()), Err(OverBudget));
         finish.send(()).unwrap();
         holder.join().unwrap();
