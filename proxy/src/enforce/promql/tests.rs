@@ -844,3 +844,63 @@ proptest! {
         }
     }
 }
+
+/// A selector's text with one matcher per (name, op, value), values written
+/// as Go string literals.
+fn selector_text(matchers: &[(&str, &str, String)]) -> String {
+    let written: Vec<String> = matchers
+        .iter()
+        .map(|(name, op, value)| {
+            let escaped = value
+                .replace('\\', r"\\")
+                .replace('"', "\\\"")
+                .replace('\n', r"\n");
+            format!("{name}{op}\"{escaped}\"")
+        })
+        .collect();
+    format!("{{{}}}", written.join(", "))
+}
+
+fn matchers() -> impl Strategy<Value = Vec<(&'static str, &'static str, String)>> {
+    let literal = proptest::string::string_regex("[a-z\"\\\\\n é.]{0,6}").unwrap();
+    let regex = proptest::string::string_regex("[a-z.*|]{0,6}").unwrap();
+    let matcher = prop_oneof![
+        (
+            prop::sample::select(vec!["app", "env", "a_b"]),
+            prop::sample::select(vec!["=", "!="]),
+            literal
+        ),
+        (
+            prop::sample::select(vec!["app", "env"]),
+            prop::sample::select(vec!["=~", "!~"]),
+            regex
+        ),
+    ];
+    prop::collection::vec(matcher, 1..4)
+}
+
+proptest! {
+    /// A client's selector joined to a credential's, as a Loki label-names
+    /// request carries it in `query`: the printed text reads back as
+    /// itself, holding the client's matchers and then every one of the
+    /// credential's, values as written.
+    #[test]
+    fn a_joined_selector_reads_back_as_both(client in matchers(), own in matchers()) {
+        let (Ok(a), Ok(b)) = (
+            CredentialSelector::parse(&selector_text(&client)),
+            CredentialSelector::parse(&selector_text(&own)),
+        ) else {
+            return Ok(()); // no matcher that selects streams, a bad regex
+        };
+        let joined = a.and(&b);
+        let read = CredentialSelector::parse(joined.as_str()).unwrap();
+        prop_assert_eq!(read.as_str(), joined.as_str());
+        let printed = |s: &CredentialSelector| s.matchers.iter().map(ToString::to_string).collect::<Vec<_>>();
+        let mut both = printed(&a);
+        both.extend(printed(&b));
+        prop_assert_eq!(printed(&read), both);
+        for (name, _, value) in client.iter().chain(&own) {
+            prop_assert!(read.matchers.iter().any(|m| m.name == *name && m.value == *value));
+        }
+    }
+}
