@@ -29,6 +29,10 @@ use crate::notices::{Notice, Notices};
 use crate::render;
 use crate::writer;
 
+/// The longest a sync hashes new passwords before it writes the file; the
+/// rest follow in the next sync, at once. (The first file waits for all.)
+pub const HASHING_PER_SYNC: Duration = Duration::from_secs(1);
+
 #[derive(Clone, Debug)]
 pub struct Options {
     pub tenants_file: PathBuf,
@@ -51,6 +55,9 @@ pub struct Options {
     /// metric advances, so a stuck sidecar is told from an idle one), and
     /// a file changed behind tenant-sync's back is put right.
     pub resync_interval: Duration,
+    /// The longest a sync hashes new passwords before it writes the file
+    /// (`HASHING_PER_SYNC`; tests shorten it).
+    pub hashing_per_sync: Duration,
     /// Render once after the initial lists, then return.
     pub once: bool,
     /// The proxy's Service, whose ready endpoints are counted as `replicas`.
@@ -239,13 +246,15 @@ impl Syncer {
                     due = None;
                     pending_since = None;
                     match self.sync().await {
-                        Ok(()) if self.options.once => {
+                        // Passwords left to hash: the next sync at once.
+                        Ok(true) => due = Some(Instant::now()),
+                        Ok(false) if self.options.once => {
                             if let Some(notices) = self.notices.take() {
                                 notices.finish().await;
                             }
                             return Ok(());
                         }
-                        Ok(()) => {}
+                        Ok(false) => {}
                         Err(e) if self.options.once => return Err(e),
                         Err(e) => {
                             self.metrics.write_errors.inc();
@@ -308,13 +317,18 @@ impl Syncer {
             .inc();
     }
 
-    /// Renders the whole file from the index and writes it if it changed.
-    pub async fn sync(&mut self) -> Result<(), SyncError> {
+    /// Renders the whole file from the index and writes it if it changed;
+    /// `true` if passwords are left to hash for the next. The first file,
+    /// and the one of `--once`, waits for every hash: never partial.
+    pub async fn sync(&mut self) -> Result<bool, SyncError> {
         let desired = self.index.desired();
-        let (hashes, stats) = self.hashes.resolve(&desired).await;
+        let first = !self.status.synced_once.load(Ordering::Acquire);
+        let within = (!first && !self.options.once).then_some(self.options.hashing_per_sync);
+        let (resolved, stats) = self.hashes.resolve(&desired, within).await;
         self.metrics.hashes_computed.inc_by(stats.computed);
         self.metrics.hashes_reused.inc_by(stats.reused);
-        let text = render::render(&desired, &hashes).map_err(SyncError::Render)?;
+        self.metrics.hashes_pending.set(stats.pending as i64);
+        let text = render::render(&desired, &resolved).map_err(SyncError::Render)?;
         let path = self.options.tenants_file.clone();
         let changed = tokio::task::spawn_blocking(move || writer::write_if_changed(&path, &text))
             .await
@@ -335,6 +349,7 @@ impl Syncer {
                 tenants = desired.tenants.len(),
                 credentials,
                 hashed = stats.computed,
+                left_to_hash = stats.pending,
                 "tenants file written"
             );
         }
@@ -358,7 +373,7 @@ impl Syncer {
             .unwrap_or_default();
         self.metrics.last_write.set(now.as_secs_f64());
         self.status.syncs.send_modify(|n| *n += 1);
-        Ok(())
+        Ok(stats.pending > 0)
     }
 
     fn tell(&self, key: &SecretKey, notice: Notice) {

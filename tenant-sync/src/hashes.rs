@@ -2,7 +2,10 @@
 //! password is new or changed: a re-list of thousands of unchanged Secrets
 //! costs no hashing at all.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use crate::index::{Desired, Password, SecretKey};
 
@@ -35,43 +38,78 @@ impl Default for HashCache {
 pub struct HashStats {
     pub computed: u64,
     pub reused: u64,
+    /// New passwords not hashed within this sync's time.
+    pub pending: u64,
+}
+
+/// The hash of every desired user whose password has one yet, by the
+/// Secret it came from.
+#[derive(Debug, Default)]
+pub struct Resolved {
+    pub hashes: HashMap<SecretKey, String>,
+    /// Users whose new password is still to be hashed: left out of this
+    /// file, in a later one.
+    pub pending: HashSet<SecretKey>,
 }
 
 impl HashCache {
-    /// The PHC hash of every desired user, by the Secret it came from.
-    /// New hashes are computed on blocking threads, one per CPU.
-    pub async fn resolve(&mut self, desired: &Desired) -> (HashMap<SecretKey, String>, HashStats) {
-        let mut resolved = HashMap::new();
-        let mut wanted = Vec::new();
+    /// The PHC hash of every desired user. New hashes are computed on
+    /// blocking threads, one per CPU, for at most `within` (the first on
+    /// each thread whatever the time): argon2id takes tens of milliseconds
+    /// a password, and a sync waits for it, so a namespace that adds
+    /// thousands of Secrets at once would otherwise hold back every other
+    /// change, a revocation too, for minutes. The rest are `pending`, taken
+    /// namespace by namespace in turn, so one namespace's thousand do not
+    /// hold back another's one.
+    pub async fn resolve(
+        &mut self,
+        desired: &Desired,
+        within: Option<Duration>,
+    ) -> (Resolved, HashStats) {
+        let mut resolved = Resolved::default();
+        let mut wanted: BTreeMap<&str, Vec<_>> = BTreeMap::new();
         let mut stats = HashStats::default();
         for user in desired.tenants.values().flat_map(|t| &t.users) {
             match &user.credential.password {
                 Password::Hashed(phc) => {
-                    resolved.insert(user.source.clone(), phc.clone());
+                    resolved.hashes.insert(user.source.clone(), phc.clone());
                 }
                 Password::Plain(plain) => {
                     let key = (user.source.clone(), self.digest(plain));
                     match self.hashes.get(&key) {
                         Some(phc) => {
                             stats.reused += 1;
-                            resolved.insert(user.source.clone(), phc.clone());
+                            resolved.hashes.insert(user.source.clone(), phc.clone());
                         }
-                        None => wanted.push((key, plain.clone())),
+                        None => wanted
+                            .entry(user.source.0.as_str())
+                            .or_default()
+                            .push((key, plain.clone())),
                     }
                 }
             }
         }
-        stats.computed = wanted.len() as u64;
-        let computed = tokio::task::spawn_blocking(move || hash_all(wanted))
+        let wanted = in_turn(wanted.into_values().collect());
+        let deadline = within.map(|within| Instant::now() + within);
+        let computed = tokio::task::spawn_blocking(move || hash_all(wanted, deadline))
             .await
             .expect("hashing threads do not panic");
         for (key, phc) in computed {
-            resolved.insert(key.0.clone(), phc.clone());
-            self.hashes.insert(key, phc);
+            match phc {
+                Some(phc) => {
+                    stats.computed += 1;
+                    resolved.hashes.insert(key.0.clone(), phc.clone());
+                    self.hashes.insert(key, phc);
+                }
+                None => {
+                    stats.pending += 1;
+                    resolved.pending.insert(key.0);
+                }
+            }
         }
         // Forget Secrets and passwords no longer in use.
         self.hashes
-            .retain(|(source, _), phc| resolved.get(source) == Some(phc));
+            .retain(|(source, _), phc| resolved.hashes.get(source) == Some(phc));
         (resolved, stats)
     }
 
@@ -80,34 +118,81 @@ impl HashCache {
     }
 }
 
-fn hash_all<K: Send>(wanted: Vec<(K, String)>) -> Vec<(K, String)> {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let chunk = wanted.len().div_ceil(threads).max(1);
-    let mut wanted = wanted;
-    let mut chunks = Vec::new();
-    while !wanted.is_empty() {
-        let rest = wanted.split_off(chunk.min(wanted.len()));
-        chunks.push(std::mem::replace(&mut wanted, rest));
+/// One item of each list in turn, then the next of each, and so on.
+fn in_turn<T>(lists: Vec<Vec<T>>) -> Vec<T> {
+    let mut lists: Vec<_> = lists.into_iter().map(Vec::into_iter).collect();
+    let mut all = Vec::new();
+    loop {
+        let before = all.len();
+        all.extend(lists.iter_mut().filter_map(Iterator::next));
+        if all.len() == before {
+            return all;
+        }
     }
+}
+
+/// Hashes `wanted` in order on one thread per CPU, each taking the next
+/// until `deadline` (each does at least one, so every sync makes progress);
+/// `None` for a password left for later.
+fn hash_all<K: Send + Sync>(
+    wanted: Vec<(K, String)>,
+    deadline: Option<Instant>,
+) -> Vec<(K, Option<String>)> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let next = AtomicUsize::new(0);
+    let done: Mutex<Vec<Option<String>>> = Mutex::new(vec![None; wanted.len()]);
     std::thread::scope(|scope| {
-        let handles: Vec<_> = chunks
-            .into_iter()
-            .map(|chunk| {
-                scope.spawn(move || {
-                    chunk
-                        .into_iter()
-                        .map(|(key, plain)| {
-                            let phc = tenant_proxy::auth::password::hash_password(&plain)
-                                .expect("argon2 hashes any password");
-                            (key, phc)
-                        })
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().expect("hashing thread"))
-            .collect()
-    })
+        for _ in 0..threads.min(wanted.len()) {
+            scope.spawn(|| {
+                let mut first = true;
+                while first || deadline.is_none_or(|at| Instant::now() < at) {
+                    first = false;
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some((_, plain)) = wanted.get(i) else {
+                        return;
+                    };
+                    let phc = tenant_proxy::auth::password::hash_password(plain)
+                        .expect("argon2 hashes any password");
+                    done.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(phc);
+                }
+            });
+        }
+    });
+    let done = done.into_inner().unwrap_or_else(|e| e.into_inner());
+    wanted
+        .into_iter()
+        .zip(done)
+        .map(|((key, _), phc)| (key, phc))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lists_are_taken_in_turn() {
+        let lists = vec![vec!["a1", "a2", "a3"], vec!["b1"], vec![], vec!["c1", "c2"]];
+        assert_eq!(in_turn(lists), ["a1", "b1", "c1", "a2", "c2", "a3"]);
+    }
+
+    /// Past the deadline each thread still hashes one, and leaves the rest.
+    #[test]
+    fn hashing_stops_at_the_deadline_after_one_each() {
+        let wanted: Vec<_> = (0..64).map(|i| (i, format!("pw{i}"))).collect();
+        let hashed = hash_all(wanted, Some(Instant::now()));
+        let done: Vec<_> = hashed.iter().filter(|(_, phc)| phc.is_some()).collect();
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert!(
+            !done.is_empty() && done.len() <= threads.min(64),
+            "{}",
+            done.len()
+        );
+        assert!(
+            hashed.iter().map(|(i, _)| *i).eq(0..64),
+            "in order, each once"
+        );
+        let all = hash_all(vec![(0, "a".to_owned()), (1, "b".to_owned())], None);
+        assert!(all.iter().all(|(_, phc)| phc.is_some()));
+    }
 }

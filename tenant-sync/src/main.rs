@@ -90,6 +90,7 @@ async fn main() -> anyhow::Result<()> {
         secret_namespaces: cli.secret_namespaces,
         debounce: cli.debounce,
         max_delay: cli.max_delay,
+        hashing_per_sync: tenant_sync::controller::HASHING_PER_SYNC,
         resync_interval: cli.resync_interval,
         once: cli.once,
         events: !cli.no_events,

@@ -39,6 +39,7 @@ pub struct Metrics {
     pub watch_errors: Family<ResourceLabels, Counter>,
     pub hashes_computed: Counter,
     pub hashes_reused: Counter,
+    pub hashes_pending: Gauge,
     pub events: Family<OutcomeLabels, Counter>,
 }
 
@@ -123,6 +124,12 @@ impl Default for Metrics {
             "Hashes reused for unchanged passwords",
             hashes_reused.clone(),
         );
+        let hashes_pending = Gauge::default();
+        registry.register(
+            "hashes_pending",
+            "New passwords not hashed by the last sync (their credentials come in a later one)",
+            hashes_pending.clone(),
+        );
         let events = Family::default();
         registry.register(
             "events",
@@ -143,6 +150,7 @@ impl Default for Metrics {
             watch_errors,
             hashes_computed,
             hashes_reused,
+            hashes_pending,
             events,
         }
     }

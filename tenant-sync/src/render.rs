@@ -7,13 +7,12 @@
 //! YAML (23 vs 58 ms for 10,000 credentials), which is what a reload costs
 //! it. JSON has no comments, so the file says who wrote it in no comment.
 
-use std::collections::HashMap;
-
 use serde::Serialize;
 
 use tenant_proxy::config::TenantLimitsOverride;
 
-use crate::index::{Desired, SecretKey};
+use crate::hashes::Resolved;
+use crate::index::Desired;
 
 #[derive(Serialize)]
 struct File<'a> {
@@ -42,18 +41,27 @@ struct User<'a> {
     selector: Option<&'a str>,
 }
 
-/// Renders and validates. An error here is a bug in tenant-sync: the file
-/// is then not written and the previous one stays in force.
-pub fn render(desired: &Desired, hashes: &HashMap<SecretKey, String>) -> Result<String, String> {
+/// Renders and validates. Users whose password is still to be hashed are
+/// left out (and a tenant left without users). An error here is a bug in
+/// tenant-sync: the file is then not written and the previous one stays
+/// in force.
+pub fn render(desired: &Desired, resolved: &Resolved) -> Result<String, String> {
     let tenants = desired
         .tenants
         .iter()
+        .filter(|(_, tenant)| {
+            !tenant
+                .users
+                .iter()
+                .all(|user| resolved.pending.contains(&user.source))
+        })
         .map(|(id, tenant)| {
             let users = tenant
                 .users
                 .iter()
+                .filter(|user| !resolved.pending.contains(&user.source))
                 .map(|user| {
-                    let password_hash = hashes.get(&user.source).ok_or_else(|| {
+                    let password_hash = resolved.hashes.get(&user.source).ok_or_else(|| {
                         format!("no hash for user {:?}", user.credential.username)
                     })?;
                     Ok(User {

@@ -144,6 +144,58 @@ async fn a_busy_cluster_still_gets_its_changes_written_within_the_max_delay() {
     sync.stop().await.unwrap();
 }
 
+/// New passwords are hashed for a bounded time per sync, namespace by
+/// namespace in turn (here one per thread per sync): a namespace that adds
+/// many Secrets at once holds back neither another tenant's revocation nor
+/// its new credential, and its own arrive in the syncs right after.
+#[tokio::test]
+async fn a_flood_of_new_secrets_holds_back_no_other_change() {
+    let api = cluster().await;
+    api.namespace("team-flood", json!({}));
+    let mut sync = RunningSync::start(&api, |o| o.hashing_per_sync = Duration::ZERO);
+    assert_eq!(sync.next_write().await, map(&[("grafana-a", "team-a")]));
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let flood: Vec<String> = (0..4 * threads + 4).map(|i| format!("flood-{i}")).collect();
+    for user in &flood {
+        api.secret(
+            "team-flood",
+            user,
+            &[("username", user), ("password", "pw")],
+            json!({}),
+        );
+    }
+    api.delete(Kind::Secret, "team-a/grafana");
+    api.secret(
+        "team-b",
+        "push",
+        &[("username", "push-b"), ("password", "pw-b")],
+        json!({}),
+    );
+    // Bounded: each write hashes at least one more flood password.
+    let mut written = sync.next_write().await;
+    for _ in 0..flood.len() {
+        if written.contains_key("push-b") {
+            break;
+        }
+        written = sync.next_write().await;
+    }
+    assert!(!written.contains_key("grafana-a"), "revoked: {written:?}");
+    let flooded = flood.iter().filter(|u| written.contains_key(*u)).count();
+    assert!(
+        flooded < flood.len(),
+        "team-b's credential came before all of team-flood's: {written:?}"
+    );
+    for _ in 0..flood.len() {
+        if flood.iter().all(|u| written.contains_key(u)) {
+            break;
+        }
+        written = sync.next_write().await;
+    }
+    assert!(flood.iter().all(|u| written.contains_key(u)), "{written:?}");
+    assert!(sync.verifies("flood-0", "pw") && sync.verifies("push-b", "pw-b"));
+    sync.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn a_selector_annotation_reaches_the_proxy() {
     let api = cluster().await;

@@ -516,21 +516,31 @@ fn namespace_limits_take_the_strictest_value_per_field_and_skip_invalid_ones() {
         assert_eq!(users(&desired, tenant).len(), 1);
     }
     // The file carries them; the proxy reads back what was meant.
-    let hashes = desired
-        .tenants
-        .values()
-        .flat_map(|t| &t.users)
-        .map(|u| {
-            (
-                u.source.clone(),
-                tenant_proxy::auth::password::hash_password("p").unwrap(),
-            )
-        })
-        .collect();
-    let text = crate::render::render(&desired, &hashes).unwrap();
+    let hash = tenant_proxy::auth::password::hash_password("p").unwrap();
+    let mut resolved = crate::hashes::Resolved {
+        hashes: desired
+            .tenants
+            .values()
+            .flat_map(|t| &t.users)
+            .map(|u| (u.source.clone(), hash.clone()))
+            .collect(),
+        pending: Default::default(),
+    };
+    let text = crate::render::render(&desired, &resolved).unwrap();
     let (store, _) = tenant_proxy::tenants::file::parse(&text, 1).unwrap();
     assert_eq!(store.tenant("shop").unwrap().limits, Some(shop));
     assert_eq!(store.tenant("blog").unwrap().limits, None);
+
+    // A user whose password is still to be hashed is left out, and so is a
+    // tenant left without users; the others are as before.
+    for user in &desired.tenants[&TenantId::parse("blog").unwrap()].users {
+        resolved.hashes.remove(&user.source);
+        resolved.pending.insert(user.source.clone());
+    }
+    let text = crate::render::render(&desired, &resolved).unwrap();
+    let (store, _) = tenant_proxy::tenants::file::parse(&text, 1).unwrap();
+    assert!(store.tenant("blog").is_none());
+    assert_eq!(store.tenant("shop").unwrap().limits, Some(shop));
 }
 
 fn capped(name: &str, tenant: &str, grantable: &str) -> Namespace {

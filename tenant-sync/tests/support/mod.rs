@@ -27,6 +27,7 @@ pub fn options(tenants_file: PathBuf) -> Options {
         secret_namespaces: Vec::new(),
         debounce: Duration::from_millis(50),
         max_delay: Duration::from_secs(5),
+        hashing_per_sync: tenant_sync::controller::HASHING_PER_SYNC,
         resync_interval: Duration::from_secs(3600),
         once: false,
         peer_service: None,
