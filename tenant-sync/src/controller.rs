@@ -341,7 +341,8 @@ impl Syncer {
         // Ready as soon as the file matches the cluster: before anything
         // else reports the sync.
         self.status.synced_once.store(true, Ordering::Release);
-        let credentials: usize = desired.tenants.values().map(|t| t.users.len()).sum();
+        let desired_users: usize = desired.tenants.values().map(|t| t.users.len()).sum();
+        let credentials = desired_users - resolved.pending.len();
         if changed {
             self.metrics.writes.inc();
             self.status.writes.send_modify(|n| *n += 1);
