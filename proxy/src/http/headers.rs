@@ -35,6 +35,18 @@ pub const IDENTITY_HEADERS: [HeaderName; 4] = [
     THANOS_TENANT,
 ];
 
+/// Headers with which Mimir's distributor skips its checks of pushed series
+/// (label names; the `max_label_names_per_series` limit) once
+/// `-api.skip-label-name-validation-header-enabled` or
+/// `-api.skip-label-count-validation-header-enabled` is set: meant for
+/// trusted callers ("allowing this for external clients allows any client
+/// to send invalid label names"), which a tenant's client is not. Every
+/// client copy is removed, in every mode.
+pub const VALIDATION_SKIPS: [HeaderName; 2] = [
+    HeaderName::from_static("x-mimir-skiplabelnamevalidation"),
+    HeaderName::from_static("x-mimir-skiplabelcountvalidation"),
+];
+
 /// A remote-write 2.0 receiver confirms what it stored with these; a 2xx
 /// without any of them means the receiver read the body as 1.0 (and stored
 /// nothing).

@@ -20,7 +20,9 @@ use rustls_pki_types::ServerName;
 use crate::config::UpstreamTls;
 use crate::http::body::ProxyBody;
 use crate::http::error::ProxyError;
-use crate::http::headers::{IDENTITY_HEADERS, KEEP_ALIVE, PROXY_CONNECTION, X_FORWARDED_FOR};
+use crate::http::headers::{
+    IDENTITY_HEADERS, KEEP_ALIVE, PROXY_CONNECTION, VALIDATION_SKIPS, X_FORWARDED_FOR,
+};
 use crate::http::timer::{ReusedSleep, Wait};
 
 /// A client for the upstreams: connections are reused across requests and
@@ -95,14 +97,22 @@ pub fn prepare_request_headers(
     tenant_header: Option<(&HeaderName, &HeaderValue)>,
     upgrade: Option<HeaderValue>,
 ) -> Result<(), ProxyError> {
-    // Every request brings `Authorization`; the other identity headers are
-    // rare, so one look at each name present instead of a removal (a hash
-    // and a probe) per name.
+    // Every request brings `Authorization`; the other identity headers and
+    // the validation skips are rare, so one look at each name present
+    // instead of a removal (a hash and a probe) per name.
     headers.remove(header::AUTHORIZATION);
     let tenant_name = tenant_header.map(|(name, _)| name);
-    let spoofed = |name: &HeaderName| IDENTITY_HEADERS.contains(name) || tenant_name == Some(name);
-    if headers.keys().any(spoofed) {
-        for name in IDENTITY_HEADERS.iter().chain(tenant_name) {
+    let refused = |name: &HeaderName| {
+        IDENTITY_HEADERS.contains(name)
+            || VALIDATION_SKIPS.contains(name)
+            || tenant_name == Some(name)
+    };
+    if headers.keys().any(refused) {
+        for name in IDENTITY_HEADERS
+            .iter()
+            .chain(&VALIDATION_SKIPS)
+            .chain(tenant_name)
+        {
             headers.remove(name);
         }
     }
@@ -242,6 +252,14 @@ mod tests {
         h.append("x-prom-label-policy", HeaderValue::from_static("evil:{}"));
         h.append("THANOS-TENANT", HeaderValue::from_static("evil"));
         h.append(
+            "X-Mimir-SkipLabelNameValidation",
+            HeaderValue::from_static("true"),
+        );
+        h.append(
+            "x-mimir-skiplabelcountvalidation",
+            HeaderValue::from_static("true"),
+        );
+        h.append(
             header::CONNECTION,
             HeaderValue::from_static("x-secret, keep-alive"),
         );
@@ -262,6 +280,8 @@ mod tests {
             "authorization",
             "x-prom-label-policy",
             "thanos-tenant",
+            "x-mimir-skiplabelnamevalidation",
+            "x-mimir-skiplabelcountvalidation",
             "connection",
             "x-secret",
             "host",
