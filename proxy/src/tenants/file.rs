@@ -240,7 +240,12 @@ fn from_native(file: NativeFile) -> Result<(Vec<Arc<Tenant>>, Vec<Credential>), 
             Some(ns) if ns.is_empty() => {
                 return Err(format!("tenant {}: `namespaces` must not be empty", t.id))
             }
-            Some(ns) => ns,
+            Some(mut ns) => {
+                // Listed twice, a namespace is still one value to match.
+                let mut seen = HashSet::new();
+                ns.retain(|namespace| seen.insert(namespace.clone()));
+                ns
+            }
         };
         checks.tenant(&t.id, &namespaces)?;
         if let Some(limits) = &t.limits {
@@ -480,6 +485,9 @@ mod tests {
             "tenants:\n- id: a\n  users: [{{username: u, password_hash: \"{hash}\"}}]\n- id: b\n  users: [{{username: u, password_hash: \"{hash}\"}}]\n"
         );
         assert!(parse(&dup_user, 1).unwrap_err().contains("more than once"));
+        let twice = parse("tenants:\n- id: a\n  namespaces: [x, y, x]\n", 1).unwrap().0;
+        let names: Vec<_> = twice.tenant("a").unwrap().namespaces.clone();
+        assert_eq!(names, ["x", "y"], "one owner, one value: listed once");
         let dup_ns = "tenants:\n- id: a\n  namespaces: [x]\n- id: b\n  namespaces: [x]\n";
         assert!(parse(dup_ns, 1).unwrap_err().contains("claimed by"));
         assert!(parse("tenants:\n- id: a\n- id: a\n", 1)
