@@ -485,7 +485,9 @@ mod tests {
             "tenants:\n- id: a\n  users: [{{username: u, password_hash: \"{hash}\"}}]\n- id: b\n  users: [{{username: u, password_hash: \"{hash}\"}}]\n"
         );
         assert!(parse(&dup_user, 1).unwrap_err().contains("more than once"));
-        let twice = parse("tenants:\n- id: a\n  namespaces: [x, y, x]\n", 1).unwrap().0;
+        let twice = parse("tenants:\n- id: a\n  namespaces: [x, y, x]\n", 1)
+            .unwrap()
+            .0;
         let names: Vec<_> = twice.tenant("a").unwrap().namespaces.clone();
         assert_eq!(names, ["x", "y"], "one owner, one value: listed once");
         let dup_ns = "tenants:\n- id: a\n  namespaces: [x]\n- id: b\n  namespaces: [x]\n";
