@@ -150,6 +150,32 @@ async fn replaces_spoofed_scope_orgid_in_any_case_and_number() {
     assert_eq!(seen.headers["x-forwarded-for"], "127.0.0.1");
 }
 
+/// Loki takes a push that names a backfill shard or day (a backfill
+/// worker's headers) past `reject_old_samples`: a tenant's copies never
+/// reach it, and the push lands as a push.
+#[tokio::test]
+async fn backfill_headers_never_reach_loki() {
+    let (loki, proxy) = setup().await;
+    let reply = send(
+        Method::POST,
+        &proxy.url(PUSH),
+        Some(&basic("alice", "alice-pw")),
+        &[
+            ("content-type", "application/json"),
+            ("X-Loki-Backfill-Shard", "old"),
+            ("x-loki-backfill-day", "2020-01-01"),
+        ],
+        loki_push::json("a line"),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::NO_CONTENT);
+    let seen = loki.last();
+    assert_eq!(seen.org_ids(), vec!["team-a"]);
+    for header in ["x-loki-backfill-shard", "x-loki-backfill-day"] {
+        assert!(!seen.headers.contains_key(header), "{header} reached Loki");
+    }
+}
+
 /// W3C trace context passes through, so a trace started in Grafana or an
 /// agent continues in Loki.
 #[tokio::test]

@@ -35,16 +35,22 @@ pub const IDENTITY_HEADERS: [HeaderName; 4] = [
     THANOS_TENANT,
 ];
 
-/// Headers with which Mimir's distributor skips its checks of pushed series
-/// (label names; the `max_label_names_per_series` limit) once
-/// `-api.skip-label-name-validation-header-enabled` or
-/// `-api.skip-label-count-validation-header-enabled` is set: meant for
-/// trusted callers ("allowing this for external clients allows any client
-/// to send invalid label names"), which a tenant's client is not. Every
-/// client copy is removed, in every mode.
-pub const VALIDATION_SKIPS: [HeaderName; 2] = [
+/// Headers with which a backend skips its checks of pushed data, meant for
+/// trusted callers, which a tenant's client is not. Every client copy is
+/// removed, in every mode:
+/// - Mimir's distributor skips label name checks and the
+///   `max_label_names_per_series` limit once
+///   `-api.skip-label-name-validation-header-enabled` or
+///   `-api.skip-label-count-validation-header-enabled` is set ("allowing
+///   this for external clients allows any client to send invalid label
+///   names");
+/// - Loki's distributor (after 3.7) takes a push with a backfill shard or
+///   day, set by a backfill worker, past `reject_old_samples`.
+pub const VALIDATION_SKIPS: [HeaderName; 4] = [
     HeaderName::from_static("x-mimir-skiplabelnamevalidation"),
     HeaderName::from_static("x-mimir-skiplabelcountvalidation"),
+    HeaderName::from_static("x-loki-backfill-shard"),
+    HeaderName::from_static("x-loki-backfill-day"),
 ];
 
 /// A remote-write 2.0 receiver confirms what it stored with these; a 2xx

@@ -259,6 +259,11 @@ mod tests {
             "x-mimir-skiplabelcountvalidation",
             HeaderValue::from_static("true"),
         );
+        h.append("X-Loki-Backfill-Shard", HeaderValue::from_static("old"));
+        h.append(
+            "X-Loki-Backfill-Day",
+            HeaderValue::from_static("2020-01-01"),
+        );
         h.append(
             header::CONNECTION,
             HeaderValue::from_static("x-secret, keep-alive"),
@@ -282,6 +287,8 @@ mod tests {
             "thanos-tenant",
             "x-mimir-skiplabelnamevalidation",
             "x-mimir-skiplabelcountvalidation",
+            "x-loki-backfill-shard",
+            "x-loki-backfill-day",
             "connection",
             "x-secret",
             "host",
