@@ -6,7 +6,7 @@
 //! index, so a missed or repeated event cannot leave the file wrong for long.
 //! Nothing is written before every watch has finished its initial list.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -327,7 +327,9 @@ impl Syncer {
         let (resolved, stats) = self.hashes.resolve(&desired, within).await;
         self.metrics.hashes_computed.inc_by(stats.computed);
         self.metrics.hashes_reused.inc_by(stats.reused);
-        self.metrics.hashes_pending.set(stats.pending as i64);
+        self.metrics
+            .hashes_pending
+            .set(resolved.pending.len() as i64);
         let text = render::render(&desired, &resolved).map_err(SyncError::Render)?;
         let path = self.options.tenants_file.clone();
         let changed = tokio::task::spawn_blocking(move || writer::write_if_changed(&path, &text))
@@ -356,7 +358,7 @@ impl Syncer {
         }
         self.metrics.tenants.set(desired.tenants.len() as i64);
         self.metrics.credentials.set(credentials as i64);
-        self.report_skipped(&desired);
+        self.report_skipped(&desired, &resolved.pending);
         report_invalid(
             &mut self.last_invalid_limits,
             &desired.invalid_limits,
@@ -385,26 +387,25 @@ impl Syncer {
     }
 
     /// Logs newly skipped Secrets once (not at every sync), tells their
-    /// authors with an Event (and again once such a Secret is in the file),
-    /// and sets the gauges.
-    fn report_skipped(&mut self, desired: &Desired) {
+    /// authors with an Event (and again once such a Secret is in the file:
+    /// not while its new password waits for its hash), and sets the gauges.
+    fn report_skipped(&mut self, desired: &Desired, pending: &HashSet<SecretKey>) {
         let now: BTreeSet<_> = desired.skipped.iter().cloned().collect();
         for (key, reason) in now.difference(&self.last_skipped) {
             let (namespace, name) = key;
             tracing::warn!(%namespace, secret = %name, reason = reason.as_str(), "Secret skipped");
             self.tell(key, Notice::Skipped(*reason));
         }
-        let loaded: BTreeSet<&SecretKey> = desired
+        let desired_users: BTreeSet<&SecretKey> = desired
             .tenants
             .values()
             .flat_map(|t| t.users.iter().map(|u| &u.source))
             .collect();
-        for (key, _) in &self.last_skipped {
-            if loaded.contains(key) {
-                let (namespace, name) = key;
-                tracing::info!(%namespace, secret = %name, "Secret in the file again");
-                self.tell(key, Notice::Loaded);
-            }
+        let (in_again, awaited) = back_in(&self.last_skipped, &desired_users, pending);
+        for key in in_again {
+            let (namespace, name) = key;
+            tracing::info!(%namespace, secret = %name, "Secret in the file again");
+            self.tell(key, Notice::Loaded);
         }
         for reason in self
             .last_skipped
@@ -421,8 +422,28 @@ impl Syncer {
                 })
                 .set(count as i64);
         }
-        self.last_skipped = now;
+        self.last_skipped = now.into_iter().chain(awaited).collect();
     }
+}
+
+/// Of the Secrets left out before, those whose credential is in the file
+/// now (desired and hashed), and those still awaited: desired, but their
+/// password waits for its hash, so they are told later, not yet.
+fn back_in<'a>(
+    last_skipped: &'a BTreeSet<(SecretKey, SkipReason)>,
+    desired_users: &BTreeSet<&SecretKey>,
+    pending: &HashSet<SecretKey>,
+) -> (Vec<&'a SecretKey>, BTreeSet<(SecretKey, SkipReason)>) {
+    let mut in_again = Vec::new();
+    let mut awaited = BTreeSet::new();
+    for entry @ (key, _) in last_skipped {
+        if pending.contains(key) {
+            awaited.insert(entry.clone());
+        } else if desired_users.contains(key) {
+            in_again.push(key);
+        }
+    }
+    (in_again, awaited)
 }
 
 /// Logs newly invalid Namespace annotations once (not at every sync) and
@@ -488,4 +509,35 @@ fn watch_streams(client: Client, options: &Options) -> BoxStream<'static, Change
         );
     }
     stream::select_all(streams).boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(name: &str) -> SecretKey {
+        ("ns".to_owned(), name.to_owned())
+    }
+
+    /// A Secret left out before is told it is in once its credential is in
+    /// the file: not while its password waits for its hash (it stays
+    /// awaited), nor when it is gone.
+    #[test]
+    fn a_secret_is_back_in_once_its_hash_is() {
+        let reason = SkipReason::ScopeNotGrantable;
+        let last: BTreeSet<_> = ["in", "hashing", "gone"]
+            .into_iter()
+            .map(|name| (key(name), reason))
+            .collect();
+        let (in_file, hashing) = (key("in"), key("hashing"));
+        let desired = BTreeSet::from([&in_file, &hashing]);
+        let pending = HashSet::from([key("hashing")]);
+        let (in_again, awaited) = back_in(&last, &desired, &pending);
+        assert_eq!(in_again, [&in_file]);
+        assert_eq!(awaited, BTreeSet::from([(key("hashing"), reason)]));
+        // Hashed at the next sync: told then.
+        let (in_again, awaited) = back_in(&awaited, &desired, &HashSet::new());
+        assert_eq!(in_again, [&hashing]);
+        assert!(awaited.is_empty());
+    }
 }
