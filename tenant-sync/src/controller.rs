@@ -352,7 +352,7 @@ impl Syncer {
                 tenants = desired.tenants.len(),
                 credentials,
                 hashed = stats.computed,
-                left_to_hash = stats.pending,
+                left_to_hash = resolved.pending.len(),
                 "tenants file written"
             );
         }
@@ -376,7 +376,7 @@ impl Syncer {
             .unwrap_or_default();
         self.metrics.last_write.set(now.as_secs_f64());
         self.status.syncs.send_modify(|n| *n += 1);
-        Ok(stats.pending > 0)
+        Ok(!resolved.pending.is_empty())
     }
 
     fn tell(&self, key: &SecretKey, notice: Notice) {

@@ -38,8 +38,6 @@ impl Default for HashCache {
 pub struct HashStats {
     pub computed: u64,
     pub reused: u64,
-    /// New passwords not hashed within this sync's time.
-    pub pending: u64,
 }
 
 /// The hash of every desired user whose password has one yet, by the
@@ -102,7 +100,6 @@ impl HashCache {
                     self.hashes.insert(key, phc);
                 }
                 None => {
-                    stats.pending += 1;
                     resolved.pending.insert(key.0);
                 }
             }
