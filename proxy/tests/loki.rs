@@ -176,6 +176,31 @@ async fn backfill_headers_never_reach_loki() {
     }
 }
 
+/// Loki's query engine leaves out an embedder's pipeline wrappers (where a
+/// Loki build would hold queries to a policy) for a request that asks to:
+/// a tenant's query never asks, and is answered as a query.
+#[tokio::test]
+async fn a_query_never_turns_lokis_pipeline_wrappers_off() {
+    let (loki, proxy) = setup().await;
+    let reply = send(
+        Method::GET,
+        &proxy.url(QUERY),
+        Some(&basic("alice", "alice-pw")),
+        &[("X-Loki-Disable-Pipeline-Wrappers", "true")],
+        "",
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK);
+    let seen = loki.last();
+    assert_eq!(seen.org_ids(), vec!["team-a"]);
+    assert!(
+        !seen
+            .headers
+            .contains_key("x-loki-disable-pipeline-wrappers"),
+        "the header reached Loki"
+    );
+}
+
 /// W3C trace context passes through, so a trace started in Grafana or an
 /// agent continues in Loki.
 #[tokio::test]

@@ -35,9 +35,9 @@ pub const IDENTITY_HEADERS: [HeaderName; 4] = [
     THANOS_TENANT,
 ];
 
-/// Headers with which a backend skips its checks of pushed data, meant for
-/// trusted callers, which a tenant's client is not. Every client copy is
-/// removed, in every mode:
+/// Headers with which a backend's own components, or callers it trusts,
+/// turn its checks off. A tenant's client is not such a caller, so every
+/// client copy is removed, in every mode:
 /// - Mimir's distributor skips label name checks and the
 ///   `max_label_names_per_series` limit once
 ///   `-api.skip-label-name-validation-header-enabled` or
@@ -45,12 +45,19 @@ pub const IDENTITY_HEADERS: [HeaderName; 4] = [
 ///   this for external clients allows any client to send invalid label
 ///   names");
 /// - Loki's distributor (after 3.7) takes a push with a backfill shard or
-///   day, set by a backfill worker, past `reject_old_samples`.
-pub const VALIDATION_SKIPS: [HeaderName; 4] = [
+///   day, set by a backfill worker, past `reject_old_samples`;
+/// - Loki's ingesters and store leave out the pipeline wrapper that a
+///   build embedding Loki installs around every query's log lines
+///   (`Config.PipelineWrapper`, an embedder's hook) when a request says
+///   `X-Loki-Disable-Pipeline-Wrappers: true`; the header is meant for the
+///   embedder's own queries. OSS Loki installs no wrapper, so this only
+///   keeps a tenant from turning off a hook it cannot see.
+pub const TRUSTED_CALLER_HEADERS: [HeaderName; 5] = [
     HeaderName::from_static("x-mimir-skiplabelnamevalidation"),
     HeaderName::from_static("x-mimir-skiplabelcountvalidation"),
     HeaderName::from_static("x-loki-backfill-shard"),
     HeaderName::from_static("x-loki-backfill-day"),
+    HeaderName::from_static("x-loki-disable-pipeline-wrappers"),
 ];
 
 /// A remote-write 2.0 receiver confirms what it stored with these; a 2xx

@@ -21,7 +21,7 @@ use crate::config::UpstreamTls;
 use crate::http::body::ProxyBody;
 use crate::http::error::ProxyError;
 use crate::http::headers::{
-    IDENTITY_HEADERS, KEEP_ALIVE, PROXY_CONNECTION, VALIDATION_SKIPS, X_FORWARDED_FOR,
+    IDENTITY_HEADERS, KEEP_ALIVE, PROXY_CONNECTION, TRUSTED_CALLER_HEADERS, X_FORWARDED_FOR,
 };
 use crate::http::timer::{ReusedSleep, Wait};
 
@@ -98,19 +98,19 @@ pub fn prepare_request_headers(
     upgrade: Option<HeaderValue>,
 ) -> Result<(), ProxyError> {
     // Every request brings `Authorization`; the other identity headers and
-    // the validation skips are rare, so one look at each name present
+    // the trusted callers' headers are rare, so one look at each name present
     // instead of a removal (a hash and a probe) per name.
     headers.remove(header::AUTHORIZATION);
     let tenant_name = tenant_header.map(|(name, _)| name);
     let refused = |name: &HeaderName| {
         IDENTITY_HEADERS.contains(name)
-            || VALIDATION_SKIPS.contains(name)
+            || TRUSTED_CALLER_HEADERS.contains(name)
             || tenant_name == Some(name)
     };
     if headers.keys().any(refused) {
         for name in IDENTITY_HEADERS
             .iter()
-            .chain(&VALIDATION_SKIPS)
+            .chain(&TRUSTED_CALLER_HEADERS)
             .chain(tenant_name)
         {
             headers.remove(name);
@@ -265,6 +265,10 @@ mod tests {
             HeaderValue::from_static("2020-01-01"),
         );
         h.append(
+            "X-Loki-Disable-Pipeline-Wrappers",
+            HeaderValue::from_static("true"),
+        );
+        h.append(
             header::CONNECTION,
             HeaderValue::from_static("x-secret, keep-alive"),
         );
@@ -289,6 +293,7 @@ mod tests {
             "x-mimir-skiplabelcountvalidation",
             "x-loki-backfill-shard",
             "x-loki-backfill-day",
+            "x-loki-disable-pipeline-wrappers",
             "connection",
             "x-secret",
             "host",
