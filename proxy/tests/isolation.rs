@@ -1,12 +1,14 @@
 //! The proxy's promise as a property: for any generated request (paths with
 //! tricks, on query, push, OTLP and rules endpoints; PromQL good and bad,
-//! parameters in the URL and the body, spoofed identity headers), whatever
-//! reaches an upstream carries the authenticated tenant and no other: Loki
+//! parameters in the URL and the body, spoofed identity headers and the
+//! headers of a backend's trusted callers), whatever reaches an upstream
+//! carries the authenticated tenant and no other: Loki
 //! exactly one `X-Scope-OrgID` with the credential's tenant, Prometheus
 //! (label mode) no tenant header and every selector of every query or
 //! `match[]` holding the tenant's matcher, Mimir (header mode, with its
-//! ruler and Alertmanager paths) exactly the tenant's header. Anything
-//! else must have been refused.
+//! ruler and Alertmanager paths) exactly the tenant's header; and none of
+//! them a header that turns a backend's checks off. Anything else must
+//! have been refused.
 
 mod support;
 
@@ -135,9 +137,14 @@ fn case_strategy() -> impl Strategy<Value = Case> {
                 "X-SCOPE-ORGID",
                 "X-Prom-Label-Policy",
                 "THANOS-TENANT",
+                "X-Mimir-SkipLabelNameValidation",
+                "x-mimir-skiplabelcountvalidation",
+                "X-Loki-Backfill-Shard",
+                "X-Loki-Backfill-Day",
+                "X-Loki-Disable-Pipeline-Wrappers",
             ][..],
         ),
-        prop::sample::select(&["team-b", "team-a|team-b", "team-b:%7B%7D", ""][..]),
+        prop::sample::select(&["team-b", "team-a|team-b", "team-b:%7B%7D", "", "true"][..]),
     ))
     .prop_map(|o| o.map(|(n, v)| (n.to_string(), v.to_string())));
     (
@@ -246,6 +253,18 @@ fn check_forwarded(
     ] {
         if Some(identity) != tenant_header && !values(identity).is_empty() {
             return Err(format!("{identity} forwarded to {}", seen.path));
+        }
+    }
+    // Headers for a backend's trusted callers, which turn its checks off.
+    for trusted_callers in [
+        "x-mimir-skiplabelnamevalidation",
+        "x-mimir-skiplabelcountvalidation",
+        "x-loki-backfill-shard",
+        "x-loki-backfill-day",
+        "x-loki-disable-pipeline-wrappers",
+    ] {
+        if !values(trusted_callers).is_empty() {
+            return Err(format!("{trusted_callers} forwarded to {}", seen.path));
         }
     }
     if let Some(header) = tenant_header {
