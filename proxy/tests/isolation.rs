@@ -2,13 +2,13 @@
 //! tricks, on query, push, OTLP and rules endpoints; PromQL good and bad,
 //! parameters in the URL and the body, spoofed identity headers and the
 //! headers of a backend's trusted callers), whatever reaches an upstream
-//! carries the authenticated tenant and no other: Loki
-//! exactly one `X-Scope-OrgID` with the credential's tenant, Prometheus
-//! (label mode) no tenant header and every selector of every query or
-//! `match[]` holding the tenant's matcher, Mimir (header mode, with its
-//! ruler and Alertmanager paths) exactly the tenant's header; and none of
-//! them a header that turns a backend's checks off. Anything else must
-//! have been refused.
+//! carries the authenticated tenant and no other: Loki exactly one
+//! `X-Scope-OrgID` with the credential's tenant, Prometheus (label mode)
+//! no tenant header and every selector of every query or `match[]` holding
+//! the tenant's matcher, Mimir (header mode, with its ruler and
+//! Alertmanager paths) exactly the tenant's header; and none of them a
+//! header that turns a backend's checks off. Anything else must have been
+//! refused.
 
 mod support;
 
@@ -256,15 +256,18 @@ fn check_forwarded(
         }
     }
     // Headers for a backend's trusted callers, which turn its checks off.
-    for trusted_callers in [
+    for trusted_callers_header in [
         "x-mimir-skiplabelnamevalidation",
         "x-mimir-skiplabelcountvalidation",
         "x-loki-backfill-shard",
         "x-loki-backfill-day",
         "x-loki-disable-pipeline-wrappers",
     ] {
-        if !values(trusted_callers).is_empty() {
-            return Err(format!("{trusted_callers} forwarded to {}", seen.path));
+        if !values(trusted_callers_header).is_empty() {
+            return Err(format!(
+                "{trusted_callers_header} forwarded to {}",
+                seen.path
+            ));
         }
     }
     if let Some(header) = tenant_header {
