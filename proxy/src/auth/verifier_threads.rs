@@ -55,13 +55,15 @@ impl VerifierThreads {
 }
 
 fn work(queue: &Mutex<Receiver<Job>>, memory: &WorkingMemory, release_after_idle: Duration) {
-    // Whether this thread has given a buffer back since it last looked.
-    let mut holds_memory = false;
+    // Whether this thread has run a job (and so given a buffer back to the
+    // pool) since it last asked the pool to release idle memory: only then
+    // does it wait with a timeout, to ask again.
+    let mut worked_since_release = false;
     loop {
         let next = {
             // The lock is held only to take a job, not to run it.
             let queue = queue.lock().unwrap_or_else(|e| e.into_inner());
-            if holds_memory {
+            if worked_since_release {
                 queue.recv_timeout(release_after_idle)
             } else {
                 queue.recv().map_err(|_| RecvTimeoutError::Disconnected)
@@ -70,11 +72,11 @@ fn work(queue: &Mutex<Receiver<Job>>, memory: &WorkingMemory, release_after_idle
         match next {
             Ok(job) => {
                 job(memory);
-                holds_memory = true;
+                worked_since_release = true;
             }
             Err(RecvTimeoutError::Timeout) => {
                 memory.release_if_idle(release_after_idle);
-                holds_memory = false;
+                worked_since_release = false;
             }
             Err(RecvTimeoutError::Disconnected) => return, // the Authenticator is gone
         }
