@@ -353,29 +353,28 @@ impl UniquenessChecks {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use crate::auth::password::hash_password;
 
     /// Names and selectors have a bound: with tenant-sync, tenants write
     /// them, and every replica loads the file they make.
     #[test]
     fn a_username_or_a_selector_beyond_its_bound_is_refused() {
-        assert!(super::valid_username(&"u".repeat(super::MAX_USERNAME_BYTES)).is_ok());
-        let long = super::valid_username(&"u".repeat(super::MAX_USERNAME_BYTES + 1));
+        assert!(valid_username(&"u".repeat(MAX_USERNAME_BYTES)).is_ok());
+        let long = valid_username(&"u".repeat(MAX_USERNAME_BYTES + 1));
         assert!(long.unwrap_err().contains("257 bytes"));
         for bad in ["", "a:b", "a\nb"] {
-            assert!(super::valid_username(bad).is_err(), "{bad:?}");
+            assert!(valid_username(bad).is_err(), "{bad:?}");
         }
-        let read = crate::tenants::Scopes::from_iter([crate::tenants::Scope::LogsRead]);
+        let read = Scopes::from_iter([Scope::LogsRead]);
         let values: Vec<String> = (0..1000).map(|i| format!("app{i:04}")).collect();
         let selector = format!("{{app=~\"{}\"}}", values.join("|"));
-        assert!(selector.len() > super::MAX_SELECTOR_BYTES);
-        let refused = super::read_only_selector(&selector, read).unwrap_err();
+        assert!(selector.len() > MAX_SELECTOR_BYTES);
+        let refused = read_only_selector(&selector, read).unwrap_err();
         assert!(refused.contains("bytes long"), "{refused}");
         let hundred = format!("{{app=~\"{}\"}}", values[..100].join("|"));
-        assert!(super::read_only_selector(&hundred, read).is_ok());
+        assert!(read_only_selector(&hundred, read).is_ok());
     }
-
-    use super::*;
-    use crate::auth::password::hash_password;
 
     fn native(extra_user_fields: &str) -> String {
         let hash = hash_password("pw").unwrap();
