@@ -24,6 +24,9 @@ use crate::enforce::promql::CredentialSelector;
 use crate::http::body::{self, BoxError};
 use crate::http::error::ProxyError;
 
+/// The parameter holding a request's stream selector.
+const QUERY: &str = "query";
+
 /// Reads the request's parameters (bounded) and leaves `parts` with no
 /// body headers; returns the query string to forward. With
 /// `label_names_of`, a request for label names, its `query` is narrowed to
@@ -80,5 +83,3 @@ fn narrow_label_names(
         .for_each(|query| *query = narrowed.as_str().to_owned());
     Ok(())
 }
-
-const QUERY: &str = "query";
