@@ -10,7 +10,9 @@
 //! 2. otherwise, failure throttles per username and client address are
 //!    checked (429), then the hash is verified on one of a fixed set of
 //!    verifier threads, behind a semaphore (503 when no slot frees up in
-//!    time). argon2's working memory is kept for reuse and bounded as a
+//!    time). An attempt counts as failed from when its verification starts
+//!    until it succeeds, so guesses sent together, or abandoned halfway,
+//!    get no more argon2 runs than the failure counts allow. argon2's working memory is kept for reuse and bounded as a
 //!    whole (`auth.verification_memory_bytes`, whatever each hash asks:
 //!    `working_memory.rs`), and drops to nothing once logins stop; a hash
 //!    that finds no room in time is a 503 too. Unknown usernames are
@@ -39,7 +41,7 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::sync::{OnceCell, Semaphore};
 
 use self::password::Verifier;
-use crate::auth::throttle::FailureThrottle;
+use crate::auth::throttle::{Charge, FailureThrottle};
 use crate::auth::verifier_threads::{VerifierThreads, RELEASE_AFTER_IDLE};
 use crate::auth::working_memory::{OverBudget, WorkingMemory};
 use crate::config::AuthConfig;
@@ -206,33 +208,34 @@ impl Authenticator {
             }
         }
 
+        let attempt = Attempt {
+            username: self.username_key(presented.username()),
+            client: counted_as(client),
+        };
+        // Refused here, a throttled client does not queue for a slot; its
+        // attempt is counted when its verification starts (`verify`).
         let now = Instant::now();
-        let client = counted_as(client);
-        let username = self.username_key(presented.username());
         self.per_user
-            .check(&username, now)
-            .and_then(|()| self.per_client.check(&client, now))
+            .check(&attempt.username, now)
+            .and_then(|()| self.per_client.check(&attempt.client, now))
             .map_err(AuthFailure::Throttled)?;
 
         let key = (digest, credential.as_ref().map(|c| c.fingerprint));
         let accepted = self
-            .verify_once(key, credential.clone(), presented.password().to_owned())
+            .verify_once(
+                key,
+                attempt,
+                credential.clone(),
+                presented.password().to_owned(),
+            )
             .await?;
         match credential {
             Some(credential) if accepted => {
                 self.remember(digest, credential.fingerprint);
                 Ok(credential)
             }
-            known => {
-                let now = Instant::now();
-                self.per_user.record_failure(username, now);
-                self.per_client.record_failure(client, now);
-                Err(if known.is_some() {
-                    AuthFailure::WrongPassword
-                } else {
-                    AuthFailure::UnknownUser
-                })
-            }
+            Some(_) => Err(AuthFailure::WrongPassword),
+            None => Err(AuthFailure::UnknownUser),
         }
     }
 
@@ -242,6 +245,7 @@ impl Authenticator {
     async fn verify_once(
         &self,
         key: InFlightKey,
+        attempt: Attempt,
         credential: Option<Arc<Credential>>,
         password: String,
     ) -> Verdict {
@@ -254,12 +258,20 @@ impl Authenticator {
             key,
             cell: &cell,
         };
-        *cell.get_or_init(|| self.verify(credential, password)).await
+        *cell
+            .get_or_init(|| self.verify(attempt, credential, password))
+            .await
     }
 
-    /// Runs the hash on a verifier thread once a verification slot is free.
+    /// Runs the hash on a verifier thread once a verification slot is free,
+    /// counting the attempt as failed until it succeeds: of requests that
+    /// arrived together, only as many are verified as the failure counts
+    /// allow, and a client that goes away mid-verification has had its
+    /// guess. Requests sharing this verification are counted once, under
+    /// the one that started it: they add no argon2 run and no guess.
     async fn verify(
         &self,
+        attempt: Attempt,
         credential: Option<Arc<Credential>>,
         password: String,
     ) -> Result<bool, AuthFailure> {
@@ -270,23 +282,52 @@ impl Authenticator {
         .await
         .map_err(|_| AuthFailure::VerifierBusy)?
         .map_err(|_| AuthFailure::VerifierBusy)?;
+        let charged = self.charge(attempt)?;
         self.verifications.inc();
         let decoy = self.decoy.clone();
-        let outcome = self
-            .verifiers
-            .run(move |memory| {
-                let _permit = permit;
-                match &credential {
-                    Some(c) => c.verifier.verify_in(&password, memory),
-                    None => decoy.verify_in(&password, memory).map(|_| false),
-                }
-            })
-            .ok_or(AuthFailure::VerifierBusy)?;
-        // No working memory in time is a busy verifier too: 503, retried.
-        match outcome.await {
-            Ok(Ok(accepted)) => Ok(accepted),
-            Ok(Err(OverBudget)) | Err(_) => Err(AuthFailure::VerifierBusy),
+        let outcome = self.verifiers.run(move |memory| {
+            let _permit = permit;
+            match &credential {
+                Some(c) => c.verifier.verify_in(&password, memory),
+                None => decoy.verify_in(&password, memory).map(|_| false),
+            }
+        });
+        let verdict = match outcome {
+            Some(outcome) => match outcome.await {
+                Ok(Ok(accepted)) => Ok(accepted),
+                // No working memory in time is a busy verifier too: 503, retried.
+                Ok(Err(OverBudget)) | Err(_) => Err(AuthFailure::VerifierBusy),
+            },
+            None => Err(AuthFailure::VerifierBusy),
+        };
+        // Only a wrong password keeps its count; a busy verifier checked
+        // nothing.
+        if verdict != Ok(false) {
+            self.refund(attempt, charged);
         }
+        verdict
+    }
+
+    /// Counts `attempt` under its username and its client address, or
+    /// refuses it when either has no failures left.
+    fn charge(&self, attempt: Attempt) -> Result<(Charge, Charge), AuthFailure> {
+        let now = Instant::now();
+        let user = self
+            .per_user
+            .charge(attempt.username, now)
+            .map_err(AuthFailure::Throttled)?;
+        match self.per_client.charge(attempt.client, now) {
+            Ok(client) => Ok((user, client)),
+            Err(retry_after) => {
+                self.per_user.refund(&attempt.username, user);
+                Err(AuthFailure::Throttled(retry_after))
+            }
+        }
+    }
+
+    fn refund(&self, attempt: Attempt, (user, client): (Charge, Charge)) {
+        self.per_user.refund(&attempt.username, user);
+        self.per_client.refund(&attempt.client, client);
     }
 
     /// What failures are counted under for a username: a keyed digest of
@@ -355,6 +396,15 @@ impl Hasher for DigestHasher {
         head[..n].copy_from_slice(&bytes[..n]);
         self.0 ^= u64::from_le_bytes(head);
     }
+}
+
+/// Whose failure counts an attempt goes to: the username's keyed digest
+/// ([`Authenticator::username_key`]) and the client address it is counted
+/// as (an IPv6 client's /64).
+#[derive(Debug, Clone, Copy)]
+struct Attempt {
+    username: [u8; 16],
+    client: IpAddr,
 }
 
 /// (digest of the presented username and password, fingerprint of the hash
@@ -684,6 +734,63 @@ mod tests {
             .authenticate(&s, &basic("alice", "right"), CLIENT)
             .await
             .is_ok());
+    }
+
+    /// Guesses sent all at once from one address are verified only as far
+    /// as its failure count allows: a guess counts when its verification
+    /// starts, not when its answer comes back.
+    #[tokio::test]
+    async fn concurrent_guesses_get_no_more_verifications_than_the_count_allows() {
+        let verifications = Counter::default();
+        let config = AuthConfig {
+            max_concurrent_verifications: 2,
+            verification_wait: Duration::from_secs(60),
+            max_failures_per_user: 0,
+            max_failures_per_client: 3,
+            ..AuthConfig::default()
+        };
+        let auth = Authenticator::new(&config, verifications.clone());
+        let s = store("right", 1);
+        let guesses: Vec<_> = (0..20)
+            .map(|i| basic("alice", &format!("guess-{i}")))
+            .collect();
+        let results = futures_util::future::join_all(
+            guesses.iter().map(|g| auth.authenticate(&s, g, CLIENT)),
+        )
+        .await;
+        let wrong = results
+            .iter()
+            .filter(|r| matches!(r, Err(AuthFailure::WrongPassword)))
+            .count();
+        let throttled = results
+            .iter()
+            .filter(|r| matches!(r, Err(AuthFailure::Throttled(_))))
+            .count();
+        assert_eq!((wrong, throttled), (3, 17), "{results:?}");
+        assert_eq!(verifications.get(), 3);
+    }
+
+    /// A client that goes away while its guess is verified has still had
+    /// the guess: the argon2 run happens all the same.
+    #[tokio::test]
+    async fn an_abandoned_guess_counts_as_a_failure() {
+        let config = AuthConfig {
+            max_failures_per_user: 0,
+            max_failures_per_client: 1,
+            ..AuthConfig::default()
+        };
+        let auth = Authenticator::new(&config, Counter::default());
+        let s = store("right", 1);
+        let abandoned = tokio::time::timeout(
+            Duration::ZERO,
+            auth.authenticate(&s, &basic("alice", "guess"), CLIENT),
+        )
+        .await;
+        assert!(abandoned.is_err(), "cannot finish in zero time");
+        let next = auth
+            .authenticate(&s, &basic("alice", "another"), CLIENT)
+            .await;
+        assert!(matches!(next, Err(AuthFailure::Throttled(_))), "{next:?}");
     }
 
     #[tokio::test]

@@ -1,5 +1,6 @@
 //! Counting failed authentications per key (username, client address) in a
-//! fixed window, so a password-guessing client cannot keep argon2 busy.
+//! fixed window, so a password-guessing client cannot keep argon2 busy. An
+//! attempt counts as failed from the moment it is made until it succeeds.
 
 use std::borrow::Borrow;
 use std::collections::HashMap;
@@ -55,12 +56,17 @@ impl<K: Hash + Eq> FailureThrottle<K> {
         }
     }
 
-    pub fn record_failure(&self, key: K, now: Instant) {
+    /// Counts an attempt as failed before it is made: `Err(retry_after)`
+    /// when `key` has no failures left in this window. Counting up front is
+    /// what bounds the attempts: ones made at the same moment, or abandoned
+    /// halfway by a client that went away, are all counted. An attempt that
+    /// succeeds, or could not be made, gives its count back ([`Self::refund`]).
+    pub fn charge(&self, key: K, now: Instant) -> Result<Charge, Duration> {
         if self.limit == 0 {
-            return;
+            return Ok(Charge { window: None });
         }
         let mut windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
-        if windows.len() >= MAX_KEYS {
+        if windows.len() >= MAX_KEYS && !windows.contains_key(&key) {
             let window = self.window;
             windows.retain(|_, w| now.saturating_duration_since(w.started) < window);
             if windows.len() >= MAX_KEYS {
@@ -72,14 +78,40 @@ impl<K: Hash + Eq> FailureThrottle<K> {
             started: now,
             failures: 0,
         });
-        if now.saturating_duration_since(w.started) >= self.window {
+        let elapsed = now.saturating_duration_since(w.started);
+        if elapsed >= self.window {
             *w = Window {
                 started: now,
                 failures: 0,
             };
+        } else if w.failures >= self.limit {
+            return Err(self.window - elapsed);
         }
-        w.failures = w.failures.saturating_add(1);
+        w.failures += 1;
+        Ok(Charge {
+            window: Some(w.started),
+        })
     }
+
+    /// Gives back what [`Self::charge`] counted, unless its window has
+    /// ended since (a new window starts from nothing).
+    pub fn refund(&self, key: &K, charge: Charge) {
+        let Some(started) = charge.window else {
+            return;
+        };
+        let mut windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(w) = windows.get_mut(key).filter(|w| w.started == started) {
+            w.failures = w.failures.saturating_sub(1);
+        }
+    }
+}
+
+/// One attempt counted by [`FailureThrottle::charge`]: the window it was
+/// counted in (`None` when the throttle is off).
+#[derive(Debug, Clone, Copy)]
+#[must_use = "an attempt that succeeds gives its count back"]
+pub struct Charge {
+    window: Option<Instant>,
 }
 
 #[cfg(test)]
@@ -90,20 +122,42 @@ mod tests {
     fn blocks_after_limit_until_window_ends() {
         let t = FailureThrottle::new(2, Duration::from_secs(60));
         let start = Instant::now();
-        t.record_failure("u", start);
+        let _ = t.charge("u", start).unwrap();
         assert!(t.check(&"u", start).is_ok());
-        t.record_failure("u", start);
-        let wait = t.check(&"u", start + Duration::from_secs(10)).unwrap_err();
-        assert_eq!(wait, Duration::from_secs(50));
+        let _ = t.charge("u", start).unwrap();
+        let later = start + Duration::from_secs(10);
+        assert_eq!(t.check(&"u", later), Err(Duration::from_secs(50)));
+        assert!(t.charge("u", later).is_err(), "no failures left to count");
         assert!(t.check(&"other", start).is_ok());
         assert!(t.check(&"u", start + Duration::from_secs(60)).is_ok());
+    }
+
+    #[test]
+    fn a_refund_gives_back_its_own_windows_count_only() {
+        let t = FailureThrottle::new(1, Duration::from_secs(60));
+        let start = Instant::now();
+        let charge = t.charge("u", start).unwrap();
+        assert!(t.check(&"u", start).is_err());
+        t.refund(&"u", charge);
+        assert!(t.check(&"u", start).is_ok());
+
+        let old = t.charge("u", start).unwrap();
+        let next_window = start + Duration::from_secs(60);
+        let _ = t.charge("u", next_window).unwrap();
+        t.refund(&"u", old);
+        assert!(
+            t.check(&"u", next_window).is_err(),
+            "the new window's failure stands"
+        );
     }
 
     #[test]
     fn zero_limit_disables() {
         let t = FailureThrottle::new(0, Duration::from_secs(60));
         let now = Instant::now();
-        t.record_failure("u", now);
+        for _ in 0..3 {
+            let _ = t.charge("u", now).unwrap();
+        }
         assert!(t.check(&"u", now).is_ok());
     }
 }
