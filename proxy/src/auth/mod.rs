@@ -23,6 +23,8 @@
 //!    own: a fleet of log shippers sharing one Secret reconnecting after a
 //!    restart costs one argon2 run, not one per connection.
 
+mod basic;
+mod failure;
 pub mod password;
 pub mod throttle;
 pub mod verifier_threads;
@@ -35,109 +37,19 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use base64::Engine;
-use http::{header, HeaderMap};
+use http::HeaderMap;
 use prometheus_client::metrics::counter::Counter;
 use tokio::sync::{OnceCell, Semaphore};
 
+pub use self::basic::{parse_basic, BasicCredentials};
+pub use self::failure::AuthFailure;
 use self::password::Verifier;
 use crate::auth::throttle::{Charge, FailureThrottle};
 use crate::auth::verifier_threads::{VerifierThreads, RELEASE_AFTER_IDLE};
 use crate::auth::working_memory::{OverBudget, WorkingMemory};
 use crate::config::AuthConfig;
 use crate::http::client_address::counted_as;
-use crate::http::error::ProxyError;
 use crate::tenants::{Credential, TenantStore};
-
-/// What a client presented: the decoded `user:password`, split at the
-/// first `:`. `Debug` never prints the password.
-pub struct BasicCredentials {
-    decoded: String,
-    colon: usize,
-}
-
-impl BasicCredentials {
-    pub fn username(&self) -> &str {
-        &self.decoded[..self.colon]
-    }
-
-    fn password(&self) -> &str {
-        &self.decoded[self.colon + 1..]
-    }
-}
-
-impl fmt::Debug for BasicCredentials {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("BasicCredentials")
-            .field("username", &self.username())
-            .field("password", &"**REDACTED**")
-            .finish()
-    }
-}
-
-/// Why authentication failed; `reason()` is the metric label. Every variant
-/// but the last two reaches the client as the same 401.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AuthFailure {
-    MissingHeader,
-    MalformedHeader,
-    UnknownUser,
-    WrongPassword,
-    Throttled(Duration),
-    VerifierBusy,
-}
-
-impl AuthFailure {
-    pub fn reason(self) -> &'static str {
-        match self {
-            Self::MissingHeader => "missing",
-            Self::MalformedHeader => "malformed",
-            Self::UnknownUser => "unknown_user",
-            Self::WrongPassword => "wrong_password",
-            Self::Throttled(_) => "throttled",
-            Self::VerifierBusy => "verifier_busy",
-        }
-    }
-
-    pub fn into_error(self) -> ProxyError {
-        match self {
-            Self::Throttled(retry_after) => ProxyError::AuthThrottled { retry_after },
-            Self::VerifierBusy => ProxyError::VerifierBusy,
-            _ => ProxyError::Unauthenticated,
-        }
-    }
-}
-
-/// Reads `Authorization: Basic base64(user:password)`. Exactly one header.
-pub fn parse_basic(headers: &HeaderMap) -> Result<BasicCredentials, AuthFailure> {
-    let mut values = headers.get_all(header::AUTHORIZATION).iter();
-    let value = values.next().ok_or(AuthFailure::MissingHeader)?;
-    if values.next().is_some() {
-        return Err(AuthFailure::MalformedHeader);
-    }
-    // Read as bytes: what is not visible ASCII fails the scheme's
-    // comparison or the base64 alphabet all the same, and a searcher set up
-    // per `split_once`/`find` cost more than the scan (callgrind).
-    let value = value.as_bytes();
-    let space = value
-        .iter()
-        .position(|&b| b == b' ')
-        .ok_or(AuthFailure::MalformedHeader)?;
-    let (scheme, encoded) = (&value[..space], &value[space + 1..]);
-    if !scheme.eq_ignore_ascii_case(b"basic") {
-        return Err(AuthFailure::MalformedHeader);
-    }
-    let decoded = base64::engine::general_purpose::STANDARD
-        .decode(encoded.trim_ascii())
-        .map_err(|_| AuthFailure::MalformedHeader)?;
-    let decoded = String::from_utf8(decoded).map_err(|_| AuthFailure::MalformedHeader)?;
-    // RFC 7617: the user-id ends at the first ':'; the password may contain ':'.
-    let colon = decoded
-        .bytes()
-        .position(|b| b == b':')
-        .ok_or(AuthFailure::MalformedHeader)?;
-    Ok(BasicCredentials { decoded, colon })
-}
 
 // === impl Authenticator ===
 
@@ -346,8 +258,10 @@ impl Authenticator {
     fn digest(&self, presented: &BasicCredentials) -> [u8; 32] {
         let mut hasher = blake3::Hasher::new_keyed(&self.digest_key);
         // Length prefix: ("ab","c") and ("a","bc") must not collide.
-        hasher.update(&(presented.colon as u64).to_le_bytes());
-        hasher.update(presented.decoded.as_bytes());
+        let username = presented.username();
+        hasher.update(&(username.len() as u64).to_le_bytes());
+        hasher.update(username.as_bytes());
+        hasher.update(presented.password().as_bytes());
         *hasher.finalize().as_bytes()
     }
 
@@ -439,20 +353,9 @@ impl Drop for ForgetWhenLast<'_> {
 
 #[cfg(test)]
 mod tests {
+    use super::basic::tests::basic;
     use super::*;
     use crate::tenants::file as tenants_file;
-    use http::HeaderValue;
-    use proptest::strategy::Strategy;
-
-    fn basic(user: &str, pass: &str) -> HeaderMap {
-        let token = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pass}"));
-        let mut h = HeaderMap::new();
-        h.insert(
-            header::AUTHORIZATION,
-            HeaderValue::from_str(&format!("Basic {token}")).unwrap(),
-        );
-        h
-    }
 
     fn store(password: &str, generation: u64) -> TenantStore {
         let hash = password::hash_password(password).unwrap();
@@ -463,78 +366,6 @@ mod tests {
     }
 
     const CLIENT: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
-
-    /// `parse_basic` as it read the header before, as text: the reference
-    /// for reading it as bytes.
-    fn parse_basic_as_text(value: &HeaderValue) -> Result<(String, usize), AuthFailure> {
-        let value = value.to_str().map_err(|_| AuthFailure::MalformedHeader)?;
-        let (scheme, encoded) = value.split_once(' ').ok_or(AuthFailure::MalformedHeader)?;
-        if !scheme.eq_ignore_ascii_case("basic") {
-            return Err(AuthFailure::MalformedHeader);
-        }
-        let decoded = base64::engine::general_purpose::STANDARD
-            .decode(encoded.trim())
-            .map_err(|_| AuthFailure::MalformedHeader)?;
-        let decoded = String::from_utf8(decoded).map_err(|_| AuthFailure::MalformedHeader)?;
-        let colon = decoded.find(':').ok_or(AuthFailure::MalformedHeader)?;
-        Ok((decoded, colon))
-    }
-
-    proptest::proptest! {
-        #[test]
-        fn reading_the_header_as_bytes_agrees_with_reading_it_as_text(
-            scheme in proptest::prop_oneof![
-                proptest::strategy::Just("Basic".to_owned()),
-                proptest::strategy::Just("bASIC".to_owned()),
-                "[BbAaSsIiCcx\u{e9}]{0,6}",
-            ],
-            gap in "[ \t]{0,2}",
-            secret in proptest::prop_oneof![
-                proptest::collection::vec(proptest::num::u8::ANY, 0..12),
-                "[a:\u{e9}]{0,8}".prop_map(String::into_bytes),
-            ],
-            pad in "[ \t=]{0,2}",
-            junk in proptest::collection::vec(proptest::num::u8::ANY, 0..2),
-        ) {
-            let mut raw = scheme.into_bytes();
-            raw.extend(gap.bytes());
-            raw.extend(base64::engine::general_purpose::STANDARD.encode(&secret).bytes());
-            raw.extend(pad.bytes());
-            raw.extend(junk);
-            if let Ok(value) = HeaderValue::from_bytes(&raw) {
-                let mut headers = HeaderMap::new();
-                headers.insert(header::AUTHORIZATION, value.clone());
-                let as_bytes = parse_basic(&headers).map(|c| (c.decoded.clone(), c.colon));
-                proptest::prop_assert_eq!(as_bytes, parse_basic_as_text(&value));
-            }
-        }
-    }
-
-    #[test]
-    fn parses_basic_with_colon_in_password() {
-        let c = parse_basic(&basic("u", "p:w")).unwrap();
-        assert_eq!((c.username(), c.password()), ("u", "p:w"));
-        assert!(!format!("{c:?}").contains("p:w"));
-    }
-
-    #[test]
-    fn rejects_other_schemes_and_garbage() {
-        let mut h = HeaderMap::new();
-        assert_eq!(parse_basic(&h).unwrap_err(), AuthFailure::MissingHeader);
-        h.insert(
-            header::AUTHORIZATION,
-            HeaderValue::from_static("Bearer abc"),
-        );
-        assert_eq!(parse_basic(&h).unwrap_err(), AuthFailure::MalformedHeader);
-        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Basic !!!"));
-        assert_eq!(parse_basic(&h).unwrap_err(), AuthFailure::MalformedHeader);
-        let mut two = basic("u", "p");
-        two.append(
-            header::AUTHORIZATION,
-            HeaderValue::from_static("Basic dTpw"),
-        );
-        assert_eq!(parse_basic(&two).unwrap_err(), AuthFailure::MalformedHeader);
-    }
 
     #[tokio::test]
     async fn changed_password_invalidates_the_cached_success() {
