@@ -408,6 +408,39 @@ async fn repeated_failures_from_a_client_are_throttled_with_retry_after() {
         .contains("tenant_proxy_auth_failures_total{reason=\"throttled\"} 1"));
 }
 
+/// Guesses sent at once from one address are verified only as far as its
+/// failure count goes: the rest wait for a verifier slot and are then
+/// refused with 429, without an argon2 run, and nothing reaches Loki.
+#[tokio::test]
+async fn guesses_sent_at_once_get_no_more_verifications_than_the_failure_count() {
+    support::captured_logs();
+    let loki = LokiStandIn::start().await;
+    let mut options = ProxyOptions::new(loki.url());
+    options.auth = "  max_failures_per_client: 3\n  max_concurrent_verifications: 1\n";
+    let proxy = RunningProxy::start(options).await;
+    let url = proxy.url(QUERY);
+    let guesses = (0..12).map(|i| {
+        let (url, auth) = (&url, basic("alice", &format!("guess{i}")));
+        async move { get(url, &auth).await.status }
+    });
+    let replies = futures_util::future::join_all(guesses).await;
+    let count = |status| replies.iter().filter(|&&s| s == status).count();
+    assert_eq!(
+        (
+            count(StatusCode::UNAUTHORIZED),
+            count(StatusCode::TOO_MANY_REQUESTS)
+        ),
+        (3, 9),
+        "{replies:?}"
+    );
+    let metrics = proxy.metrics().await;
+    assert!(
+        metrics.contains("tenant_proxy_password_verifications_total 3\n"),
+        "{metrics}"
+    );
+    assert!(loki.received().is_empty());
+}
+
 /// Behind the operator's ingress every client has its address: with
 /// `trusted_proxies`, the client `X-Forwarded-For` names is the one
 /// throttled, so one guesser does not lock out everyone behind it; its
