@@ -94,7 +94,10 @@ impl<K: Hash + Eq> FailureThrottle<K> {
     }
 
     /// Gives back what [`Self::charge`] counted, unless its window has
-    /// ended since (a new window starts from nothing).
+    /// ended since (a new window starts from nothing). A key left with no
+    /// failures is forgotten: only failures take room, so attempts that
+    /// never ran (refused under the other key) or succeeded cannot fill the
+    /// map and push out the counts of real guessing.
     pub fn refund(&self, key: &K, charge: Charge) {
         let Some(started) = charge.window else {
             return;
@@ -102,6 +105,9 @@ impl<K: Hash + Eq> FailureThrottle<K> {
         let mut windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(w) = windows.get_mut(key).filter(|w| w.started == started) {
             w.failures = w.failures.saturating_sub(1);
+            if w.failures == 0 {
+                windows.remove(key);
+            }
         }
     }
 }
@@ -140,6 +146,7 @@ mod tests {
         assert!(t.check(&"u", start).is_err());
         t.refund(&"u", charge);
         assert!(t.check(&"u", start).is_ok());
+        assert!(t.windows.lock().unwrap().is_empty(), "nothing failed");
 
         let old = t.charge("u", start).unwrap();
         let next_window = start + Duration::from_secs(60);
