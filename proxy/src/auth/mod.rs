@@ -180,7 +180,9 @@ impl Authenticator {
     /// arrived together, only as many are verified as the failure counts
     /// allow, and a client that goes away mid-verification has had its
     /// guess. Requests sharing this verification are counted once, under
-    /// the one that started it: they add no argon2 run and no guess.
+    /// the one that started it: they add no argon2 run and no guess. They
+    /// share its 429 too if its address is out of failures (a rare case
+    /// for a shared password, and one a client retries).
     async fn verify(
         &self,
         attempt: Attempt,
