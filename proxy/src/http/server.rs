@@ -82,9 +82,15 @@ pub async fn serve_connections<H, F>(
         .header_read_timeout(limits.header_read_timeout)
         .max_buf_size(limits.max_header_bytes)
         .max_headers(limits.max_header_count);
+    // HTTP/2: hyper's own defaults, written out so that a change of them
+    // cannot quietly widen what one connection may hold: 200 streams at
+    // once, and a client that resets more than 20 streams before they were
+    // served (the "rapid reset" flood, CVE-2023-44487) gets GOAWAY.
     builder
         .http2()
         .timer(TokioTimer::new())
+        .max_concurrent_streams(200)
+        .max_pending_accept_reset_streams(20)
         .max_header_list_size(limits.max_header_bytes as u32);
     // Each connection holds a receiver: the sender's `closed()` is "every
     // connection has ended".
