@@ -12,8 +12,9 @@
 //!    verifier threads, behind a semaphore (503 when no slot frees up in
 //!    time). An attempt counts as failed from when its verification starts
 //!    until it succeeds, so guesses sent together, or abandoned halfway,
-//!    get no more argon2 runs than the failure counts allow. argon2's working memory is kept for reuse and bounded as a
-//!    whole (`auth.verification_memory_bytes`, whatever each hash asks:
+//!    get no more argon2 runs than the failure counts allow. argon2's
+//!    working memory is kept for reuse and bounded as a whole
+//!    (`auth.verification_memory_bytes`, whatever each hash asks:
 //!    `working_memory.rs`), and drops to nothing once logins stop; a hash
 //!    that finds no room in time is a 503 too. Unknown usernames are
 //!    verified against a decoy hash so they cost the same as a wrong
