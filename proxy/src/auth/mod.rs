@@ -17,14 +17,15 @@
 //!    (`auth.verification_memory_bytes`, whatever each hash asks:
 //!    `working_memory.rs`), and drops to nothing once logins stop; a hash
 //!    that finds no room in time is a 503 too. Unknown usernames are
-//!    verified against a decoy hash so they cost the same as a wrong
-//!    password;
+//!    checked against a decoy costing what the file's credentials cost
+//!    (`decoys.rs`), so they take as long as a wrong password;
 //! 3. requests presenting the same (username, password) while it is being
 //!    verified wait for that one verification instead of starting their
 //!    own: a fleet of log shippers sharing one Secret reconnecting after a
 //!    restart costs one argon2 run, not one per connection.
 
 mod basic;
+pub mod decoys;
 mod failure;
 pub mod password;
 pub mod throttle;
@@ -44,7 +45,7 @@ use tokio::sync::{OnceCell, Semaphore};
 
 pub use self::basic::{parse_basic, BasicCredentials};
 pub use self::failure::AuthFailure;
-use self::password::Verifier;
+use self::password::{Cost, Verifier};
 use crate::auth::throttle::{Charge, FailureThrottle};
 use crate::auth::verifier_threads::{VerifierThreads, RELEASE_AFTER_IDLE};
 use crate::auth::working_memory::{OverBudget, WorkingMemory};
@@ -101,7 +102,7 @@ impl Authenticator {
             verification_wait: config.verification_wait,
             per_user: FailureThrottle::new(config.max_failures_per_user, config.failure_window),
             per_client: FailureThrottle::new(config.max_failures_per_client, config.failure_window),
-            decoy: Arc::new(password::decoy_verifier()),
+            decoy: Arc::new(Verifier::decoy(&Cost::of_this_proxy())),
         }
     }
 
@@ -134,13 +135,15 @@ impl Authenticator {
             .map_err(AuthFailure::Throttled)?;
 
         let key = (digest, credential.as_ref().map(|c| c.fingerprint));
+        let against = match &credential {
+            Some(credential) => Against::Credential(credential.clone()),
+            None => {
+                let pick = u64::from_le_bytes(attempt.username[..8].try_into().expect("8 bytes"));
+                Against::Decoy(store.decoy(pick).unwrap_or(&self.decoy).clone())
+            }
+        };
         let accepted = self
-            .verify_once(
-                key,
-                attempt,
-                credential.clone(),
-                presented.password().to_owned(),
-            )
+            .verify_once(key, attempt, against, presented.password().to_owned())
             .await?;
         match credential {
             Some(credential) if accepted => {
@@ -159,7 +162,7 @@ impl Authenticator {
         &self,
         key: InFlightKey,
         attempt: Attempt,
-        credential: Option<Arc<Credential>>,
+        against: Against,
         password: String,
     ) -> Verdict {
         let cell = {
@@ -172,7 +175,7 @@ impl Authenticator {
             cell: &cell,
         };
         *cell
-            .get_or_init(|| self.verify(attempt, credential, password))
+            .get_or_init(|| self.verify(attempt, against, password))
             .await
     }
 
@@ -187,7 +190,7 @@ impl Authenticator {
     async fn verify(
         &self,
         attempt: Attempt,
-        credential: Option<Arc<Credential>>,
+        against: Against,
         password: String,
     ) -> Result<bool, AuthFailure> {
         let permit = tokio::time::timeout(
@@ -199,12 +202,11 @@ impl Authenticator {
         .map_err(|_| AuthFailure::VerifierBusy)?;
         let charged = self.charge(attempt)?;
         self.verifications.inc();
-        let decoy = self.decoy.clone();
         let outcome = self.verifiers.run(move |memory| {
             let _permit = permit;
-            match &credential {
-                Some(c) => c.verifier.verify_in(&password, memory),
-                None => decoy.verify_in(&password, memory).map(|_| false),
+            match &against {
+                Against::Credential(c) => c.verifier.verify_in(&password, memory),
+                Against::Decoy(decoy) => decoy.verify_in(&password, memory).map(|_| false),
             }
         });
         let verdict = match outcome {
@@ -313,6 +315,14 @@ impl Hasher for DigestHasher {
         head[..n].copy_from_slice(&bytes[..n]);
         self.0 ^= u64::from_le_bytes(head);
     }
+}
+
+/// What a presented password is checked against: its username's
+/// credential, or for an unknown username a decoy that costs what a
+/// credential in the file costs (`decoys.rs`) and never lets anyone in.
+enum Against {
+    Credential(Arc<Credential>),
+    Decoy(Arc<Verifier>),
 }
 
 /// Whose failure counts an attempt goes to: the username's keyed digest
@@ -625,6 +635,32 @@ mod tests {
             .authenticate(&s, &basic("alice", "another"), CLIENT)
             .await;
         assert!(matches!(next, Err(AuthFailure::Throttled(_))), "{next:?}");
+    }
+
+    /// An unknown username is checked against a decoy costing what the
+    /// file's credentials cost. Seen here through argon2's memory budget:
+    /// too small for a hash of this proxy's parameters (a busy verifier),
+    /// of no concern to a plaintext comparison.
+    #[tokio::test]
+    async fn an_unknown_user_costs_what_the_files_credentials_cost() {
+        let config = AuthConfig {
+            verification_memory_bytes: 1 << 20, // below one 19 MiB hash
+            verification_wait: Duration::from_millis(10),
+            ..AuthConfig::default()
+        };
+        let auth = Authenticator::new(&config, Counter::default());
+        let plaintext = "users:\n  - {username: a, password: pa, orgid: team-a}\n";
+        let plaintext = tenants_file::parse(plaintext, 1).unwrap().0;
+        let hashed = store("pw", 2);
+        for (store, expected) in [
+            (&plaintext, AuthFailure::UnknownUser),
+            (&hashed, AuthFailure::VerifierBusy),
+        ] {
+            let unknown = auth
+                .authenticate(store, &basic("mallory", "wrong"), CLIENT)
+                .await;
+            assert_eq!(unknown.unwrap_err(), expected);
+        }
     }
 
     #[tokio::test]

@@ -49,10 +49,39 @@ fn with_working_memory<T>(blocks: usize, f: impl FnOnce(&mut [Block]) -> T) -> T
 /// How a credential's password is checked. `Debug` never prints the secret.
 pub enum Verifier {
     /// An argon2id PHC string (`$argon2id$v=19$m=...`), the normal case.
-    Argon2id { phc: String },
+    Argon2id { phc: String, cost: Cost },
     /// A plaintext password from a k8spin `authn.yaml`, kept only as a digest so
     /// the comparison is constant-time over fixed-length values.
     Plaintext { digest: [u8; 32] },
+}
+
+/// What checking a password costs, as far as its time goes: what an
+/// argon2id hash string asks (its version, its parameters, the lengths of
+/// its salt and output), or a plaintext comparison.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Cost {
+    Plaintext,
+    Argon2id {
+        version: Option<u32>,
+        /// As written: `m=19456,t=2,p=1`.
+        params: String,
+        salt_bytes: usize,
+        output_bytes: usize,
+    },
+}
+
+impl Cost {
+    /// This proxy's own hashes' (`hash_password`).
+    pub fn of_this_proxy() -> Self {
+        Self::Argon2id {
+            version: Some(Version::V0x13.into()),
+            params: ParamsString::try_from(&Params::default())
+                .expect("the default parameters")
+                .to_string(),
+            salt_bytes: SALT_BYTES,
+            output_bytes: Params::DEFAULT_OUTPUT_LEN,
+        }
+    }
 }
 
 impl Verifier {
@@ -81,12 +110,61 @@ impl Verifier {
                 params.m_cost()
             ));
         }
-        if parsed.salt.is_none() || parsed.hash.is_none() {
+        let (Some(salt), Some(output)) = (&parsed.salt, &parsed.hash) else {
             return Err("the hash string has no salt or no hash".into());
-        }
+        };
+        let cost = Cost::Argon2id {
+            version: parsed.version,
+            params: parsed.params.to_string(),
+            salt_bytes: salt.as_ref().len(),
+            output_bytes: output.len(),
+        };
         Ok(Self::Argon2id {
             phc: phc.to_owned(),
+            cost,
         })
+    }
+
+    /// A verifier that takes as long as one of `cost` and accepts nothing a
+    /// client could send: the same parameters and lengths, with a random
+    /// salt and a random expected hash (a password matches it by chance
+    /// only, one in 2^(8 × output bytes)). Checked for an unknown username,
+    /// so that its 401 takes as long as a known one's; built without
+    /// hashing anything.
+    pub fn decoy(cost: &Cost) -> Self {
+        match cost {
+            Cost::Plaintext => Self::Plaintext {
+                digest: rand::random(),
+            },
+            Cost::Argon2id {
+                version,
+                params,
+                salt_bytes,
+                output_bytes,
+            } => {
+                let random = |n: usize| (0..n).map(|_| rand::random::<u8>()).collect::<Vec<_>>();
+                let hash = PasswordHash {
+                    algorithm: Algorithm::Argon2id.ident(),
+                    version: *version,
+                    params: params.parse().expect("parameters read from a valid hash"),
+                    salt: Some(
+                        Salt::new(&random(*salt_bytes)).expect("a valid hash's salt length"),
+                    ),
+                    hash: Some(
+                        Output::new(&random(*output_bytes)).expect("a valid hash's output length"),
+                    ),
+                };
+                Self::argon2id(&hash.to_string()).expect("a valid hash's parameters")
+            }
+        }
+    }
+
+    /// What checking a password against this verifier costs.
+    pub fn cost(&self) -> &Cost {
+        match self {
+            Self::Argon2id { cost, .. } => cost,
+            Self::Plaintext { .. } => &Cost::Plaintext,
+        }
     }
 
     pub fn plaintext(password: &str) -> Self {
@@ -99,7 +177,7 @@ impl Verifier {
     /// tied to it: a changed password hash gives a different fingerprint.
     pub fn fingerprint(&self) -> [u8; 32] {
         match self {
-            Self::Argon2id { phc } => *blake3::hash(phc.as_bytes()).as_bytes(),
+            Self::Argon2id { phc, .. } => *blake3::hash(phc.as_bytes()).as_bytes(),
             Self::Plaintext { digest } => *blake3::hash(digest).as_bytes(),
         }
     }
@@ -119,7 +197,7 @@ impl Verifier {
 
     fn check(&self, password: &str, memory: Option<&WorkingMemory>) -> Result<bool, OverBudget> {
         match self {
-            Self::Argon2id { phc } => verify_argon2id(phc, password.as_bytes(), memory),
+            Self::Argon2id { phc, .. } => verify_argon2id(phc, password.as_bytes(), memory),
             Self::Plaintext { digest } => {
                 let given = blake3::hash(password.as_bytes());
                 Ok(given.as_bytes().ct_eq(digest).into())
@@ -174,10 +252,13 @@ fn verify_argon2id(
     Ok(hashed.is_ok() && bool::from(computed.ct_eq(expected.as_bytes())))
 }
 
+/// The salt of this proxy's own hashes.
+const SALT_BYTES: usize = 16;
+
 /// Hashes with argon2id and the crate's default (OWASP) parameters.
 pub fn hash_password(password: &str) -> Result<String, String> {
     let params = Params::default();
-    let salt: [u8; 16] = rand::random();
+    let salt: [u8; SALT_BYTES] = rand::random();
     let argon2 = Argon2::new(Algorithm::Argon2id, Version::V0x13, params.clone());
     let mut output = [0u8; Params::DEFAULT_OUTPUT_LEN];
     with_working_memory(params.block_count(), |memory| {
@@ -193,19 +274,6 @@ pub fn hash_password(password: &str) -> Result<String, String> {
     };
     Ok(hash.to_string())
 }
-
-/// A verifier checked for unknown usernames so that they cost the same time
-/// as a wrong password for a known one. Its password was random and is
-/// thrown away; the result is ignored anyway (an unknown user never gets
-/// in). A constant: hashing one at start-up would leave a 19 MiB working
-/// buffer on the main thread for good.
-pub fn decoy_verifier() -> Verifier {
-    Verifier::Argon2id {
-        phc: DECOY_PHC.to_owned(),
-    }
-}
-
-const DECOY_PHC: &str = "$argon2id$v=19$m=19456,t=2,p=1$v/ydbRDBMWO8PkaXFys2dg$1RWcgeLQwFjY8DZUsZ7AvjWo4PywF1FuCFRNHq4UizQ";
 
 #[cfg(test)]
 mod tests {
@@ -318,12 +386,40 @@ mod tests {
         );
     }
 
+    /// A decoy is checked as its model is (same parameters and lengths:
+    /// the same work) and accepts neither the model's password nor any
+    /// other: its salt and expected hash are random.
     #[test]
-    fn the_decoy_is_a_valid_hash_that_matches_nothing_guessable() {
-        assert!(Verifier::argon2id(DECOY_PHC).is_ok());
-        for guess in ["", "password", "admin"] {
-            assert!(!decoy_verifier().verify(guess));
+    fn a_decoy_costs_what_its_model_costs_and_accepts_nothing() {
+        let ours = Verifier::argon2id(&hash_password("pw").unwrap()).unwrap();
+        assert_eq!(ours.cost(), &Cost::of_this_proxy());
+        let cheap = {
+            use argon2::PasswordHasher;
+            let params = Params::new(64, 3, 2, Some(48)).unwrap();
+            Argon2::new(Algorithm::Argon2id, Version::V0x10, params)
+                .hash_password(b"pw")
+                .unwrap()
+                .to_string()
+        };
+        let cheap = Verifier::argon2id(&cheap).unwrap();
+        let plain = Verifier::plaintext("pw");
+        for model in [&ours, &cheap, &plain] {
+            let decoy = Verifier::decoy(model.cost());
+            assert_eq!(decoy.cost(), model.cost());
+            assert_ne!(decoy.fingerprint(), model.fingerprint());
+            for guess in ["pw", "", "password"] {
+                assert!(!decoy.verify(guess), "{:?} took {guess:?}", model.cost());
+            }
         }
+        let Cost::Argon2id {
+            params,
+            output_bytes,
+            ..
+        } = cheap.cost()
+        else {
+            panic!("argon2id")
+        };
+        assert_eq!((params.as_str(), *output_bytes), ("m=64,t=3,p=2", 48));
     }
 
     #[test]

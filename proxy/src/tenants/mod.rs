@@ -11,6 +11,7 @@ use std::sync::{Arc, OnceLock};
 
 use http::HeaderValue;
 
+use crate::auth::decoys::Decoys;
 use crate::auth::password::Verifier;
 use crate::config::TenantLimitsOverride;
 use crate::enforce::promql::{CredentialSelector, TenantMatcher};
@@ -319,11 +320,14 @@ pub struct TenantStore {
     /// Ready proxy replicas as tenant-sync last saw them (`replicas:`);
     /// 1 when the file does not say (see `tenant_limits.scope`).
     pub replicas: u32,
+    /// What an unknown username's password is checked against.
+    decoys: Decoys,
 }
 
 impl TenantStore {
     /// Callers (the tenants file parser) guarantee unique usernames.
     pub fn new(generation: u64, tenants: Vec<Arc<Tenant>>, credentials: Vec<Credential>) -> Self {
+        let decoys = Decoys::like(credentials.iter().map(|c| &c.verifier));
         let credentials = credentials
             .into_iter()
             .map(|c| (c.username.clone(), Arc::new(c)))
@@ -339,6 +343,7 @@ impl TenantStore {
             credentials,
             by_id,
             replicas: 1,
+            decoys,
         }
     }
 
@@ -349,6 +354,13 @@ impl TenantStore {
 
     pub fn credential(&self, username: &str) -> Option<&Arc<Credential>> {
         self.credentials.get(username)
+    }
+
+    /// A decoy costing what a credential in this file costs, for an
+    /// unknown username whose keyed digest is `pick`; `None` when the file
+    /// has no credentials.
+    pub fn decoy(&self, pick: u64) -> Option<&Arc<Verifier>> {
+        self.decoys.pick(pick)
     }
 
     pub fn credential_count(&self) -> usize {
