@@ -147,7 +147,7 @@ impl Authenticator {
             .await?;
         match credential {
             Some(credential) if accepted => {
-                self.remember(digest, credential.fingerprint);
+                self.remember(digest, credential.fingerprint, store);
                 Ok(credential)
             }
             Some(_) => Err(AuthFailure::WrongPassword),
@@ -275,12 +275,19 @@ impl Authenticator {
         verified.get(digest).copied()
     }
 
-    fn remember(&self, digest: [u8; 32], fingerprint: [u8; 32]) {
+    fn remember(&self, digest: [u8; 32], fingerprint: [u8; 32], store: &TenantStore) {
         let mut verified = self.verified.write().unwrap_or_else(|e| e.into_inner());
         if verified.len() >= self.cache_size {
-            // Only successful logins land here, so the cache outgrows its
-            // bound only with many password changes; starting over is cheap.
-            verified.clear();
+            // Only successful logins land here: the cache fills with the
+            // credentials in use and with those a password change or a
+            // removal left behind. The latter go first; only when the ones
+            // in use alone fill it does it start over. Starting over at
+            // once would send every client in use back to argon2 together,
+            // a rush of verifications each time enough passwords changed.
+            verified.retain(|_, fingerprint| store.holds_fingerprint(fingerprint));
+            if verified.len() >= self.cache_size {
+                verified.clear();
+            }
         }
         verified.insert(digest, fingerprint);
     }
@@ -405,6 +412,52 @@ mod tests {
             .authenticate(&new, &basic("alice", "new"), CLIENT)
             .await
             .is_ok());
+    }
+
+    /// A full cache gives up first what a password change left behind, so
+    /// the credentials in use stay remembered: starting over would send
+    /// them all back to argon2 at once.
+    #[tokio::test]
+    async fn a_full_cache_drops_what_changed_passwords_left_behind_first() {
+        let verifications = Counter::default();
+        let config = AuthConfig {
+            cache_size: 2,
+            ..AuthConfig::default()
+        };
+        let auth = Authenticator::new(&config, verifications.clone());
+        let alice_and_bob = |alice: &str, generation| {
+            let [a, b] = [alice, "bob-pw"].map(|pw| password::hash_password(pw).unwrap());
+            let text = format!(
+                "tenants:\n- id: a\n  users:\n  - {{username: alice, password_hash: \"{a}\"}}\n  \
+                 - {{username: bob, password_hash: \"{b}\"}}\n"
+            );
+            tenants_file::parse(&text, generation).unwrap().0
+        };
+        let before = alice_and_bob("old", 1);
+        let after = alice_and_bob("new", 2);
+        assert!(auth
+            .authenticate(&before, &basic("alice", "old"), CLIENT)
+            .await
+            .is_ok());
+        assert!(auth
+            .authenticate(&after, &basic("alice", "new"), CLIENT)
+            .await
+            .is_ok());
+        // Full: alice's old pair is what gives way for bob's.
+        assert!(auth
+            .authenticate(&after, &basic("bob", "bob-pw"), CLIENT)
+            .await
+            .is_ok());
+        assert_eq!(verifications.get(), 3);
+        assert!(auth
+            .authenticate(&after, &basic("alice", "new"), CLIENT)
+            .await
+            .is_ok());
+        assert_eq!(
+            verifications.get(),
+            3,
+            "alice's new pair is still remembered"
+        );
     }
 
     #[tokio::test]

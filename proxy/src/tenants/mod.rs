@@ -5,7 +5,7 @@
 pub mod file;
 pub mod reload;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
@@ -322,12 +322,15 @@ pub struct TenantStore {
     pub replicas: u32,
     /// What an unknown username's password is checked against.
     decoys: Decoys,
+    /// Every credential's `fingerprint`.
+    fingerprints: HashSet<[u8; 32]>,
 }
 
 impl TenantStore {
     /// Callers (the tenants file parser) guarantee unique usernames.
     pub fn new(generation: u64, tenants: Vec<Arc<Tenant>>, credentials: Vec<Credential>) -> Self {
         let decoys = Decoys::like(credentials.iter().map(|c| &c.verifier));
+        let fingerprints = credentials.iter().map(|c| c.fingerprint).collect();
         let credentials = credentials
             .into_iter()
             .map(|c| (c.username.clone(), Arc::new(c)))
@@ -344,6 +347,7 @@ impl TenantStore {
             by_id,
             replicas: 1,
             decoys,
+            fingerprints,
         }
     }
 
@@ -361,6 +365,12 @@ impl TenantStore {
     /// has no credentials.
     pub fn decoy(&self, pick: u64) -> Option<&Arc<Verifier>> {
         self.decoys.pick(pick)
+    }
+
+    /// Whether a credential of this file has the password hash whose
+    /// fingerprint this is (`Verifier::fingerprint`).
+    pub fn holds_fingerprint(&self, fingerprint: &[u8; 32]) -> bool {
+        self.fingerprints.contains(fingerprint)
     }
 
     pub fn credential_count(&self) -> usize {
