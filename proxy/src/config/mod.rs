@@ -28,6 +28,10 @@ pub use tenant_limits::{
     LimitScope, RequestLimits, TenantLimits, TenantLimitsConfig, TenantLimitsOverride,
 };
 
+/// Largest `limits.max_header_bytes`: Go's `http.DefaultMaxHeaderBytes`,
+/// the limit of every upstream this proxy serves.
+pub const MAX_HEADER_BYTES: usize = 1 << 20;
+
 #[derive(Debug, thiserror::Error)]
 #[error("{path}: {message}")]
 pub struct ConfigError {
@@ -263,8 +267,12 @@ impl Config {
             let https = urls.iter().any(|u| u.scheme == http::uri::Scheme::HTTPS);
             check_upstream_tls(section, https, tls)?;
         }
-        if self.limits.max_header_bytes < 8 * 1024 {
-            return Err("limits.max_header_bytes must be at least 8192".into());
+        if !(8 * 1024..=MAX_HEADER_BYTES).contains(&self.limits.max_header_bytes) {
+            return Err(format!(
+                "limits.max_header_bytes must be between 8192 (hyper's smallest read \
+                 buffer) and {MAX_HEADER_BYTES} (what Loki, Prometheus and Mimir accept: \
+                 Go's default; a larger head would reach them only to be refused)"
+            ));
         }
         if let Some(tracing) = &self.tracing {
             tracing.validate()?;

@@ -13,6 +13,25 @@ fn minimal_config_gets_defaults() {
 }
 
 #[test]
+fn a_request_head_is_bounded_both_ways() {
+    for (bytes, accepted) in [
+        (8191, false),
+        (8192, true),
+        (1 << 20, true),
+        ((1 << 20) + 1, false),
+    ] {
+        let config = format!("{MINIMAL}limits:\n  max_header_bytes: {bytes}\n");
+        match Config::parse(&config) {
+            Ok(c) => assert!(accepted && c.limits.max_header_bytes == bytes, "{bytes}"),
+            Err(e) => assert!(
+                !accepted && e.contains("limits.max_header_bytes must be between 8192"),
+                "{bytes}: {e}"
+            ),
+        }
+    }
+}
+
+#[test]
 fn a_listener_takes_at_least_one_connection() {
     let err = Config::parse(&format!("{MINIMAL}limits:\n  max_connections: 0\n")).unwrap_err();
     assert!(

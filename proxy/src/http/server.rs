@@ -91,7 +91,9 @@ pub async fn serve_connections<H, F>(
         .timer(TokioTimer::new())
         .max_concurrent_streams(200)
         .max_pending_accept_reset_streams(20)
-        .max_header_list_size(limits.max_header_bytes as u32);
+        .max_header_list_size(
+            u32::try_from(limits.max_header_bytes).expect("bounded by config validation"),
+        );
     // Each connection holds a receiver: the sender's `closed()` is "every
     // connection has ended".
     let (drain, draining) = watch::channel(false);
