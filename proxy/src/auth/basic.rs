@@ -11,8 +11,9 @@ use super::failure::AuthFailure;
 /// What a client presented: the decoded `user:password`, split at the
 /// first `:`. `Debug` never prints the password.
 pub struct BasicCredentials {
-    decoded: String,
-    colon: usize,
+    /// Read directly by the authenticator's cache digest, one update.
+    pub(super) decoded: String,
+    pub(super) colon: usize,
 }
 
 impl BasicCredentials {

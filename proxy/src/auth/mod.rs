@@ -263,10 +263,8 @@ impl Authenticator {
     fn digest(&self, presented: &BasicCredentials) -> [u8; 32] {
         let mut hasher = blake3::Hasher::new_keyed(&self.digest_key);
         // Length prefix: ("ab","c") and ("a","bc") must not collide.
-        let username = presented.username();
-        hasher.update(&(username.len() as u64).to_le_bytes());
-        hasher.update(username.as_bytes());
-        hasher.update(presented.password().as_bytes());
+        hasher.update(&(presented.colon as u64).to_le_bytes());
+        hasher.update(presented.decoded.as_bytes());
         *hasher.finalize().as_bytes()
     }
 
