@@ -26,6 +26,13 @@ pub struct Conventions {
     pub tenant_label: Option<String>,
     /// Annotation on a Secret listing its scopes, e.g. `logs:write,metrics:write`.
     pub scopes_annotation: String,
+    /// Whether a Secret's `username` must end with `@` and its tenant's
+    /// id (`grafana@team-a`). Tenant ids hold no `@`, so then no tenant can
+    /// take a username that another tenant's Secrets could use (the oldest
+    /// Secret keeps a username: without the rule a tenant can claim another
+    /// one's name first, or the moment its Secret is deleted and created
+    /// again).
+    pub usernames_name_their_tenant: bool,
 }
 
 pub const SECRET_TYPE: &str = "kubernetes.io/basic-auth";
@@ -135,6 +142,9 @@ pub enum SkipReason {
     /// Asks (by listing, or by default) for a scope its Namespace's
     /// grantable-scopes annotation leaves out.
     ScopeNotGrantable,
+    /// With `usernames_name_their_tenant`: the username does not end with
+    /// `@` and the Secret's tenant.
+    UsernameNotOfTenant,
     DuplicateUsername,
 }
 
@@ -151,6 +161,7 @@ impl SkipReason {
             Self::InvalidSelector => "invalid_selector",
             Self::NamespaceNotATenant => "namespace_not_a_tenant",
             Self::ScopeNotGrantable => "scope_not_grantable",
+            Self::UsernameNotOfTenant => "username_not_of_tenant",
             Self::DuplicateUsername => "duplicate_username",
         }
     }
@@ -234,6 +245,13 @@ fn read_credential(
 }
 
 /// `logs:read, metrics:write` → scopes; `None` for anything unknown or empty.
+/// Whether `username` is a name followed by `@` and `tenant`.
+fn names_tenant(username: &str, tenant: &TenantId) -> bool {
+    username
+        .rsplit_once('@')
+        .is_some_and(|(name, of)| !name.is_empty() && of == tenant.as_str())
+}
+
 pub fn parse_scopes(list: &str) -> Option<Vec<Scope>> {
     let mut scopes = Vec::new();
     for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
@@ -498,6 +516,14 @@ impl Index {
                     .push((key.clone(), SkipReason::NamespaceNotATenant));
                 continue;
             };
+            if self.conventions.usernames_name_their_tenant
+                && !names_tenant(&credential.username, tenant)
+            {
+                desired
+                    .skipped
+                    .push((key.clone(), SkipReason::UsernameNotOfTenant));
+                continue;
+            }
             // An unreadable cap grants nothing.
             let cap = grantable
                 .as_ref()

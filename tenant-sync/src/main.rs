@@ -36,6 +36,12 @@ struct Cli {
     /// Annotation on a Secret listing its scopes (`logs:write,metrics:write`).
     #[arg(long, default_value = "tenant-proxy/scopes")]
     scopes_annotation: String,
+    /// A Secret's `username` must end with `@` and its tenant
+    /// (`grafana@team-a`), so that no tenant can take a username another
+    /// tenant's Secrets could use; others are left out
+    /// (`username_not_of_tenant`).
+    #[arg(long)]
+    usernames_name_their_tenant: bool,
     /// Watch Secrets only in these namespaces (comma-separated; RBAC by Role).
     #[arg(long, value_delimiter = ',')]
     secret_namespaces: Vec<String>,
@@ -84,6 +90,7 @@ async fn main() -> anyhow::Result<()> {
         conventions: Conventions {
             tenant_label: cli.tenant_label,
             scopes_annotation: cli.scopes_annotation,
+            usernames_name_their_tenant: cli.usernames_name_their_tenant,
         },
         secret_selector: cli.secret_selector,
         namespace_selector: cli.namespace_selector,

@@ -152,6 +152,9 @@ fn why(reason: SkipReason) -> &'static str {
         SkipReason::ScopeNotGrantable => {
             "it asks (by its scopes annotation, or by default when it has none) for a scope this Namespace's tenant-proxy/grantable-scopes does not let its Secrets grant"
         }
+        SkipReason::UsernameNotOfTenant => {
+            "`username` must end with '@' and this namespace's tenant (the namespace's name, or its tenant label's value), as `grafana@team-a`"
+        }
         SkipReason::DuplicateUsername => {
             "an older Secret already holds this username; choose another"
         }

@@ -66,6 +66,44 @@ async fn once_writes_the_file_and_exits_zero() {
     );
 }
 
+/// `--usernames-name-their-tenant` reaches the rule: `alice` names no
+/// tenant and is left out, `alice@team-a` is in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usernames_that_must_name_their_tenant_are_required_from_the_command_line() {
+    let (api, dir) = cluster().await;
+    api.secret(
+        "team-a",
+        "named",
+        &[("username", "alice@team-a"), ("password", "pw")],
+        json!({}),
+    );
+    let out = tokio::task::spawn_blocking({
+        let dir = dir.path().to_owned();
+        move || {
+            command(&dir)
+                .args(["--once", "--usernames-name-their-tenant", "--no-events"])
+                .output()
+                .unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (store, _) =
+        tenant_proxy::tenants::file::load(&dir.path().join("tenants.yaml"), 1).unwrap();
+    assert!(store.credential("alice").is_none());
+    assert!(store
+        .credential("alice@team-a")
+        .unwrap()
+        .verifier
+        .verify("pw"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("username_not_of_tenant"));
+}
+
 /// The sidecar's log lines, read on a thread of their own so that waiting
 /// for one can give up.
 fn log_lines(child: &mut std::process::Child) -> mpsc::Receiver<String> {

@@ -55,6 +55,7 @@ fn namespaces_group_into_one_tenant_with_the_documented_label() {
     let conventions = Conventions {
         tenant_label: Some("tenant-proxy/tenant".into()),
         scopes_annotation: "tenant-proxy/scopes".into(),
+        usernames_name_their_tenant: false,
     };
     for doc in documents("tenant-namespaces.yaml") {
         let ns: Namespace = typed(doc);
@@ -70,6 +71,7 @@ fn example_secrets_are_read_as_valid_credentials() {
     let conventions = Conventions {
         tenant_label: None,
         scopes_annotation: "tenant-proxy/scopes".into(),
+        usernames_name_their_tenant: false,
     };
     let secrets: Vec<Secret> = documents("credentials-secret.yaml")
         .into_iter()

@@ -14,6 +14,7 @@ fn conventions(tenant_label: Option<&str>) -> Conventions {
     Conventions {
         tenant_label: tenant_label.map(str::to_owned),
         scopes_annotation: "tenant-proxy/scopes".into(),
+        usernames_name_their_tenant: false,
     }
 }
 
@@ -241,6 +242,61 @@ fn duplicate_usernames_go_to_the_oldest_secret() {
     assert_eq!(
         desired.skipped,
         [(("a".into(), "new".into()), SkipReason::DuplicateUsername)]
+    );
+}
+
+/// With the rule, a username names its tenant after `@`: a tenant's
+/// Secret cannot hold a name that another tenant's Secrets could use, even
+/// an older one, and the name a namespace's tenant is, with a tenant
+/// label, is that label's value.
+#[test]
+fn usernames_that_must_name_their_tenant_cannot_be_taken_by_another() {
+    let mut conventions = conventions(Some("team"));
+    conventions.usernames_name_their_tenant = true;
+    let mut index = Index::new(conventions, &[String::new()]);
+    let made = |ns: &str, name: &str, created: &str, user: &str| {
+        secret(
+            ns,
+            name,
+            created,
+            json!({"username": b64(user), "password": b64("pw")}),
+            json!({}),
+        )
+    };
+    synced(
+        &mut index,
+        vec![
+            namespace("a-prod", json!({"team": "a"})),
+            namespace("b-prod", json!({"team": "b"})),
+        ],
+        vec![
+            // a's, older, squatting on a name of b's.
+            made("a-prod", "squat", "2025-01-01T00:00:00Z", "grafana@b"),
+            made("a-prod", "own", "2026-01-01T00:00:00Z", "grafana@a"),
+            made("b-prod", "own", "2026-01-01T00:00:00Z", "grafana@b"),
+            made("b-prod", "bare", "2026-01-01T00:00:00Z", "grafana"),
+            made(
+                "b-prod",
+                "namespace",
+                "2026-01-01T00:00:00Z",
+                "grafana@b-prod",
+            ),
+            made("b-prod", "nameless", "2026-01-01T00:00:00Z", "@b"),
+        ],
+    );
+    let desired = index.desired();
+    assert_eq!(users(&desired, "a"), ["grafana@a"]);
+    assert_eq!(users(&desired, "b"), ["grafana@b"]);
+    let mut skipped = skip_reasons(&desired);
+    skipped.sort();
+    assert_eq!(
+        skipped,
+        [
+            ("bare", SkipReason::UsernameNotOfTenant),
+            ("nameless", SkipReason::UsernameNotOfTenant),
+            ("namespace", SkipReason::UsernameNotOfTenant),
+            ("squat", SkipReason::UsernameNotOfTenant),
+        ]
     );
 }
 

@@ -21,6 +21,7 @@ pub fn options(tenants_file: PathBuf) -> Options {
         conventions: Conventions {
             tenant_label: None,
             scopes_annotation: "tenant-proxy/scopes".into(),
+            usernames_name_their_tenant: false,
         },
         secret_selector: "tenant-proxy/credentials=true".into(),
         namespace_selector: None,
