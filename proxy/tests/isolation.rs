@@ -142,6 +142,7 @@ fn case_strategy() -> impl Strategy<Value = Case> {
                 "X-Loki-Backfill-Shard",
                 "X-Loki-Backfill-Day",
                 "X-Loki-Disable-Pipeline-Wrappers",
+                "X-Loki-Query-Limits",
             ][..],
         ),
         prop::sample::select(&["team-b", "team-a|team-b", "team-b:%7B%7D", "", "true"][..]),
@@ -255,13 +256,15 @@ fn check_forwarded(
             return Err(format!("{identity} forwarded to {}", seen.path));
         }
     }
-    // Headers for a backend's trusted callers, which turn its checks off.
+    // Headers for a backend's trusted callers, which turn its checks off
+    // or set them.
     for trusted_callers_header in [
         "x-mimir-skiplabelnamevalidation",
         "x-mimir-skiplabelcountvalidation",
         "x-loki-backfill-shard",
         "x-loki-backfill-day",
         "x-loki-disable-pipeline-wrappers",
+        "x-loki-query-limits",
     ] {
         if !values(trusted_callers_header).is_empty() {
             return Err(format!(

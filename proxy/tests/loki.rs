@@ -176,29 +176,32 @@ async fn backfill_headers_never_reach_loki() {
     }
 }
 
-/// Loki's query engine leaves out an embedder's pipeline wrappers (where a
-/// Loki build would hold queries to a policy) for a request that asks to:
-/// a tenant's query never asks, and is answered as a query.
+/// Headers Loki's query path takes from its own gateway: with one, its
+/// engine leaves out an embedder's pipeline wrappers (where a Loki build
+/// would hold queries to a policy); with the other, its queriers take
+/// per-request limits, a size limit among them that would make Loki tell a
+/// restricted credential the size of streams its policy hides. A tenant's
+/// query carries neither, and is answered as a query.
 #[tokio::test]
-async fn a_query_never_turns_lokis_pipeline_wrappers_off() {
+async fn a_query_never_carries_headers_meant_for_lokis_own_gateway() {
     let (loki, proxy) = setup().await;
-    let reply = send(
-        Method::GET,
-        &proxy.url(QUERY),
-        Some(&basic("alice", "alice-pw")),
-        &[("X-Loki-Disable-Pipeline-Wrappers", "true")],
-        "",
-    )
-    .await;
-    assert_eq!(reply.status, StatusCode::OK);
-    let seen = loki.last();
-    assert_eq!(seen.org_ids(), vec!["team-a"]);
-    assert!(
-        !seen
-            .headers
-            .contains_key("x-loki-disable-pipeline-wrappers"),
-        "the header reached Loki"
-    );
+    for (name, value) in [
+        ("X-Loki-Disable-Pipeline-Wrappers", "true"),
+        ("X-Loki-Query-Limits", r#"{"maxQueryBytesRead":"1B"}"#),
+    ] {
+        let reply = send(
+            Method::GET,
+            &proxy.url(QUERY),
+            Some(&basic("alice", "alice-pw")),
+            &[(name, value)],
+            "",
+        )
+        .await;
+        assert_eq!(reply.status, StatusCode::OK, "{name}");
+        let seen = loki.last();
+        assert_eq!(seen.org_ids(), vec!["team-a"]);
+        assert!(!seen.headers.contains_key(name), "{name} reached Loki");
+    }
 }
 
 /// W3C trace context passes through, so a trace started in Grafana or an

@@ -36,8 +36,8 @@ pub const IDENTITY_HEADERS: [HeaderName; 4] = [
 ];
 
 /// Headers with which a backend's own components, or callers it trusts,
-/// turn its checks off. A tenant's client is not such a caller, so every
-/// client copy is removed, in every mode:
+/// turn its checks off or set them. A tenant's client is not such a
+/// caller, so every client copy is removed, in every mode:
 /// - Mimir's distributor skips label name checks and the
 ///   `max_label_names_per_series` limit once
 ///   `-api.skip-label-name-validation-header-enabled` or
@@ -51,13 +51,20 @@ pub const IDENTITY_HEADERS: [HeaderName; 4] = [
 ///   (`Config.PipelineWrapper`, an embedder's hook) when a request says
 ///   `X-Loki-Disable-Pipeline-Wrappers: true`; the header is meant for the
 ///   embedder's own queries. OSS Loki installs no wrapper, so this only
-///   keeps a tenant from turning off a hook it cannot see.
-pub const TRUSTED_CALLER_HEADERS: [HeaderName; 5] = [
+///   keeps a tenant from turning off a hook it cannot see;
+/// - Loki's queriers, with `-querier.per-request-limits-enabled`, take
+///   limits for the request from `X-Loki-Query-Limits`, which a gateway
+///   imposing them sets. They can only be tighter than the tenant's, but a
+///   client that sets its own `maxQueryBytesRead` has every query sized
+///   against it and refused with the size of all the streams its selector
+///   matches, those a label policy hides included (docs/security.md).
+pub const TRUSTED_CALLER_HEADERS: [HeaderName; 6] = [
     HeaderName::from_static("x-mimir-skiplabelnamevalidation"),
     HeaderName::from_static("x-mimir-skiplabelcountvalidation"),
     HeaderName::from_static("x-loki-backfill-shard"),
     HeaderName::from_static("x-loki-backfill-day"),
     HeaderName::from_static("x-loki-disable-pipeline-wrappers"),
+    HeaderName::from_static("x-loki-query-limits"),
 ];
 
 /// A remote-write 2.0 receiver confirms what it stored with these; a 2xx
