@@ -402,8 +402,10 @@ mod tests {
                 .to_string()
         };
         let cheap = Verifier::argon2id(&cheap).unwrap();
+        // No version: argon2's own default is read.
+        let unversioned = Verifier::argon2id(&phc(64, 1, 1).replace("v=19$", "")).unwrap();
         let plain = Verifier::plaintext("pw");
-        for model in [&ours, &cheap, &plain] {
+        for model in [&ours, &cheap, &unversioned, &plain] {
             let decoy = Verifier::decoy(model.cost());
             assert_eq!(decoy.cost(), model.cost());
             assert_ne!(decoy.fingerprint(), model.fingerprint());
