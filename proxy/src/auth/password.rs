@@ -424,6 +424,35 @@ mod tests {
         assert_eq!((params.as_str(), *output_bytes), ("m=64,t=3,p=2", 48));
     }
 
+    proptest::proptest! {
+        /// Whatever an accepted hash string asks (parameters, version or
+        /// none, salt and output lengths), its decoy is built, asks the
+        /// same, and is another string.
+        #[test]
+        fn every_accepted_hash_has_a_decoy_of_its_cost(
+            m in 8u32..=MAX_MEMORY_KIB,
+            t in 1u32..=4,
+            p in 1u32..=8,
+            version in proptest::option::of(proptest::sample::select(vec![16u32, 19])),
+            salt in proptest::collection::vec(proptest::num::u8::ANY, Salt::MIN_LENGTH..=Salt::MAX_LENGTH),
+            output in proptest::collection::vec(proptest::num::u8::ANY, Output::MIN_LENGTH..=Output::MAX_LENGTH),
+        ) {
+            let hash = PasswordHash {
+                algorithm: Algorithm::Argon2id.ident(),
+                version,
+                params: format!("m={},t={t},p={p}", m.max(8 * p)).parse().unwrap(),
+                salt: Some(Salt::new(&salt).unwrap()),
+                hash: Some(Output::new(&output).unwrap()),
+            };
+            let Ok(model) = Verifier::argon2id(&hash.to_string()) else {
+                return Ok(()); // beyond the cost bound
+            };
+            let decoy = Verifier::decoy(model.cost());
+            proptest::prop_assert_eq!(decoy.cost(), model.cost());
+            proptest::prop_assert_ne!(decoy.fingerprint(), model.fingerprint());
+        }
+    }
+
     #[test]
     fn debug_hides_the_secret() {
         let phc = hash_password("s3cret").unwrap();
