@@ -137,10 +137,7 @@ impl Authenticator {
         let key = (digest, credential.as_ref().map(|c| c.fingerprint));
         let against = match &credential {
             Some(credential) => Against::Credential(credential.clone()),
-            None => {
-                let pick = u64::from_le_bytes(attempt.username[..8].try_into().expect("8 bytes"));
-                Against::Decoy(store.decoy(pick).unwrap_or(&self.decoy).clone())
-            }
+            None => Against::Decoy(store.decoy(attempt.pick()).unwrap_or(&self.decoy).clone()),
         };
         let accepted = self
             .verify_once(key, attempt, against, presented.password().to_owned())
@@ -337,6 +334,16 @@ enum Against {
 struct Attempt {
     username: [u8; 16],
     client: IpAddr,
+}
+
+impl Attempt {
+    /// Which decoy an unknown username is checked against: the same on
+    /// every attempt, and neither chosen nor foreseen by the client (the
+    /// digest is keyed).
+    fn pick(&self) -> u64 {
+        let head: [u8; 8] = self.username[..8].try_into().expect("a 16-byte digest");
+        u64::from_le_bytes(head)
+    }
 }
 
 /// (digest of the presented username and password, fingerprint of the hash
