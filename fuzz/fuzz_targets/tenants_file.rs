@@ -3,7 +3,9 @@
 //! and scopes a request: tenant ids valid and unique; every tenant owns a
 //! namespace and no namespace has two owners; every credential is found
 //! by its own name only, holds a scope, belongs to a tenant of the same
-//! store, and is read-only when it carries a selector.
+//! store, and is read-only when it carries a selector; an unknown username
+//! is checked against a decoy costing what a credential of the file costs
+//! (none without credentials).
 #![no_main]
 
 use std::collections::BTreeSet;
@@ -31,6 +33,16 @@ fuzz_target!(|data: &[u8]| {
     }
     let credentials = store.credentials_sorted();
     assert_eq!(credentials.len(), store.credential_count());
+    let costs: BTreeSet<_> = credentials.iter().map(|c| c.verifier.cost()).collect();
+    for pick in [0, 1, 2, u64::MAX / 3, u64::MAX] {
+        match store.decoy(pick) {
+            None => assert!(costs.is_empty(), "credentials but no decoy"),
+            Some(decoy) => assert!(
+                costs.contains(decoy.cost()),
+                "a decoy of a cost no credential has"
+            ),
+        }
+    }
     for credential in credentials {
         let name = &credential.username;
         let found = store.credential(name).expect("found by its name");
