@@ -280,3 +280,51 @@ async fn a_request_slower_than_the_quiet_period_still_gets_its_answer() {
     assert_eq!(reply.status, StatusCode::OK);
     assert_eq!(loki.received().len(), 2);
 }
+
+/// What one HTTP/2 connection may hold: 200 streams at once, as the
+/// proxy's settings tell the client; and a client that resets streams
+/// faster than they are served (the "rapid reset" flood) is sent away
+/// with GOAWAY after 20.
+#[tokio::test]
+async fn an_http2_connection_is_held_to_its_streams_and_its_resets() {
+    let loki = LokiStandIn::start().await;
+    let proxy = RunningProxy::start(ProxyOptions::new(loki.url())).await;
+    let tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    let connection = tokio::spawn(connection);
+    let request = || {
+        Request::get(proxy.url("/loki/api/v1/labels"))
+            .header("authorization", basic("alice", "alice-pw"))
+            .body(())
+            .unwrap()
+    };
+    // One answered request: the proxy's settings have arrived by then.
+    let mut client = client.ready().await.unwrap();
+    let (answer, _) = client.send_request(request(), true).unwrap();
+    assert_eq!(answer.await.unwrap().status(), StatusCode::OK);
+    assert_eq!(client.current_max_send_streams(), 200);
+
+    // Streams opened and reset before the proxy could serve them: the
+    // test's runtime has one thread, so the client's connection task
+    // writes them all at once when the test next waits.
+    for _ in 0..40 {
+        let Ok(ready) = client.clone().ready().await else {
+            break;
+        };
+        client = ready;
+        let Ok((_, mut stream)) = client.send_request(request(), false) else {
+            break;
+        };
+        stream.send_reset(h2::Reason::CANCEL);
+    }
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(10), connection)
+        .await
+        .expect("the proxy ends the connection")
+        .unwrap();
+    let error = ended.expect_err("sent away, not closed gracefully");
+    assert_eq!(
+        error.reason(),
+        Some(h2::Reason::ENHANCE_YOUR_CALM),
+        "{error}"
+    );
+}
