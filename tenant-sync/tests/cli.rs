@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use support::apiserver::ApiServer;
+use tenant_proxy::tenants::TenantStore;
 
 const BIN: &str = env!("CARGO_BIN_EXE_tenant-sync");
 
@@ -43,27 +44,28 @@ fn command(dir: &std::path::Path) -> Command {
     command
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn once_writes_the_file_and_exits_zero() {
-    let (_api, dir) = cluster().await;
+/// Runs `--once` with `args`: what it wrote to stderr, and the tenants
+/// file it left, as the proxy loads it. Fails if it did not exit zero.
+async fn run_once(dir: &std::path::Path, args: &[&str]) -> (String, TenantStore) {
     let out = tokio::task::spawn_blocking({
-        let dir = dir.path().to_owned();
-        move || command(&dir).arg("--once").output().unwrap()
+        let dir = dir.to_owned();
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        move || command(&dir).arg("--once").args(args).output().unwrap()
     })
     .await
     .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let (store, _) =
-        tenant_proxy::tenants::file::load(&dir.path().join("tenants.yaml"), 1).unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    let (store, _) = tenant_proxy::tenants::file::load(&dir.join("tenants.yaml"), 1).unwrap();
+    (stderr, store)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_writes_the_file_and_exits_zero() {
+    let (_api, dir) = cluster().await;
+    let (stderr, store) = run_once(dir.path(), &[]).await;
     assert!(store.credential("alice").unwrap().verifier.verify("pw"));
-    assert!(
-        !String::from_utf8_lossy(&out.stderr).contains("pw\""),
-        "no password in logs"
-    );
+    assert!(!stderr.contains("pw\""), "no password in logs");
 }
 
 /// `--usernames-name-their-tenant` reaches the rule: `alice` names no
@@ -77,31 +79,15 @@ async fn usernames_that_must_name_their_tenant_are_required_from_the_command_lin
         &[("username", "alice@team-a"), ("password", "pw")],
         json!({}),
     );
-    let out = tokio::task::spawn_blocking({
-        let dir = dir.path().to_owned();
-        move || {
-            command(&dir)
-                .args(["--once", "--usernames-name-their-tenant", "--no-events"])
-                .output()
-                .unwrap()
-        }
-    })
-    .await
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let (store, _) =
-        tenant_proxy::tenants::file::load(&dir.path().join("tenants.yaml"), 1).unwrap();
+    let args = ["--usernames-name-their-tenant", "--no-events"];
+    let (stderr, store) = run_once(dir.path(), &args).await;
     assert!(store.credential("alice").is_none());
     assert!(store
         .credential("alice@team-a")
         .unwrap()
         .verifier
         .verify("pw"));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("username_not_of_tenant"));
+    assert!(stderr.contains("username_not_of_tenant"));
 }
 
 /// The sidecar's log lines, read on a thread of their own so that waiting
