@@ -244,7 +244,6 @@ fn read_credential(
     })
 }
 
-/// `logs:read, metrics:write` → scopes; `None` for anything unknown or empty.
 /// Whether `username` is a name followed by `@` and `tenant`.
 fn names_tenant(username: &str, tenant: &TenantId) -> bool {
     username
@@ -252,6 +251,7 @@ fn names_tenant(username: &str, tenant: &TenantId) -> bool {
         .is_some_and(|(name, of)| !name.is_empty() && of == tenant.as_str())
 }
 
+/// `logs:read, metrics:write` → scopes; `None` for anything unknown or empty.
 pub fn parse_scopes(list: &str) -> Option<Vec<Scope>> {
     let mut scopes = Vec::new();
     for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
