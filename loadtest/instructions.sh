@@ -35,7 +35,7 @@ run() {
   callgrind_annotate --tree=caller --threshold=100 "$work/counts" 2> /dev/null | awk '
     /PROGRAM TOTALS/ && !total { total = $1; gsub(",", "", total) }
     { line[NR] = $0 }
-    index($0, "*  ???:tenant_proxy::routes::RouteTable::classify [") {
+    $0 ~ /\*  \?\?\?:tenant_proxy::routes::(table::)?RouteTable::classify \[/ {
       for (i = NR - 1; i > 0 && line[i] ~ /</; i--)
         if (match(line[i], /\(([0-9,]+)x\)/)) {
           n = substr(line[i], RSTART + 1, RLENGTH - 3); gsub(",", "", n); calls += n }
