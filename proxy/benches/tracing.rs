@@ -75,7 +75,7 @@ fn access_log(c: &mut Criterion) {
             surface = "logs_query",
             tenant = "team-a",
             user = "grafana-a",
-            client = %peer.ip(),
+            client = %tenant_proxy::http::address_text::AddressText(peer.ip()),
             status = 200u16,
             duration_ms = black_box(1.234f64),
         );

@@ -4,6 +4,7 @@
 //! status and a body.
 
 pub mod address_slots;
+pub mod address_text;
 pub mod body;
 pub mod client_address;
 pub mod connection;

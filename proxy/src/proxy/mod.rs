@@ -30,6 +30,7 @@ use hyper::body::Incoming;
 use crate::admission::{Admitted, Kind};
 use crate::enforce::prometheus::{self, EMPTY_METADATA};
 use crate::enforce::remote_write;
+use crate::http::address_text::AddressText;
 use crate::http::body::{self, ProxyBody};
 use crate::http::error::ProxyError;
 use crate::http::headers::{self, X_PROM_LABEL_POLICY};
@@ -172,7 +173,7 @@ pub async fn handle(
         surface = outcome.surface.unwrap_or("none"),
         tenant = outcome.tenant().unwrap_or("-"),
         user = outcome.username().unwrap_or("-"),
-        client = %client,
+        client = %AddressText(client),
         status = status.as_u16(),
         // Whole microseconds: `0.052`, not `0.052364999999999995`.
         duration_ms = started.elapsed().as_micros() as f64 / 1000.0,
