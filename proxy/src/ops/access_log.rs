@@ -3,9 +3,13 @@
 //! (`benches/tracing.rs`); the access log is a line per request, and JSON
 //! is what the manifests run. Every other event, and an access event inside
 //! a span, goes through the standard format, and both write the same bytes
-//! (the tests compare them).
+//! (the tests compare them). The parts are written as serde_json writes
+//! them (itoa for integers, zmij for floats) and the timestamp as
+//! tracing-subscriber writes it, each without the `fmt` machinery per part
+//! (docs/benchmarks.md, "The JSON access line, written by parts").
 
 use std::fmt::{self, Write};
+use std::time::UNIX_EPOCH;
 
 use tracing::field::{Field, Visit};
 use tracing::{Event, Subscriber};
@@ -47,98 +51,132 @@ where
         if meta.target() != TARGET || in_span {
             return self.standard.format_event(ctx, writer, event);
         }
-        writer.write_str("{\"timestamp\":\"")?;
-        SystemTime.format_time(&mut writer)?;
-        write!(writer, "\",\"level\":\"{}\",\"fields\":{{", meta.level())?;
+        // Built whole in a buffer of its own, then written once: the
+        // writer is reached through `dyn Write`, a call per piece.
+        let mut line = String::with_capacity(LINE_CAPACITY);
+        line.push_str("{\"timestamp\":\"");
+        push_timestamp(&mut line)?;
+        line.push_str("\",\"level\":\"");
+        line.push_str(meta.level().as_str());
+        line.push_str("\",\"fields\":{");
         let mut fields = Fields {
-            writer: &mut writer,
+            line: &mut line,
             first: true,
             result: Ok(()),
         };
         event.record(&mut fields);
         fields.result?;
-        writeln!(writer, "}},\"target\":\"{TARGET}\"}}")
+        line.push_str("},\"target\":\"");
+        line.push_str(TARGET);
+        line.push_str("\"}\n");
+        writer.write_str(&line)
     }
+}
+
+/// Room for an access line with a long path, so that the buffer is
+/// allocated once.
+const LINE_CAPACITY: usize = 512;
+
+/// The time now, as tracing-subscriber's `SystemTime` writes it
+/// (`2026-12-03T04:05:06.123456Z`), built in one buffer where it can be.
+fn push_timestamp(line: &mut String) -> fmt::Result {
+    match humantime_form(std::time::SystemTime::now()) {
+        Some(timestamp) => write!(line, "{timestamp}"),
+        None => SystemTime.format_time(&mut Writer::new(line)),
+    }
+}
+
+/// humantime's RFC 3339 form with microseconds: the text
+/// tracing-subscriber writes, for the years humantime writes (1970 to
+/// 9999; before, it would panic, after, fail).
+fn humantime_form(time: std::time::SystemTime) -> Option<humantime::Rfc3339Timestamp> {
+    /// 10000-01-01T00:00:00Z.
+    const YEAR_10000: u64 = 253_402_300_800;
+    let since = time.duration_since(UNIX_EPOCH).ok()?;
+    (since.as_secs() < YEAR_10000).then(|| humantime::format_rfc3339_micros(time))
 }
 
 /// Writes an event's fields as JSON object entries, as tracing-serde does:
 /// numbers and booleans as such, a non-finite float as `null`, everything
 /// else (`Debug` and `Display` values) as a string.
-struct Fields<'a, 'w> {
-    writer: &'a mut Writer<'w>,
+struct Fields<'a> {
+    line: &'a mut String,
     first: bool,
+    /// A `Debug` implementation's failure: the line is not written.
     result: fmt::Result,
 }
 
-impl Fields<'_, '_> {
-    /// Writes `"name":value`, after a comma unless it is the first; once a
-    /// write failed, nothing more (`Visit` cannot return the error).
-    fn entry(&mut self, field: &Field, value: impl FnOnce(&mut Writer<'_>) -> fmt::Result) {
-        if self.result.is_ok() {
-            self.result = self.write_entry(field, value);
-        }
-    }
-
-    fn write_entry(
-        &mut self,
-        field: &Field,
-        value: impl FnOnce(&mut Writer<'_>) -> fmt::Result,
-    ) -> fmt::Result {
+impl Fields<'_> {
+    /// Writes `"name":`, after a comma unless it is the first.
+    fn name(&mut self, field: &Field) -> &mut String {
         if !self.first {
-            self.writer.write_char(',')?;
+            self.line.push(',');
         }
         self.first = false;
-        write_string(self.writer, field.name())?;
-        self.writer.write_char(':')?;
-        value(self.writer)
+        push_string(self.line, field.name());
+        self.line.push(':');
+        self.line
     }
 }
 
-impl Visit for Fields<'_, '_> {
+impl Visit for Fields<'_> {
     fn record_str(&mut self, field: &Field, value: &str) {
-        self.entry(field, |w| write_string(w, value));
+        push_string(self.name(field), value);
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        self.entry(field, |w| {
-            w.write_char('"')?;
-            write!(Escaped(w), "{value:?}")?;
-            w.write_char('"')
-        });
+        let line = self.name(field);
+        line.push('"');
+        let written = write!(Escaped(line), "{value:?}");
+        line.push('"');
+        if written.is_err() {
+            self.result = written;
+        }
     }
 
     fn record_f64(&mut self, field: &Field, value: f64) {
-        self.entry(field, |w| match serde_json::Number::from_f64(value) {
-            Some(number) => write!(w, "{number}"),
-            None => w.write_str("null"),
-        });
+        let mut buffer = zmij::Buffer::new();
+        let number = match value.is_finite() {
+            true => buffer.format_finite(value),
+            false => "null",
+        };
+        self.name(field).push_str(number);
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
-        self.entry(field, |w| write!(w, "{value}"));
+        self.name(field).push_str(itoa::Buffer::new().format(value));
     }
 
     fn record_i64(&mut self, field: &Field, value: i64) {
-        self.entry(field, |w| write!(w, "{value}"));
+        self.name(field).push_str(itoa::Buffer::new().format(value));
     }
 
     fn record_bool(&mut self, field: &Field, value: bool) {
-        self.entry(field, |w| write!(w, "{value}"));
+        self.name(field)
+            .push_str(if value { "true" } else { "false" });
     }
 }
 
-fn write_string(w: &mut Writer<'_>, value: &str) -> fmt::Result {
-    w.write_char('"')?;
-    Escaped(w).write_str(value)?;
-    w.write_char('"')
+fn push_string(line: &mut String, value: &str) {
+    line.push('"');
+    Escaped(line).push(value);
+    line.push('"');
 }
 
 /// Escapes what passes through as serde_json does inside a string: quote,
 /// backslash and control characters; everything else as it is.
-struct Escaped<'a, 'w>(&'a mut Writer<'w>);
+struct Escaped<'a>(&'a mut String);
 
-impl Write for Escaped<'_, '_> {
-    fn write_str(&mut self, text: &str) -> fmt::Result {
+impl Escaped<'_> {
+    fn push(&mut self, text: &str) {
+        // Almost always nothing to escape: one look at every byte (a loop
+        // the compiler vectorises, having no early exit), one copy.
+        let escapes = text.bytes().fold(false, |found, b| {
+            found | (b < 0x20) | (b == b'"') | (b == b'\\')
+        });
+        if !escapes {
+            return self.0.push_str(text);
+        }
         let mut plain = 0;
         for (at, byte) in text.bytes().enumerate() {
             let short = match byte {
@@ -152,14 +190,22 @@ impl Write for Escaped<'_, '_> {
                 0x00..=0x1f => None,
                 _ => continue,
             };
-            self.0.write_str(&text[plain..at])?;
+            self.0.push_str(&text[plain..at]);
             match short {
-                Some(escape) => self.0.write_str(escape)?,
-                None => write!(self.0, "\\u{byte:04x}")?,
+                Some(escape) => self.0.push_str(escape),
+                // Writing to a `String` cannot fail.
+                None => drop(write!(self.0, "\\u{byte:04x}")),
             }
             plain = at + 1;
         }
-        self.0.write_str(&text[plain..])
+        self.0.push_str(&text[plain..]);
+    }
+}
+
+impl Write for Escaped<'_> {
+    fn write_str(&mut self, text: &str) -> fmt::Result {
+        self.push(text);
+        Ok(())
     }
 }
 
@@ -242,6 +288,75 @@ mod tests {
                 );
             });
             assert_eq!(fast, standard, "path {path:?}, duration {duration}");
+        }
+    }
+
+    /// tracing-subscriber's own cases (`fmt/time/datetime.rs`) within
+    /// humantime's years, and what is left to tracing-subscriber.
+    #[test]
+    fn timestamps_are_written_as_tracing_subscriber_writes_them() {
+        use std::time::Duration;
+        let at = |secs: u64, micros: u32| UNIX_EPOCH + Duration::new(secs, micros * 1_000);
+        for (expected, secs, micros) in [
+            ("1970-01-01T00:00:00.000000Z", 0, 0),
+            ("1970-01-01T00:00:00.000001Z", 0, 1),
+            ("1970-01-01T00:00:00.500000Z", 0, 500_000),
+            ("1970-01-01T00:01:01.000001Z", 61, 1),
+            ("1970-01-02T01:01:01.000001Z", 24 * 3600 + 3661, 1),
+            ("2000-02-29T23:59:59.999999Z", 951_868_799, 999_999),
+            ("2038-01-19T03:14:07.000000Z", i32::MAX as u64, 0),
+            ("2038-01-19T03:14:08.000000Z", i32::MAX as u64 + 1, 0),
+            ("2345-06-07T08:09:01.000000Z", 11_847_456_541, 0),
+            ("9999-12-31T23:59:59.999999Z", 253_402_300_799, 999_999),
+        ] {
+            let written = humantime_form(at(secs, micros)).map(|t| t.to_string());
+            assert_eq!(written.as_deref(), Some(expected), "{secs} s {micros} µs");
+        }
+        assert!(humantime_form(at(253_402_300_800, 0)).is_none());
+        assert!(humantime_form(UNIX_EPOCH - Duration::from_secs(1)).is_none());
+
+        // And now, against tracing-subscriber itself: read a moment apart,
+        // so equal to the second unless a second turned in between.
+        let turned = (0..100).all(|_| {
+            let (mut standard, mut fast) = (String::new(), String::new());
+            SystemTime
+                .format_time(&mut Writer::new(&mut standard))
+                .unwrap();
+            push_timestamp(&mut fast).unwrap();
+            assert_eq!(
+                (fast.len(), &fast[19..20], &fast[26..]),
+                (27, ".", "Z"),
+                "{fast}"
+            );
+            standard[..19] != fast[..19]
+        });
+        assert!(
+            !turned,
+            "a second turned between the two readings 100 times"
+        );
+    }
+
+    proptest::proptest! {
+        /// Any path, user and numbers: the same bytes as the standard line.
+        #[test]
+        fn any_access_line_is_the_standard_line(
+            path in ".*",
+            user in proptest::prelude::any::<String>(),
+            status in proptest::prelude::any::<u16>(),
+            duration in proptest::prelude::any::<f64>(),
+            offset in proptest::prelude::any::<i64>(),
+        ) {
+            let (standard, fast) = both(|| {
+                tracing::info!(
+                    target: TARGET,
+                    path = path.as_str(),
+                    user = %user,
+                    status,
+                    duration_ms = duration,
+                    offset,
+                );
+            });
+            proptest::prop_assert_eq!(fast, standard);
         }
     }
 
