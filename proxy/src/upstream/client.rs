@@ -337,12 +337,19 @@ impl Link {
     /// Polls `step`, which only this connection can move on, driving the
     /// connection first. It is driven with the task's waker only when
     /// `step` has to wait, and otherwise with none (see `quiet`).
-    fn drive_then<T>(
+    fn drive_then<T>(&mut self, cx: &mut Context<'_>, step: impl FnMut() -> Poll<T>) -> Poll<T> {
+        self.drive(&mut quiet());
+        self.then_drive(cx, step)
+    }
+
+    /// `drive_then` for a `step` that the last drive may already have
+    /// moved on (an answer's body that came with its head): the step is
+    /// polled first, and the connection driven only if it has to wait.
+    fn then_drive<T>(
         &mut self,
         cx: &mut Context<'_>,
         mut step: impl FnMut() -> Poll<T>,
     ) -> Poll<T> {
-        self.drive(&mut quiet());
         if let Poll::Ready(value) = step() {
             return Poll::Ready(value);
         }
@@ -364,13 +371,25 @@ impl Link {
         self.connection.is_none()
     }
 
-    /// Writes the request and reads the answer's head.
+    /// Writes the request and reads the answer's head. The first drive
+    /// writes the request, and the answer cannot have come before it: the
+    /// task is about to wait, so that drive is given the task's waker at
+    /// once, where `drive_then` would drive once quietly and again to
+    /// register the waker.
     async fn exchange(
         &mut self,
         request: Request<ProxyBody>,
     ) -> Result<Response<Incoming>, hyper::client::conn::TrySendError<Request<ProxyBody>>> {
         let mut answer = pin!(self.sender.try_send_request(request));
-        poll_fn(|cx| self.drive_then(cx, || answer.as_mut().poll(&mut quiet()))).await
+        let mut written = false;
+        poll_fn(|cx| {
+            if std::mem::replace(&mut written, true) {
+                return self.drive_then(cx, || answer.as_mut().poll(&mut quiet()));
+            }
+            self.drive(cx);
+            answer.as_mut().poll(&mut quiet())
+        })
+        .await
     }
 }
 
@@ -423,9 +442,10 @@ impl Body for UpstreamBody {
         let this = self.get_mut();
         let incoming = &mut this.incoming;
         let frame = match &mut this.link {
+            // The head's drive usually brought the body too.
             Some(following) => ready!(following
                 .link
-                .drive_then(cx, || Pin::new(&mut *incoming).poll_frame(&mut quiet()))),
+                .then_drive(cx, || Pin::new(&mut *incoming).poll_frame(&mut quiet()))),
             // The connection runs as a task of its own (a protocol switch),
             // or the answer is complete.
             None => ready!(Pin::new(incoming).poll_frame(cx)),
