@@ -223,6 +223,48 @@ async fn a_connection_the_upstream_closes_is_not_used_again() {
 }
 
 #[tokio::test]
+async fn an_answer_that_ends_its_connection_closes_it_at_once() {
+    // The upstream says so and keeps reading: only the proxy closes.
+    for (answer, body) in [
+        (
+            "HTTP/1.1 200 OK\r\ncontent-length: 5\r\nconnection: close\r\n\r\nhello",
+            "hello",
+        ),
+        ("HTTP/1.1 204 No Content\r\nconnection: Close\r\n\r\n", ""),
+        ("HTTP/1.0 200 OK\r\ncontent-length: 5\r\n\r\nhello", "hello"),
+    ] {
+        let (addr, mut events) = upstream(answer, Close::Never).await;
+        let client = upstream::client(None).unwrap();
+        let (_, got) = get(&client, addr, Method::GET).await;
+        assert_eq!(got, body);
+        let closed = events_until(&mut events, |e| *e == Seen::ClosedByProxy(1));
+        let seen = tokio::time::timeout(Duration::from_secs(10), closed)
+            .await
+            .unwrap_or_else(|_| panic!("{answer:?}: the connection was left open"));
+        assert_eq!(connections(&seen), 1, "{seen:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_keep_alive_answer_keeps_its_connection_open() {
+    for answer in [
+        "HTTP/1.1 200 OK\r\ncontent-length: 5\r\nconnection: keep-alive\r\n\r\nhello",
+        "HTTP/1.0 200 OK\r\ncontent-length: 5\r\nconnection: keep-alive\r\n\r\nhello",
+    ] {
+        let (addr, mut events) = upstream(answer, Close::Never).await;
+        let client = upstream::client(None).unwrap();
+        for _ in 0..3 {
+            assert_eq!(
+                get(&client, addr, Method::GET).await,
+                (StatusCode::OK, "hello".into())
+            );
+        }
+        let seen = drain(&mut events);
+        assert_eq!(connections(&seen), 1, "{answer:?}: {seen:?}");
+    }
+}
+
+#[tokio::test]
 async fn an_answer_dropped_before_its_end_closes_its_connection() {
     let (addr, mut events) = upstream(
         "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n",

@@ -259,15 +259,20 @@ impl Shared {
 
     /// The answer, its body carrying the connection until it has been read
     /// through; an answer without a body frees the connection at once.
+    /// The connection is parked as the last drive left it. That drive took
+    /// in all it read (an answer's end, a `Connection: close` and the close
+    /// that follows): a frame is only there once a drive has read it. What
+    /// is left, turning idle for the next request, the drive that takes
+    /// the connection out does (`usable`); driving it here too cost one
+    /// drive a request for nothing (docs/benchmarks.md, "two drives
+    /// fewer").
     fn follow(
         self: &Arc<Self>,
         key: Key,
-        mut link: Box<Link>,
+        link: Box<Link>,
         response: Response<Incoming>,
     ) -> Response<UpstreamBody> {
         let link = if response.body().is_end_stream() {
-            // Lets the connection take in the answer's end and turn idle.
-            link.drive(&mut quiet());
             self.park(key, link);
             None
         } else {
@@ -359,9 +364,9 @@ impl Link {
         Poll::Ready(value)
     }
 
-    /// Whether a parked connection can take a request: polling it notices
-    /// a close or stray bytes that arrived while it was parked, and lets it
-    /// say it is ready.
+    /// Whether a parked connection can take a request: polling it takes in
+    /// the end of the answer it last carried, notices a close or stray
+    /// bytes that arrived while it was parked, and lets it say it is ready.
     fn usable(&mut self) -> bool {
         self.drive(&mut quiet());
         !self.ended() && self.sender.is_ready()
@@ -421,9 +426,7 @@ struct Following {
 
 impl UpstreamBody {
     fn finished(&mut self) {
-        if let Some(mut following) = self.link.take() {
-            // Lets the connection take in the answer's end and turn idle.
-            following.link.drive(&mut quiet());
+        if let Some(following) = self.link.take() {
             if let Some(shared) = following.shared.upgrade() {
                 shared.park(following.key, following.link);
             }
