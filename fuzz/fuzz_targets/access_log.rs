@@ -1,14 +1,15 @@
-//! The JSON access line the proxy writes itself. Invariant: for any field
-//! values (any text, any float), it is byte for byte the line
+//! The access lines the proxy writes itself. Invariant: for any field
+//! values (any text, any float), the JSON line is byte for byte the line
 //! tracing-subscriber's JSON format writes for the same event (timestamps
-//! blanked), and it reads back as JSON with the values given.
+//! blanked), and it reads back as JSON with the values given; the text
+//! line is byte for byte what its default text format writes.
 #![no_main]
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
 use libfuzzer_sys::fuzz_target;
-use tenant_proxy::ops::access_log::{JsonWithFastAccess, TARGET};
+use tenant_proxy::ops::access_log::{JsonWithFastAccess, TextWithFastAccess, TARGET};
 
 #[derive(Clone, Default)]
 struct Captured(Arc<Mutex<Vec<u8>>>);
@@ -69,6 +70,24 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(fields["user"], user.as_ref());
     assert_eq!(fields["client"], client.as_ref());
     assert_eq!(fields["debugged"], format!("{client:?}"));
+    let text = |fast: bool| {
+        let captured = Captured::default();
+        let sink = captured.clone();
+        let builder = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || sink.clone());
+        match fast {
+            true => tracing::subscriber::with_default(
+                builder.event_format(TextWithFastAccess::default()).finish(),
+                emit,
+            ),
+            false => tracing::subscriber::with_default(builder.finish(), emit),
+        }
+        let line = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(&line[26..27], "Z", "{line}");
+        line[27..].to_owned()
+    };
+    assert_eq!(text(true), text(false));
     // The number as written (serde_json's own float parsing is not exact).
     let written = fast.split("\"duration_ms\":").nth(1).unwrap();
     let written = &written[..written.find([',', '}']).unwrap()];

@@ -11,7 +11,7 @@ use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::EnvFilter;
 
-use crate::ops::access_log::JsonWithFastAccess;
+use crate::ops::access_log::{JsonWithFastAccess, TextWithFastAccess};
 
 /// Logs to stderr, `text` or `json`; the level from `RUST_LOG` (default `info`).
 pub fn init_logging(format: &str) -> Result<(), String> {
@@ -50,7 +50,9 @@ where
                 .event_format(JsonWithFastAccess::default())
                 .finish(),
         )),
-        "text" => Ok(Box::new(builder.finish())),
+        "text" => Ok(Box::new(
+            builder.event_format(TextWithFastAccess::default()).finish(),
+        )),
         other => Err(format!("unknown log format {other:?} (text or json)")),
     }
 }
