@@ -181,41 +181,28 @@ impl Write for Escaped<'_> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::test_support::{access_event, any_access_event, logged, CASES};
     use super::*;
-    use std::sync::{Arc, Mutex};
-
-    /// Collects what a subscriber writes.
-    #[derive(Clone, Default)]
-    struct Captured(Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Captured {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
 
     /// The line `emit` logs, through the standard JSON format and through
     /// this one, timestamps blanked.
     fn both(emit: impl Fn()) -> (String, String) {
         let line = |fast: bool| {
-            let captured = Captured::default();
-            let sink = captured.clone();
-            let builder = tracing_subscriber::fmt()
-                .with_ansi(false)
-                .with_writer(move || sink.clone())
-                .json();
-            match fast {
-                true => tracing::subscriber::with_default(
-                    builder.event_format(JsonWithFastAccess::default()).finish(),
-                    &emit,
-                ),
-                false => tracing::subscriber::with_default(builder.finish(), &emit),
-            }
-            let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+            let text = logged(
+                |sink| {
+                    let builder = tracing_subscriber::fmt()
+                        .with_ansi(false)
+                        .with_writer(move || sink.clone())
+                        .json();
+                    match fast {
+                        true => {
+                            Box::new(builder.event_format(JsonWithFastAccess::default()).finish())
+                        }
+                        false => Box::new(builder.finish()),
+                    }
+                },
+                &emit,
+            );
             let value: serde_json::Value = serde_json::from_str(&text).unwrap();
             let timestamp = value["timestamp"].as_str().unwrap().to_owned();
             assert!(
@@ -229,34 +216,12 @@ mod tests {
 
     #[test]
     fn an_access_line_is_the_standard_line_byte_for_byte() {
-        let peer: std::net::IpAddr = "10.1.2.3".parse().unwrap();
-        for (path, duration) in [
-            ("/loki/api/v1/query_range", 1.234),
-            (
-                "/a \"quoted\" \\ path\n\t\r\u{8}\u{c}\u{1}\u{1f}\u{7f}é",
-                1.0,
-            ),
-            ("", 1e-7),
-            ("/x", 1e21),
-            ("/x", f64::NAN),
-            ("/x", f64::INFINITY),
-        ] {
-            let (standard, fast) = both(|| {
-                tracing::info!(
-                    target: TARGET,
-                    method = %http::Method::GET,
-                    path,
-                    surface = "logs_query",
-                    tenant = "team-a",
-                    user = "grafana-a",
-                    client = %peer,
-                    status = 200u16,
-                    duration_ms = duration,
-                    negative = -3i64,
-                    flag = true,
-                    debugged = ?Some("a\"b"),
-                );
-            });
+        for (path, duration) in CASES {
+            let (standard, fast) = both(|| access_event(path, duration));
+            assert!(
+                standard.contains("\"fields\":{\"method\":\"GET\""),
+                "{standard}"
+            );
             assert_eq!(fast, standard, "path {path:?}, duration {duration}");
         }
     }
@@ -272,16 +237,7 @@ mod tests {
             duration in proptest::prelude::any::<f64>(),
             offset in proptest::prelude::any::<i64>(),
         ) {
-            let (standard, fast) = both(|| {
-                tracing::info!(
-                    target: TARGET,
-                    path = path.as_str(),
-                    user = %user,
-                    status,
-                    duration_ms = duration,
-                    offset,
-                );
-            });
+            let (standard, fast) = both(|| any_access_event(&path, &user, status, duration, offset));
             proptest::prop_assert_eq!(fast, standard);
         }
     }

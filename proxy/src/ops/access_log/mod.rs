@@ -109,3 +109,88 @@ mod tests {
         );
     }
 }
+
+/// What the tests of both formats share: a writer that keeps what it is
+/// given, and the events they compare.
+#[cfg(test)]
+mod test_support {
+    use std::sync::{Arc, Mutex};
+
+    use tracing::Subscriber;
+
+    use super::TARGET;
+
+    /// Collects what a subscriber writes.
+    #[derive(Clone, Default)]
+    pub struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// What `emit` logs through the subscriber `make` builds around a
+    /// capture.
+    pub fn logged(
+        make: impl FnOnce(Captured) -> Box<dyn Subscriber + Send + Sync>,
+        emit: &dyn Fn(),
+    ) -> String {
+        let captured = Captured::default();
+        tracing::subscriber::with_default(make(captured.clone()), emit);
+        let bytes = captured.0.lock().unwrap().clone();
+        String::from_utf8(bytes).unwrap()
+    }
+
+    /// Paths and durations an access line must write as the standard
+    /// format does: escapes, the empty path, floats of every kind.
+    pub const CASES: [(&str, f64); 8] = [
+        ("/loki/api/v1/query_range", 1.234),
+        (
+            "/a \"quoted\" \\ path\n\t\r\u{8}\u{c}\u{1}\u{1f}\u{7f}é\u{301}",
+            1.0,
+        ),
+        ("/a \"quoted\" path", 2.5),
+        ("/a \\ path", 2.5),
+        ("", 1e-7),
+        ("/x", 1e21),
+        ("/x", f64::NAN),
+        ("/x", f64::NEG_INFINITY),
+    ];
+
+    /// The proxy's access event, with a field of every other kind too.
+    pub fn access_event(path: &str, duration: f64) {
+        let peer: std::net::IpAddr = "10.1.2.3".parse().unwrap();
+        tracing::info!(
+            target: TARGET,
+            method = %http::Method::GET,
+            path,
+            surface = "logs_query",
+            tenant = "team-a",
+            user = "grafana-a",
+            client = %peer,
+            status = 200u16,
+            duration_ms = duration,
+            negative = -3i64,
+            flag = true,
+            debugged = ?Some("a\"b"),
+        );
+    }
+
+    /// An access event of arbitrary values, for the property tests.
+    pub fn any_access_event(path: &str, user: &str, status: u16, duration: f64, offset: i64) {
+        tracing::info!(
+            target: TARGET,
+            path,
+            user = %user,
+            status,
+            duration_ms = duration,
+            offset,
+            flag = offset % 2 == 0,
+        );
+    }
+}
