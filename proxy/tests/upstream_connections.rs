@@ -138,17 +138,24 @@ fn connections(seen: &[Seen]) -> usize {
 
 const HELLO: &str = "HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello";
 
-#[tokio::test]
-async fn sequential_requests_share_one_connection_in_origin_form() {
-    let (addr, mut events) = upstream(HELLO, Close::Never).await;
+/// Sends `count` GETs one after the other to an upstream answering
+/// `answer` (a body of `hello`) and never closing; its address and what it
+/// saw.
+async fn in_turn(answer: &'static str, count: usize) -> (SocketAddr, Vec<Seen>) {
+    let (addr, mut events) = upstream(answer, Close::Never).await;
     let client = upstream::client(None).unwrap();
-    for _ in 0..5 {
+    for _ in 0..count {
         assert_eq!(
             get(&client, addr, Method::GET).await,
             (StatusCode::OK, "hello".into())
         );
     }
-    let seen = drain(&mut events);
+    (addr, drain(&mut events))
+}
+
+#[tokio::test]
+async fn sequential_requests_share_one_connection_in_origin_form() {
+    let (addr, seen) = in_turn(HELLO, 5).await;
     assert_eq!(connections(&seen), 1, "{seen:?}");
     let requests: Vec<&String> = seen
         .iter()
@@ -251,15 +258,7 @@ async fn a_keep_alive_answer_keeps_its_connection_open() {
         "HTTP/1.1 200 OK\r\ncontent-length: 5\r\nconnection: keep-alive\r\n\r\nhello",
         "HTTP/1.0 200 OK\r\ncontent-length: 5\r\nconnection: keep-alive\r\n\r\nhello",
     ] {
-        let (addr, mut events) = upstream(answer, Close::Never).await;
-        let client = upstream::client(None).unwrap();
-        for _ in 0..3 {
-            assert_eq!(
-                get(&client, addr, Method::GET).await,
-                (StatusCode::OK, "hello".into())
-            );
-        }
-        let seen = drain(&mut events);
+        let (_, seen) = in_turn(answer, 3).await;
         assert_eq!(connections(&seen), 1, "{answer:?}: {seen:?}");
     }
 }
