@@ -264,7 +264,7 @@ impl Shared {
     /// that follows): a frame is only there once a drive has read it. What
     /// is left, turning idle for the next request, the drive that takes
     /// the connection out does (`usable`); driving it here too cost one
-    /// drive a request for nothing (docs/benchmarks.md, "two drives
+    /// drive a request for nothing (docs/benchmarks.md, "three drives
     /// fewer").
     fn follow(
         self: &Arc<Self>,
