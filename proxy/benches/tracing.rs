@@ -12,6 +12,7 @@ use http::{HeaderMap, Method, StatusCode};
 use tenant_proxy::config::TracingConfig;
 use tenant_proxy::ops::otel::Tracing;
 use tenant_proxy::ops::process::subscriber;
+use tenant_proxy::upstream::Reuse;
 
 fn bench(c: &mut Criterion) {
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -41,7 +42,9 @@ fn bench(c: &mut Criterion) {
         };
         let metrics = Default::default();
         let tracing = runtime
-            .block_on(async { Tracing::new(&config, &metrics) })
+            .block_on(async {
+                Tracing::new(&config, Reuse::new(Duration::from_secs(50)), &metrics)
+            })
             .unwrap();
         c.bench_function(name, |b| {
             b.iter(|| {

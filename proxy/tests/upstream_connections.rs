@@ -9,7 +9,7 @@ use std::time::Duration;
 use http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
 use tenant_proxy::http::body;
-use tenant_proxy::upstream::{self, HttpClient};
+use tenant_proxy::upstream::{self, HttpClient, Reuse, UpstreamError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, Notify};
@@ -33,6 +33,9 @@ enum Close {
     AfterAnswer,
     /// When told, between requests (as an idle timeout would).
     WhenTold(Arc<Notify>),
+    /// On reading a connection's second request, unanswered: an idle
+    /// timeout that fired as the request arrived.
+    AtSecondRequest,
 }
 
 /// Answers every request with `answer`, closing connections as `close`
@@ -52,6 +55,7 @@ async fn upstream(
             let _ = seen.send(Seen::Accepted(n));
             tokio::spawn(async move {
                 let mut buffer = Vec::new();
+                let mut requests = 0;
                 loop {
                     let mut chunk = [0; 4096];
                     let read = match &close {
@@ -73,6 +77,12 @@ async fn upstream(
                     while let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
                         let head: Vec<u8> = buffer.drain(..end + 4).collect();
                         let _ = seen.send(Seen::Request(n, String::from_utf8(head).unwrap()));
+                        requests += 1;
+                        if let (Close::AtSecondRequest, 2) = (&close, requests) {
+                            drop(stream);
+                            let _ = seen.send(Seen::ClosedByUpstream(n));
+                            return;
+                        }
                         stream.write_all(answer.as_bytes()).await.unwrap();
                         if let Close::AfterAnswer = close {
                             drop(stream);
@@ -87,6 +97,21 @@ async fn upstream(
     (addr, events)
 }
 
+/// A client that keeps connections as the proxy does by default.
+fn client() -> HttpClient {
+    upstream::client(None, Reuse::new(Duration::from_secs(50))).unwrap()
+}
+
+/// A client that sends a safe request again on a new connection when a
+/// connection parked for at least `replay_after_idle` closes under it.
+fn client_replaying_after(replay_after_idle: Duration) -> HttpClient {
+    let reuse = Reuse {
+        replay_after_idle,
+        ..Reuse::new(Duration::from_secs(50))
+    };
+    upstream::client(None, reuse).unwrap()
+}
+
 async fn get(client: &HttpClient, addr: SocketAddr, method: Method) -> (StatusCode, String) {
     let request = Request::builder()
         .method(method)
@@ -95,11 +120,19 @@ async fn get(client: &HttpClient, addr: SocketAddr, method: Method) -> (StatusCo
         ))
         .body(body::empty())
         .unwrap();
+    exchange(client, request).await.unwrap()
+}
+
+/// The answer's status and body.
+async fn exchange(
+    client: &HttpClient,
+    request: Request<body::ProxyBody>,
+) -> Result<(StatusCode, String), UpstreamError> {
     let exchange = async {
-        let response = client.request(request).await.unwrap();
+        let response = client.request(request).await?;
         let status = response.status();
         let body = response.into_body().collect().await.unwrap().to_bytes();
-        (status, String::from_utf8(body.to_vec()).unwrap())
+        Ok((status, String::from_utf8(body.to_vec()).unwrap()))
     };
     // A lost wake-up shows as a failure, not a test that never ends.
     tokio::time::timeout(Duration::from_secs(10), exchange)
@@ -143,7 +176,7 @@ const HELLO: &str = "HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello";
 /// saw.
 async fn in_turn(answer: &'static str, count: usize) -> (SocketAddr, Vec<Seen>) {
     let (addr, mut events) = upstream(answer, Close::Never).await;
-    let client = upstream::client(None).unwrap();
+    let client = client();
     for _ in 0..count {
         assert_eq!(
             get(&client, addr, Method::GET).await,
@@ -176,7 +209,7 @@ async fn sequential_requests_share_one_connection_in_origin_form() {
 #[tokio::test]
 async fn an_answer_without_a_body_frees_its_connection_at_once() {
     let (addr, mut events) = upstream("HTTP/1.1 204 No Content\r\n\r\n", Close::Never).await;
-    let client = upstream::client(None).unwrap();
+    let client = client();
     for method in [Method::GET, Method::HEAD, Method::GET] {
         assert_eq!(
             get(&client, addr, method).await,
@@ -195,7 +228,7 @@ async fn a_connection_the_upstream_closes_is_not_used_again() {
         Close::AfterAnswer,
     )
     .await;
-    let client = upstream::client(None).unwrap();
+    let client = client();
     for _ in 0..3 {
         assert_eq!(
             get(&client, addr, Method::GET).await,
@@ -241,7 +274,7 @@ async fn an_answer_that_ends_its_connection_closes_it_at_once() {
         ("HTTP/1.0 200 OK\r\ncontent-length: 5\r\n\r\nhello", "hello"),
     ] {
         let (addr, mut events) = upstream(answer, Close::Never).await;
-        let client = upstream::client(None).unwrap();
+        let client = client();
         let (_, got) = get(&client, addr, Method::GET).await;
         assert_eq!(got, body);
         let closed = events_until(&mut events, |e| *e == Seen::ClosedByProxy(1));
@@ -270,7 +303,7 @@ async fn an_answer_dropped_before_its_end_closes_its_connection() {
         Close::Never,
     )
     .await;
-    let client = upstream::client(None).unwrap();
+    let client = client();
     let request = Request::get(format!("http://{addr}/"))
         .body(body::empty())
         .unwrap();
@@ -312,7 +345,7 @@ async fn an_answer_whose_rest_comes_later_wakes_its_reader() {
             }
         }
     });
-    let client = upstream::client(None).unwrap();
+    let client = client();
     for _ in 0..2 {
         let request = Request::get(format!("http://{addr}/"))
             .body(body::empty())
@@ -329,4 +362,70 @@ async fn an_answer_whose_rest_comes_later_wakes_its_reader() {
         assert_eq!(&rest[..], b"world");
     }
     assert_eq!(drain(&mut events), vec![Seen::Accepted(1)]);
+}
+
+/// An upstream that closes an idle connection just as a request arrives on
+/// it: a safe request is sent again on a new connection, once the
+/// connection had been parked long enough to have been closed as idle.
+#[tokio::test]
+async fn a_safe_request_meeting_an_idle_close_is_sent_again_on_a_new_connection() {
+    let (addr, mut events) = upstream(HELLO, Close::AtSecondRequest).await;
+    let client = client_replaying_after(Duration::ZERO);
+    for _ in 0..2 {
+        assert_eq!(
+            get(&client, addr, Method::GET).await,
+            (StatusCode::OK, "hello".into())
+        );
+    }
+    let seen = events_until(&mut events, |e| matches!(e, Seen::Request(2, _))).await;
+    let requests: Vec<usize> = seen
+        .iter()
+        .filter_map(|e| match e {
+            Seen::Request(n, head) if head.starts_with("GET /loki/api/v1/query_range?") => Some(*n),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(requests, [1, 1, 2], "{seen:?}");
+    assert!(seen.contains(&Seen::ClosedByUpstream(1)), "{seen:?}");
+}
+
+/// What cannot be sent again safely is not: a request with a body (a
+/// push), or any request on a connection reused too soon to have been
+/// closed as idle. The caller gets the failure (a 502 or 503).
+#[tokio::test]
+async fn a_push_or_a_request_on_a_busy_connection_is_not_sent_again() {
+    let post = |addr: SocketAddr| {
+        Request::post(format!("http://{addr}/loki/api/v1/push"))
+            .header("content-length", "5")
+            .body(body::full(bytes::Bytes::from_static(b"lines")))
+            .unwrap()
+    };
+    let (addr, mut events) = upstream(HELLO, Close::AtSecondRequest).await;
+    let replaying = client_replaying_after(Duration::ZERO);
+    assert_eq!(
+        exchange(&replaying, post(addr)).await.unwrap(),
+        (StatusCode::OK, "hello".into())
+    );
+    let failed = exchange(&replaying, post(addr)).await;
+    assert!(matches!(failed, Err(UpstreamError::Http(_))), "{failed:?}");
+
+    let (busy_addr, mut busy_events) = upstream(HELLO, Close::AtSecondRequest).await;
+    let not_yet = client_replaying_after(Duration::from_secs(3600));
+    assert_eq!(
+        get(&not_yet, busy_addr, Method::GET).await,
+        (StatusCode::OK, "hello".into())
+    );
+    let request = Request::get(format!("http://{busy_addr}/")).body(body::empty());
+    let failed = exchange(&not_yet, request.unwrap()).await;
+    assert!(matches!(failed, Err(UpstreamError::Http(_))), "{failed:?}");
+
+    for events in [&mut events, &mut busy_events] {
+        let seen = events_until(events, |e| *e == Seen::ClosedByUpstream(1)).await;
+        let requests = seen
+            .iter()
+            .filter(|e| matches!(e, Seen::Request(..)))
+            .count();
+        assert_eq!(requests, 2, "{seen:?}");
+        assert_eq!(connections(&drain(events)) + connections(&seen), 1);
+    }
 }

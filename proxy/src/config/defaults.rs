@@ -53,6 +53,12 @@ pub fn body_read_timeout() -> Duration {
 pub fn upstream_timeout() -> Duration {
     Duration::from_secs(120)
 }
+/// Below the idle timeouts met in front of the upstreams: nginx's 75 s
+/// (the gateways of the Loki and Mimir charts), a cloud balancer's 60 s
+/// (AWS), Loki's and Mimir's own 120 s.
+pub fn upstream_idle_timeout() -> Duration {
+    Duration::from_secs(50)
+}
 pub fn shutdown_grace() -> Duration {
     Duration::from_secs(30)
 }

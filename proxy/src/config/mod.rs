@@ -310,6 +310,10 @@ impl Config {
             ),
             ("limits.body_read_timeout", self.limits.body_read_timeout),
             ("limits.upstream_timeout", self.limits.upstream_timeout),
+            (
+                "limits.upstream_idle_timeout",
+                self.limits.upstream_idle_timeout,
+            ),
             ("auth.failure_window", self.auth.failure_window),
         ]
         .map(|(name, duration)| (name.to_owned(), duration));
@@ -423,6 +427,12 @@ pub struct Limits {
     /// How long the upstream may take to answer with its response head (504 after).
     #[serde(default = "defaults::upstream_timeout", with = "humantime_serde")]
     pub upstream_timeout: Duration,
+    /// How long an upstream connection is kept open, unused, for the next
+    /// request. It must be shorter than the upstream's own idle timeout
+    /// and any balancer's on the way, so that the proxy, not they, closes
+    /// idle connections (`upstream/client.rs`, `Reuse`).
+    #[serde(default = "defaults::upstream_idle_timeout", with = "humantime_serde")]
+    pub upstream_idle_timeout: Duration,
     /// How long in-flight requests may take to finish after SIGTERM.
     #[serde(default = "defaults::shutdown_grace", with = "humantime_serde")]
     pub shutdown_grace: Duration,
@@ -441,6 +451,7 @@ impl Default for Limits {
             max_connections: defaults::max_connections(),
             max_connections_per_address: 0,
             upstream_timeout: defaults::upstream_timeout(),
+            upstream_idle_timeout: defaults::upstream_idle_timeout(),
             shutdown_grace: defaults::shutdown_grace(),
         }
     }

@@ -395,12 +395,14 @@ fn a_zero_interval_or_timeout_is_refused_by_name() {
              tls:\n  cert_file: c.pem\n  key_file: k.pem\n  reload_interval: {}\n\
              {upstreams}\
              limits:\n  header_read_timeout: {}\n  body_read_timeout: {}\n  upstream_timeout: {}\n\
+             \x20 upstream_idle_timeout: {}\n\
              auth:\n  failure_window: {}\n",
             value("tenants_poll_interval"),
             value("tls.reload_interval"),
             value("limits.header_read_timeout"),
             value("limits.body_read_timeout"),
             value("limits.upstream_timeout"),
+            value("limits.upstream_idle_timeout"),
             value("auth.failure_window"),
         )
     };
@@ -415,6 +417,7 @@ fn a_zero_interval_or_timeout_is_refused_by_name() {
         "limits.header_read_timeout",
         "limits.body_read_timeout",
         "limits.upstream_timeout",
+        "limits.upstream_idle_timeout",
         "auth.failure_window",
     ] {
         let error = Config::parse(&config(name)).unwrap_err();

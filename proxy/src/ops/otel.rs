@@ -31,7 +31,7 @@ use prometheus_client::metrics::family::Family;
 use crate::config::TracingConfig;
 use crate::http::body;
 use crate::ops::metrics::{Metrics, OutcomeLabels};
-use crate::upstream::{self, HttpClient as UpstreamClient};
+use crate::upstream::{self, HttpClient as UpstreamClient, Reuse};
 
 /// Makes and exports spans; present only when tracing is configured.
 #[derive(Debug)]
@@ -44,12 +44,13 @@ pub struct Tracing {
 
 impl Tracing {
     /// Must be called inside the tokio runtime: exports run on it.
-    pub fn new(config: &TracingConfig, metrics: &Metrics) -> Result<Self, String> {
+    pub fn new(config: &TracingConfig, reuse: Reuse, metrics: &Metrics) -> Result<Self, String> {
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|_| "tracing must start inside the runtime".to_string())?;
         let client = CollectorClient {
             client: Arc::new(ArcSwap::from_pointee(upstream::client(
                 config.tls.as_ref(),
+                reuse,
             )?)),
             runtime,
             timeout: config.export_timeout,

@@ -148,8 +148,11 @@ impl AppState {
         tenants: Arc<Tenants>,
         metrics: Arc<Metrics>,
     ) -> Result<Self, String> {
+        let reuse = upstream::Reuse::new(config.limits.upstream_idle_timeout);
         let client = |tls: Option<&UpstreamTls>| -> Result<_, String> {
-            Ok(Arc::new(ArcSwap::from_pointee(upstream::client(tls)?)))
+            Ok(Arc::new(ArcSwap::from_pointee(upstream::client(
+                tls, reuse,
+            )?)))
         };
         let logs = match &config.logs {
             None => None,
@@ -207,7 +210,7 @@ impl AppState {
             _ => None,
         };
         let tracing = (config.tracing.as_ref())
-            .map(|tracing| Tracing::new(tracing, &metrics))
+            .map(|tracing| Tracing::new(tracing, reuse, &metrics))
             .transpose()?;
         Ok(Self {
             routes: RouteTable::new(

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::header;
 use http::uri::{Authority, Scheme};
-use http::{Request, Response, Uri};
+use http::{Method, Request, Response, Uri};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::client::conn::http1;
 use hyper_rustls::{HttpsConnector, MaybeHttpsStream};
@@ -31,10 +31,6 @@ use tower_service::Service;
 use crate::http::body::{BoxError, ProxyBody};
 use crate::http::headers;
 
-/// How long a parked connection may wait for its next request. Shorter
-/// than the idle timeouts upstreams commonly use (Loki's 120 s), so the
-/// proxy, not the upstream, usually closes it.
-const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// Parked connections kept per upstream; a burst beyond it closes the rest.
 const MAX_IDLE: usize = 256;
 
@@ -47,8 +43,39 @@ pub struct HttpClient {
     shared: Arc<Shared>,
 }
 
+/// How upstream connections are kept between requests.
+#[derive(Clone, Copy, Debug)]
+pub struct Reuse {
+    /// How long a parked connection may wait for its next request
+    /// (`limits.upstream_idle_timeout`). Below the upstream's own idle
+    /// timeout, the proxy, not the upstream, closes it, and no request
+    /// meets a connection the upstream is closing.
+    pub idle_timeout: Duration,
+    /// A safe request (`GET`, `HEAD` or `OPTIONS`, without a body) sent
+    /// on a connection parked at least this long is sent again on a new
+    /// connection if that one closes before any answer: the upstream
+    /// closed it as idle while the request was on its way (the race every
+    /// keep-alive client has; Go's transport retries the same way).
+    /// Connections reused sooner than this are not closed as idle, and
+    /// the requests they carry are not copied.
+    pub replay_after_idle: Duration,
+}
+
+impl Reuse {
+    /// Parked up to `idle_timeout`; a safe request replayed after a second
+    /// of idleness: far below any upstream's idle timeout, and above the
+    /// microseconds between requests under load.
+    pub fn new(idle_timeout: Duration) -> Self {
+        Self {
+            idle_timeout,
+            replay_after_idle: Duration::from_secs(1),
+        }
+    }
+}
+
 struct Shared {
     connector: HttpsConnector<HttpConnector>,
+    reuse: Reuse,
     /// Parked connections per upstream (scheme and authority); a proxy has
     /// a handful of upstreams, so a list is the cheapest map.
     parked: Mutex<Vec<Parking>>,
@@ -84,15 +111,21 @@ impl std::fmt::Debug for HttpClient {
 }
 
 impl HttpClient {
-    pub fn new(connector: HttpsConnector<HttpConnector>) -> Self {
+    pub fn new(connector: HttpsConnector<HttpConnector>, reuse: Reuse) -> Self {
         let shared = Arc::new(Shared {
             connector,
+            reuse,
             parked: Mutex::new(Vec::new()),
         });
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(close_expired(Arc::downgrade(&shared)));
+            runtime.spawn(close_expired(Arc::downgrade(&shared), reuse.idle_timeout));
         }
         Self { shared }
+    }
+
+    /// How this client keeps its connections.
+    pub fn reuse(&self) -> Reuse {
+        self.shared.reuse
     }
 
     /// Sends `request` (an absolute URI) and returns the answer once its
@@ -109,19 +142,42 @@ impl HttpClient {
             return Box::pin(self.upgrade(&key, request)).await;
         }
         let mut request = request;
+        // After a replay, only a new connection: the parked ones are as
+        // old as the one the upstream just closed.
+        let mut replayed = false;
         loop {
-            let (mut link, reused) = match self.shared.take(&key) {
-                Some(link) => (link, true),
-                None => (Box::pin(self.connect(&key)).await?, false),
+            let parked = match replayed {
+                false => self.shared.take(&key),
+                true => None,
+            };
+            let (mut link, idle) = match parked {
+                Some((link, idle)) => (link, Some(idle)),
+                None => (Box::pin(self.connect(&key)).await?, None),
+            };
+            let replay = match idle {
+                Some(idle) if idle >= self.shared.reuse.replay_after_idle => replay_copy(&request),
+                _ => None,
             };
             match link.exchange(request).await {
                 Ok(response) => return Ok(self.shared.follow(key, link, response)),
                 // A parked connection that closed before the request was
                 // written: the request is intact, try it on another one.
-                Err(mut failed) if reused && failed.message().is_some() => {
+                Err(mut failed) if idle.is_some() && failed.message().is_some() => {
                     request = failed.take_message().expect("checked above");
                 }
-                Err(failed) => return Err(UpstreamError::Http(failed.into_error())),
+                Err(failed) => match replay {
+                    Some(copy) if closed_before_answer(failed.error()) => {
+                        tracing::debug!(
+                            upstream = %key.authority,
+                            idle_ms = idle.unwrap_or_default().as_millis(),
+                            "upstream closed an idle connection as a request went out; \
+                             sent again on a new connection"
+                        );
+                        request = copy;
+                        replayed = true;
+                    }
+                    _ => return Err(UpstreamError::Http(failed.into_error())),
+                },
             }
         }
     }
@@ -210,26 +266,64 @@ fn prepare(request: &mut Request<ProxyBody>, key: &Key) {
     }
 }
 
+/// A copy of `request` to send again, if it is safe to: a method that
+/// reads (RFC 9110 §9.2.1) and no body.
+fn replay_copy(request: &Request<ProxyBody>) -> Option<Request<ProxyBody>> {
+    let safe = matches!(
+        *request.method(),
+        Method::GET | Method::HEAD | Method::OPTIONS
+    );
+    if !safe || !request.body().is_end_stream() {
+        return None;
+    }
+    let mut copy = Request::new(crate::http::body::empty());
+    *copy.method_mut() = request.method().clone();
+    *copy.uri_mut() = request.uri().clone();
+    *copy.version_mut() = request.version();
+    *copy.headers_mut() = request.headers().clone();
+    Some(copy)
+}
+
+/// Whether an exchange failed because the connection closed (or was
+/// reset) before the answer's head was read, rather than on what the
+/// upstream sent.
+fn closed_before_answer(error: &hyper::Error) -> bool {
+    if error.is_incomplete_message() {
+        return true;
+    }
+    let mut source = std::error::Error::source(error);
+    while let Some(e) = source {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset};
+            return matches!(io.kind(), ConnectionReset | ConnectionAborted | BrokenPipe);
+        }
+        source = e.source();
+    }
+    false
+}
+
 impl Shared {
-    /// A parked connection to `key` that is still open and ready, if any.
-    fn take(&self, key: &Key) -> Option<Box<Link>> {
+    /// A parked connection to `key` that is still open and ready, if any,
+    /// and how long it was parked.
+    fn take(&self, key: &Key) -> Option<(Box<Link>, Duration)> {
         loop {
-            let (mut link, _) = {
+            let (mut link, idle) = {
                 let mut parked = self.parked.lock().expect("parking lock");
                 let parking = parked.iter_mut().find(|p| p.key == *key)?;
-                let newest = parking.links.pop()?;
-                if newest.1.elapsed() >= IDLE_TIMEOUT {
+                let (link, since) = parking.links.pop()?;
+                let idle = since.elapsed();
+                if idle >= self.reuse.idle_timeout {
                     // The rest are older still: all of them close, once the
                     // lock is released.
                     let expired = std::mem::take(&mut parking.links);
                     drop(parked);
-                    drop(expired);
+                    drop((link, expired));
                     return None;
                 }
-                newest
+                (link, idle)
             };
             if link.usable() {
-                return Some(link);
+                return Some((link, idle));
             }
         }
     }
@@ -292,7 +386,7 @@ impl Shared {
             // Oldest first: the expired ones are a prefix.
             let stale = parking
                 .links
-                .partition_point(|(_, since)| since.elapsed() >= IDLE_TIMEOUT);
+                .partition_point(|(_, since)| since.elapsed() >= self.reuse.idle_timeout);
             expired.extend(parking.links.drain(..stale));
         }
         drop(parked);
@@ -302,8 +396,8 @@ impl Shared {
 
 /// Closes connections parked too long, so that an upstream that went
 /// quiet does not keep sockets open; ends with the client.
-async fn close_expired(shared: Weak<Shared>) {
-    let mut every = tokio::time::interval(IDLE_TIMEOUT / 3);
+async fn close_expired(shared: Weak<Shared>, idle_timeout: Duration) {
+    let mut every = tokio::time::interval(idle_timeout / 3);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         every.tick().await;

@@ -3,7 +3,7 @@
 mod client;
 pub mod tls;
 
-pub use client::{HttpClient, UpstreamBody, UpstreamError};
+pub use client::{HttpClient, Reuse, UpstreamBody, UpstreamError};
 
 use std::future::{poll_fn, Future};
 use std::net::IpAddr;
@@ -30,7 +30,7 @@ use crate::http::timer::{ReusedSleep, Wait};
 /// tenants (the tenant travels in a header, not the connection).
 /// `http://` upstreams need no `tls`; `https://` ones use it, or the
 /// system's roots without it.
-pub fn client(tls: Option<&UpstreamTls>) -> Result<HttpClient, String> {
+pub fn client(tls: Option<&UpstreamTls>, reuse: Reuse) -> Result<HttpClient, String> {
     let mut http = HttpConnector::new();
     http.set_nodelay(true);
     http.set_connect_timeout(Some(Duration::from_secs(5)));
@@ -49,7 +49,7 @@ pub fn client(tls: Option<&UpstreamTls>) -> Result<HttpClient, String> {
         None => builder,
     };
     let connector = builder.enable_http1().wrap_connector(http);
-    Ok(HttpClient::new(connector))
+    Ok(HttpClient::new(connector, reuse))
 }
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1) that never cross the proxy, besides

@@ -80,7 +80,7 @@ impl UpstreamTlsReloader {
             return;
         }
         self.seen = now;
-        match super::client(Some(&self.tls)) {
+        match super::client(Some(&self.tls), self.client.load().reuse()) {
             Ok(client) => {
                 self.client.store(Arc::new(client));
                 tracing::info!("upstream TLS files reloaded");
