@@ -5,7 +5,9 @@
 //! truncated body is never passed off as complete: a query's ends in an
 //! error, a push's becomes a 503) and, once the upstream
 //! behaves again, serves normally without a restart. A client that hangs
-//! up mid-query has its upstream request cancelled.
+//! up mid-query has its upstream request cancelled. A keep-alive
+//! connection the upstream closes as idle just as a request arrives costs
+//! a query nothing (sent again) and a push a 503 (never sent twice).
 
 mod support;
 
@@ -235,4 +237,71 @@ async fn a_client_that_hangs_up_mid_query_has_its_upstream_request_cancelled() {
         .expect("the upstream connection is closed once the client has hung up")
         .unwrap();
     assert!(closed, "closed, with nothing more sent");
+}
+
+/// An upstream that closes a keep-alive connection as idle just when the
+/// proxy sends the next request on it (the upstream's idle timeout, or an
+/// nginx's in front of it, firing as the request travels): a query is sent
+/// again on a new connection and answered, a push is not sent twice and
+/// gets 503, which its sender retries.
+#[tokio::test]
+async fn a_query_meeting_an_idle_close_is_answered_and_a_push_is_not_sent_twice() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    // (connection, request line) for every request that arrived.
+    let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut connections = 0;
+        while let Ok((mut stream, _)) = listener.accept().await {
+            connections += 1;
+            let (n, seen_tx) = (connections, seen_tx.clone());
+            tokio::spawn(async move {
+                // Each request (head and a small body) arrives in one read.
+                let mut buf = vec![0; 64 * 1024];
+                for request in 1.. {
+                    let read = stream.read(&mut buf).await.unwrap_or(0);
+                    if read == 0 {
+                        return;
+                    }
+                    let text = String::from_utf8_lossy(&buf[..read]);
+                    let line = text.lines().next().unwrap_or_default().to_owned();
+                    let _ = seen_tx.send((n, line));
+                    if request == 2 {
+                        return; // closed unanswered
+                    }
+                    let answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}";
+                    stream.write_all(answer).await.unwrap();
+                }
+            });
+        }
+    });
+    let proxy = RunningProxy::start(ProxyOptions::new(format!("http://{addr}"))).await;
+
+    // What the proxy replays is a request on a connection idle for a
+    // second or more (`upstream::Reuse`): each connection is left that
+    // long before its second request. Not a wait for anything to happen.
+    let idle = || tokio::time::sleep(Duration::from_millis(1100));
+    assert_eq!(query(&proxy).await, StatusCode::OK);
+    idle().await;
+    assert_eq!(query(&proxy).await, StatusCode::OK, "sent again");
+    idle().await;
+    assert_eq!(push(&proxy).await, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(query(&proxy).await, StatusCode::OK);
+
+    let mut requests = Vec::new();
+    while requests.len() < 5 {
+        let next = tokio::time::timeout(Duration::from_secs(10), seen.recv()).await;
+        requests.push(next.expect("the upstream saw every request").unwrap());
+    }
+    let query_line = format!("GET {QUERY} HTTP/1.1");
+    let push_line = format!("POST {PUSH} HTTP/1.1");
+    let expected = [
+        (1, &query_line),
+        (1, &query_line), // closed unanswered
+        (2, &query_line), // the same query, on a new connection
+        (2, &push_line),  // closed unanswered: not sent again
+        (3, &query_line),
+    ];
+    let requests: Vec<(usize, &String)> = requests.iter().map(|(n, l)| (*n, l)).collect();
+    assert_eq!(requests, expected);
 }
