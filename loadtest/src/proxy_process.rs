@@ -30,6 +30,8 @@ mod tempfile_dir {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ProcessStats {
     pub cpu: Duration,
+    /// Of `cpu`, the time in user space (the rest is the kernel's).
+    pub user: Duration,
     pub peak_rss_kib: u64,
     pub rss_kib: u64,
     /// Open file descriptors (sockets included).
@@ -41,8 +43,9 @@ pub fn stats(pid: u32) -> std::io::Result<ProcessStats> {
     // Fields after the command name (which may contain spaces) in parentheses.
     let rest = &stat[stat.rfind(')').map_or(0, |i| i + 2)..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 =
-        fields[11].parse::<u64>().unwrap_or(0) + fields[12].parse::<u64>().unwrap_or(0);
+    let user_ticks: u64 = fields[11].parse().unwrap_or(0);
+    let ticks = user_ticks + fields[12].parse::<u64>().unwrap_or(0);
+    let time = |ticks: u64| Duration::from_micros(ticks * 1_000_000 / clock_ticks());
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     let kib = |key: &str| {
         status
@@ -53,7 +56,8 @@ pub fn stats(pid: u32) -> std::io::Result<ProcessStats> {
             .unwrap_or(0)
     };
     Ok(ProcessStats {
-        cpu: Duration::from_micros(ticks * 1_000_000 / clock_ticks()),
+        cpu: time(ticks),
+        user: time(user_ticks),
         peak_rss_kib: kib("VmHWM:"),
         rss_kib: kib("VmRSS:"),
         open_fds: std::fs::read_dir(format!("/proc/{pid}/fd"))?.count() as u64,

@@ -23,6 +23,9 @@ pub struct Row {
     pub transport_errors: u64,
     /// The proxy's user + system CPU time over the measured interval ÷ requests.
     pub proxy_cpu_us_per_request: Option<f64>,
+    /// Of that, the time in user space; the rest is the kernel's (system
+    /// calls, and on loopback the receiving side's TCP work).
+    pub proxy_user_us_per_request: Option<f64>,
     /// New upstream connections per 1,000 requests (counted by the sink
     /// only).
     pub upstream_connections_per_1000: Option<f64>,
@@ -56,8 +59,11 @@ impl Row {
     /// The proxy's CPU per request and its RSS and descriptors, from its
     /// process stats at the start and the end of the measured interval.
     pub fn measure_process(&mut self, start: &ProcessStats, end: &ProcessStats) {
-        let cpu = (end.cpu - start.cpu).as_secs_f64();
-        self.proxy_cpu_us_per_request = Some(cpu * 1e6 / self.requests.max(1) as f64);
+        let per_request = |time: std::time::Duration| {
+            Some(time.as_secs_f64() * 1e6 / self.requests.max(1) as f64)
+        };
+        self.proxy_cpu_us_per_request = per_request(end.cpu - start.cpu);
+        self.proxy_user_us_per_request = per_request(end.user - start.user);
         let mib = |kib: u64| kib as f64 / 1024.0;
         self.measured = Some(Measured {
             rss_mib: (mib(start.rss_kib), mib(end.rss_kib)),
@@ -86,6 +92,7 @@ impl Row {
             statuses: outcome.statuses.clone(),
             transport_errors: outcome.transport_errors,
             proxy_cpu_us_per_request: None,
+            proxy_user_us_per_request: None,
             upstream_connections_per_1000: upstream_connections
                 .map(|opened| opened as f64 * 1000.0 / requests.max(1) as f64),
             proxy_idle_rss_mib: None,
@@ -130,9 +137,13 @@ pub fn table(rows: &[Row]) -> String {
         let connections = r
             .upstream_connections_per_1000
             .map_or("–".into(), |c| format!("{c:.1}"));
-        let cpu = r
-            .proxy_cpu_us_per_request
-            .map_or("–".into(), |c| format!("{c:.0}"));
+        // A tenth of a µs: the Loki path costs about 10 µs a request, so
+        // whole µs would hide differences of up to 10 %.
+        let cpu = match (r.proxy_cpu_us_per_request, r.proxy_user_us_per_request) {
+            (Some(cpu), Some(user)) => format!("{cpu:.1} ({user:.1} user)"),
+            (Some(cpu), None) => format!("{cpu:.1}"),
+            _ => "–".into(),
+        };
         let rss = match (r.proxy_idle_rss_mib, r.proxy_peak_rss_mib) {
             (Some(idle), Some(peak)) => format!("{idle:.1} / {peak:.1}"),
             _ => "–".into(),
@@ -178,42 +189,55 @@ pub fn reference_ratios(rows: &[Row]) -> String {
     let mut scenarios: Vec<&str> = rows.iter().map(|r| r.scenario.as_str()).collect();
     scenarios.dedup();
     for scenario in scenarios {
-        let cpu_of = |target: &str| -> Vec<(Option<u32>, f64)> {
+        let of = |target: &str| -> Vec<&Row> {
             rows.iter()
                 .filter(|r| r.scenario == scenario && r.target == target)
-                .filter_map(|r| Some((r.round, r.proxy_cpu_us_per_request?)))
+                .filter(|r| r.proxy_cpu_us_per_request.is_some())
                 .collect()
         };
-        let nginx = cpu_of("nginx");
-        let pairs: Vec<(f64, f64)> = cpu_of("proxy")
+        let nginx = of("nginx");
+        let pairs: Vec<(&Row, &Row)> = of("proxy")
             .into_iter()
-            .filter_map(|(round, p)| {
-                let (_, n) = nginx.iter().find(|(r, _)| *r == round)?;
-                Some((p, *n))
-            })
+            .filter_map(|p| Some((p, *nginx.iter().find(|n| n.round == p.round)?)))
             .collect();
         if pairs.is_empty() {
             continue;
         }
         if out.is_empty() {
             out.push_str(
-                "\n| scenario | proxy CPU µs/req by round | nginx CPU µs/req by round | ratio by round | median ratio | ratio of medians |\n\
-                 |---|---|---|---|---:|---:|\n",
+                "\n| scenario | proxy CPU µs/req by round | nginx CPU µs/req by round | ratio by round | median ratio | ratio of medians | user space, proxy / nginx (medians) | kernel, proxy / nginx (medians) |\n\
+                 |---|---|---|---|---:|---:|---:|---:|\n",
             );
         }
-        let (proxy, reference): (Vec<f64>, Vec<f64>) = pairs.into_iter().unzip();
+        let cpu = |r: &Row| r.proxy_cpu_us_per_request.unwrap_or(f64::NAN);
+        let user = |r: &Row| r.proxy_user_us_per_request.unwrap_or(f64::NAN);
+        let kernel = |r: &Row| cpu(r) - user(r);
+        let (proxy_rows, nginx_rows): (Vec<&Row>, Vec<&Row>) = pairs.into_iter().unzip();
+        let column = |rows: &[&Row], of: &dyn Fn(&Row) -> f64| -> Vec<f64> {
+            rows.iter().map(|r| of(r)).collect()
+        };
+        let (proxy, reference) = (column(&proxy_rows, &cpu), column(&nginx_rows, &cpu));
         let ratios: Vec<f64> = proxy.iter().zip(&reference).map(|(p, n)| p / n).collect();
         let list = |values: &[f64], decimals: usize| {
             let shown: Vec<String> = values.iter().map(|v| format!("{v:.decimals$}")).collect();
             shown.join(", ")
         };
+        let split = |of: &dyn Fn(&Row) -> f64| {
+            let (p, n) = (column(&proxy_rows, of), column(&nginx_rows, of));
+            match p.iter().chain(&n).any(|v| v.is_nan()) {
+                true => "–".to_owned(),
+                false => format!("{:.1} / {:.1}", median(&p), median(&n)),
+            }
+        };
         out.push_str(&format!(
-            "| {scenario} | {} | {} | {} | {:.2}× | {:.2}× |\n",
-            list(&proxy, 0),
-            list(&reference, 0),
+            "| {scenario} | {} | {} | {} | {:.2}× | {:.2}× | {} | {} |\n",
+            list(&proxy, 1),
+            list(&reference, 1),
             list(&ratios, 2),
             median(&ratios),
             median(&proxy) / median(&reference),
+            split(&user),
+            split(&kernel),
         ));
     }
     out

@@ -8,6 +8,16 @@ use loadtest::load::Outcome;
 use loadtest::report::{median, reference_ratios, Row};
 
 fn row(scenario: &str, target: &'static str, round: Option<u32>, cpu: f64) -> Row {
+    row_in_user_space(scenario, target, round, cpu, None)
+}
+
+fn row_in_user_space(
+    scenario: &str,
+    target: &'static str,
+    round: Option<u32>,
+    cpu: f64,
+    user: Option<f64>,
+) -> Row {
     let outcome = Outcome {
         elapsed: Duration::from_secs(1),
         latency_us: Histogram::new(3).unwrap(),
@@ -17,6 +27,7 @@ fn row(scenario: &str, target: &'static str, round: Option<u32>, cpu: f64) -> Ro
     let mut row = Row::new(scenario, target, &outcome, None);
     row.round = round;
     row.proxy_cpu_us_per_request = Some(cpu);
+    row.proxy_user_us_per_request = user;
     row
 }
 
@@ -47,7 +58,7 @@ fn each_round_is_compared_with_the_reference_of_the_same_round() {
     // Ratios 1.20, 0.80, 1.25: median 1.20; medians 55 / 50 = 1.10.
     assert_eq!(
         lines,
-        ["| loki | 60, 40, 55 | 50, 50, 44 | 1.20, 0.80, 1.25 | 1.20× | 1.10× |"]
+        ["| loki | 60.0, 40.0, 55.0 | 50.0, 50.0, 44.0 | 1.20, 0.80, 1.25 | 1.20× | 1.10× | – | – |"]
     );
     assert!(
         !summary.contains("promql"),
@@ -59,4 +70,20 @@ fn each_round_is_compared_with_the_reference_of_the_same_round() {
 fn no_reference_rows_no_summary() {
     let rows = vec![row("promql", "proxy", None, 20.0)];
     assert_eq!(reference_ratios(&rows), "");
+}
+
+#[test]
+fn user_space_and_kernel_are_split_by_their_medians() {
+    let rows = vec![
+        row_in_user_space("loki", "proxy", Some(1), 11.0, Some(4.0)),
+        row_in_user_space("loki", "nginx", Some(1), 10.0, Some(3.0)),
+        row_in_user_space("loki", "proxy", Some(2), 12.0, Some(5.0)),
+        row_in_user_space("loki", "nginx", Some(2), 9.0, Some(2.0)),
+        row_in_user_space("loki", "proxy", Some(3), 11.5, Some(4.4)),
+        row_in_user_space("loki", "nginx", Some(3), 9.5, Some(2.8)),
+    ];
+    let summary = reference_ratios(&rows);
+    let line = summary.lines().find(|l| l.starts_with("| loki")).unwrap();
+    // User: medians 4.4 and 2.8; kernel: 7.0, 7.0, 7.1 against 7.0, 7.0, 6.7.
+    assert!(line.ends_with("| 4.4 / 2.8 | 7.0 / 7.0 |"), "{line}");
 }
