@@ -43,7 +43,11 @@ fn bench(c: &mut Criterion) {
         let metrics = Default::default();
         let tracing = runtime
             .block_on(async {
-                Tracing::new(&config, Reuse::new(Duration::from_secs(50)), &metrics)
+                Tracing::new(
+                    &config,
+                    Reuse::new(Duration::from_secs(50), Default::default()),
+                    &metrics,
+                )
             })
             .unwrap();
         c.bench_function(name, |b| {

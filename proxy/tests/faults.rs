@@ -304,4 +304,9 @@ async fn a_query_meeting_an_idle_close_is_answered_and_a_push_is_not_sent_twice(
     ];
     let requests: Vec<(usize, &String)> = requests.iter().map(|(n, l)| (*n, l)).collect();
     assert_eq!(requests, expected);
+    let metrics = proxy.metrics().await;
+    assert!(
+        metrics.contains("tenant_proxy_upstream_replays_total 1\n"),
+        "{metrics}"
+    );
 }

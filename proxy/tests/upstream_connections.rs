@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
+use prometheus_client::metrics::counter::Counter;
 use tenant_proxy::http::body;
 use tenant_proxy::upstream::{self, HttpClient, Reuse, UpstreamError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -99,17 +100,20 @@ async fn upstream(
 
 /// A client that keeps connections as the proxy does by default.
 fn client() -> HttpClient {
-    upstream::client(None, Reuse::new(Duration::from_secs(50))).unwrap()
+    let reuse = Reuse::new(Duration::from_secs(50), Counter::default());
+    upstream::client(None, reuse).unwrap()
 }
 
 /// A client that sends a safe request again on a new connection when a
-/// connection parked for at least `replay_after_idle` closes under it.
-fn client_replaying_after(replay_after_idle: Duration) -> HttpClient {
+/// connection parked for at least `replay_after_idle` closes under it,
+/// and the count of the requests it sent again.
+fn client_replaying_after(replay_after_idle: Duration) -> (HttpClient, Counter) {
+    let replays = Counter::default();
     let reuse = Reuse {
         replay_after_idle,
-        ..Reuse::new(Duration::from_secs(50))
+        ..Reuse::new(Duration::from_secs(50), replays.clone())
     };
-    upstream::client(None, reuse).unwrap()
+    (upstream::client(None, reuse).unwrap(), replays)
 }
 
 async fn get(client: &HttpClient, addr: SocketAddr, method: Method) -> (StatusCode, String) {
@@ -370,7 +374,7 @@ async fn an_answer_whose_rest_comes_later_wakes_its_reader() {
 #[tokio::test]
 async fn a_safe_request_meeting_an_idle_close_is_sent_again_on_a_new_connection() {
     let (addr, mut events) = upstream(HELLO, Close::AtSecondRequest).await;
-    let client = client_replaying_after(Duration::ZERO);
+    let (client, replays) = client_replaying_after(Duration::ZERO);
     for _ in 0..2 {
         assert_eq!(
             get(&client, addr, Method::GET).await,
@@ -387,6 +391,7 @@ async fn a_safe_request_meeting_an_idle_close_is_sent_again_on_a_new_connection(
         .collect();
     assert_eq!(requests, [1, 1, 2], "{seen:?}");
     assert!(seen.contains(&Seen::ClosedByUpstream(1)), "{seen:?}");
+    assert_eq!(replays.get(), 1);
 }
 
 /// What cannot be sent again safely is not: a request with a body (a
@@ -401,7 +406,7 @@ async fn a_push_or_a_request_on_a_busy_connection_is_not_sent_again() {
             .unwrap()
     };
     let (addr, mut events) = upstream(HELLO, Close::AtSecondRequest).await;
-    let replaying = client_replaying_after(Duration::ZERO);
+    let (replaying, replays) = client_replaying_after(Duration::ZERO);
     assert_eq!(
         exchange(&replaying, post(addr)).await.unwrap(),
         (StatusCode::OK, "hello".into())
@@ -410,7 +415,7 @@ async fn a_push_or_a_request_on_a_busy_connection_is_not_sent_again() {
     assert!(matches!(failed, Err(UpstreamError::Http(_))), "{failed:?}");
 
     let (busy_addr, mut busy_events) = upstream(HELLO, Close::AtSecondRequest).await;
-    let not_yet = client_replaying_after(Duration::from_secs(3600));
+    let (not_yet, not_yet_replays) = client_replaying_after(Duration::from_secs(3600));
     assert_eq!(
         get(&not_yet, busy_addr, Method::GET).await,
         (StatusCode::OK, "hello".into())
@@ -428,4 +433,5 @@ async fn a_push_or_a_request_on_a_busy_connection_is_not_sent_again() {
         assert_eq!(requests, 2, "{seen:?}");
         assert_eq!(connections(&drain(events)) + connections(&seen), 1);
     }
+    assert_eq!((replays.get(), not_yet_replays.get()), (0, 0));
 }

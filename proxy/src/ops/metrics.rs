@@ -105,6 +105,7 @@ pub struct Metrics {
     pub credentials_loaded: Gauge,
     pub reload_failures: Counter,
     pub tls_reload_failures: Counter,
+    pub upstream_replays: Counter,
     pub last_reload_success: Gauge,
     pub last_reload_timestamp: Gauge<f64, AtomicU64>,
     pub remote_write_series: Family<TenantLabels, Counter>,
@@ -228,6 +229,13 @@ impl Default for Metrics {
             "Changed TLS files that failed to load (the previous certificate stayed in force)",
             tls_reload_failures.clone(),
         );
+        let upstream_replays = Counter::default();
+        registry.register(
+            "upstream_replays",
+            "Safe requests sent again on a new upstream connection: the one they went out on \
+             had been idle and the upstream closed it before answering",
+            upstream_replays.clone(),
+        );
         let last_reload_success = Gauge::default();
         registry.register(
             "tenants_last_reload_success",
@@ -348,6 +356,7 @@ impl Default for Metrics {
             credentials_loaded,
             reload_failures,
             tls_reload_failures,
+            upstream_replays,
             last_reload_success,
             last_reload_timestamp,
             remote_write_series,

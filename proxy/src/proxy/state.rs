@@ -148,10 +148,14 @@ impl AppState {
         tenants: Arc<Tenants>,
         metrics: Arc<Metrics>,
     ) -> Result<Self, String> {
-        let reuse = upstream::Reuse::new(config.limits.upstream_idle_timeout);
+        let reuse = upstream::Reuse::new(
+            config.limits.upstream_idle_timeout,
+            metrics.upstream_replays.clone(),
+        );
         let client = |tls: Option<&UpstreamTls>| -> Result<_, String> {
             Ok(Arc::new(ArcSwap::from_pointee(upstream::client(
-                tls, reuse,
+                tls,
+                reuse.clone(),
             )?)))
         };
         let logs = match &config.logs {

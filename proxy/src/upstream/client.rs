@@ -25,6 +25,7 @@ use hyper::client::conn::http1;
 use hyper_rustls::{HttpsConnector, MaybeHttpsStream};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioIo;
+use prometheus_client::metrics::counter::Counter;
 use tokio::net::TcpStream;
 use tower_service::Service;
 
@@ -44,7 +45,7 @@ pub struct HttpClient {
 }
 
 /// How upstream connections are kept between requests.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Reuse {
     /// How long a parked connection may wait for its next request
     /// (`limits.upstream_idle_timeout`). Below the upstream's own idle
@@ -59,16 +60,21 @@ pub struct Reuse {
     /// Connections reused sooner than this are not closed as idle, and
     /// the requests they carry are not copied.
     pub replay_after_idle: Duration,
+    /// Counts the requests sent again (`tenant_proxy_upstream_replays_total`):
+    /// one that keeps rising says an upstream closes idle connections
+    /// before the proxy does.
+    pub replays: Counter,
 }
 
 impl Reuse {
     /// Parked up to `idle_timeout`; a safe request replayed after a second
     /// of idleness: far below any upstream's idle timeout, and above the
     /// microseconds between requests under load.
-    pub fn new(idle_timeout: Duration) -> Self {
+    pub fn new(idle_timeout: Duration, replays: Counter) -> Self {
         Self {
             idle_timeout,
             replay_after_idle: Duration::from_secs(1),
+            replays,
         }
     }
 }
@@ -112,20 +118,21 @@ impl std::fmt::Debug for HttpClient {
 
 impl HttpClient {
     pub fn new(connector: HttpsConnector<HttpConnector>, reuse: Reuse) -> Self {
+        let idle_timeout = reuse.idle_timeout;
         let shared = Arc::new(Shared {
             connector,
             reuse,
             parked: Mutex::new(Vec::new()),
         });
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(close_expired(Arc::downgrade(&shared), reuse.idle_timeout));
+            runtime.spawn(close_expired(Arc::downgrade(&shared), idle_timeout));
         }
         Self { shared }
     }
 
     /// How this client keeps its connections.
     pub fn reuse(&self) -> Reuse {
-        self.shared.reuse
+        self.shared.reuse.clone()
     }
 
     /// Sends `request` (an absolute URI) and returns the answer once its
@@ -173,6 +180,7 @@ impl HttpClient {
                             "upstream closed an idle connection as a request went out; \
                              sent again on a new connection"
                         );
+                        self.shared.reuse.replays.inc();
                         request = copy;
                         replayed = true;
                     }
