@@ -405,7 +405,7 @@ impl Shared {
 /// Closes connections parked too long, so that an upstream that went
 /// quiet does not keep sockets open; ends with the client.
 async fn close_expired(shared: Weak<Shared>, idle_timeout: Duration) {
-    let mut every = tokio::time::interval(idle_timeout / 3);
+    let mut every = tokio::time::interval(sweep_period(idle_timeout));
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         every.tick().await;
@@ -414,6 +414,14 @@ async fn close_expired(shared: Weak<Shared>, idle_timeout: Duration) {
             None => return,
         }
     }
+}
+
+/// How often parked connections are checked for expiry: a third of the
+/// idle timeout, so none outlives it by more than that; at least a
+/// millisecond, since a period of zero panics and the configuration
+/// refuses only an idle timeout of zero.
+fn sweep_period(idle_timeout: Duration) -> Duration {
+    (idle_timeout / 3).max(Duration::from_millis(1))
 }
 
 /// One upstream connection: where requests go in, and the I/O that moves
@@ -572,5 +580,22 @@ impl Body for UpstreamBody {
 
     fn size_hint(&self) -> SizeHint {
         self.incoming.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parked_connections_are_swept_three_times_an_idle_timeout_and_never_every_zero_seconds() {
+        assert_eq!(
+            sweep_period(Duration::from_secs(51)),
+            Duration::from_secs(17)
+        );
+        assert_eq!(
+            sweep_period(Duration::from_nanos(1)),
+            Duration::from_millis(1)
+        );
     }
 }
