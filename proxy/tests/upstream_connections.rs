@@ -212,16 +212,20 @@ async fn sequential_requests_share_one_connection_in_origin_form() {
 
 #[tokio::test]
 async fn an_answer_without_a_body_frees_its_connection_at_once() {
-    let (addr, mut events) = upstream("HTTP/1.1 204 No Content\r\n\r\n", Close::Never).await;
-    let client = client();
-    for method in [Method::GET, Method::HEAD, Method::GET] {
-        assert_eq!(
-            get(&client, addr, method).await,
-            (StatusCode::NO_CONTENT, String::new())
-        );
+    // GETs are read by hand (upstream/plain.rs), HEADs through hyper: each
+    // kind keeps its own connection.
+    for method in [Method::GET, Method::HEAD] {
+        let (addr, mut events) = upstream("HTTP/1.1 204 No Content\r\n\r\n", Close::Never).await;
+        let client = client();
+        for _ in 0..3 {
+            assert_eq!(
+                get(&client, addr, method.clone()).await,
+                (StatusCode::NO_CONTENT, String::new())
+            );
+        }
+        let seen = drain(&mut events);
+        assert_eq!(connections(&seen), 1, "{method}: {seen:?}");
     }
-    let seen = drain(&mut events);
-    assert_eq!(connections(&seen), 1, "{seen:?}");
 }
 
 #[tokio::test]
@@ -417,10 +421,12 @@ async fn a_push_or_a_request_on_a_busy_connection_is_not_sent_again() {
     let (busy_addr, mut busy_events) = upstream(HELLO, Close::AtSecondRequest).await;
     let (not_yet, not_yet_replays) = client_replaying_after(Duration::from_secs(3600));
     assert_eq!(
-        get(&not_yet, busy_addr, Method::GET).await,
+        get(&not_yet, busy_addr, Method::OPTIONS).await,
         (StatusCode::OK, "hello".into())
     );
-    let request = Request::get(format!("http://{busy_addr}/")).body(body::empty());
+    // Through hyper (an OPTIONS; a GET is read by hand and replayed from
+    // the bytes it keeps, whenever its connection was reused).
+    let request = Request::options(format!("http://{busy_addr}/")).body(body::empty());
     let failed = exchange(&not_yet, request.unwrap()).await;
     assert!(matches!(failed, Err(UpstreamError::Http(_))), "{failed:?}");
 

@@ -12,13 +12,12 @@
 
 use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::task::{ready, Context, Poll, Waker};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header;
-use http::uri::{Authority, Scheme};
 use http::{Method, Request, Response, Uri};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::client::conn::http1;
@@ -29,11 +28,10 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::net::TcpStream;
 use tower_service::Service;
 
+use super::plain::{self, PlainBody, PlainError, PlainLink};
+use super::pool::{Key, Parkable, Pool};
 use crate::http::body::{BoxError, ProxyBody};
 use crate::http::headers;
-
-/// Parked connections kept per upstream; a burst beyond it closes the rest.
-const MAX_IDLE: usize = 256;
 
 type Connection = http1::Connection<MaybeHttpsStream<TokioIo<TcpStream>>, ProxyBody>;
 
@@ -52,13 +50,15 @@ pub struct Reuse {
     /// timeout, the proxy, not the upstream, closes it, and no request
     /// meets a connection the upstream is closing.
     pub idle_timeout: Duration,
-    /// A safe request (`GET`, `HEAD` or `OPTIONS`, without a body) sent
-    /// on a connection parked at least this long is sent again on a new
-    /// connection if that one closes before any answer: the upstream
-    /// closed it as idle while the request was on its way (the race every
-    /// keep-alive client has; Go's transport retries the same way).
-    /// Connections reused sooner than this are not closed as idle, and
-    /// the requests they carry are not copied.
+    /// A safe request through hyper (`HEAD` or `OPTIONS`, or a `GET` to
+    /// an `https://` upstream, without a body) sent on a connection parked
+    /// at least this long is sent again on a new connection if that one
+    /// closes before any answer: the upstream closed it as idle while the
+    /// request was on its way (the race every keep-alive client has; Go's
+    /// transport retries the same way). Connections reused sooner than
+    /// this are not closed as idle, and the requests they carry are not
+    /// copied. A plain `GET` (`plain.rs`) keeps its bytes anyway and is
+    /// sent again whenever its reused connection closes so.
     pub replay_after_idle: Duration,
     /// Counts the requests sent again (`tenant_proxy_upstream_replays_total`):
     /// one that keeps rising says an upstream closes idle connections
@@ -82,21 +82,10 @@ impl Reuse {
 struct Shared {
     connector: HttpsConnector<HttpConnector>,
     reuse: Reuse,
-    /// Parked connections per upstream (scheme and authority); a proxy has
-    /// a handful of upstreams, so a list is the cheapest map.
-    parked: Mutex<Vec<Parking>>,
-}
-
-struct Parking {
-    key: Key,
-    /// Oldest first; taken from the back, so the warmest is reused.
-    links: Vec<(Box<Link>, Instant)>,
-}
-
-#[derive(Clone, PartialEq, Eq)]
-struct Key {
-    scheme: Scheme,
-    authority: Authority,
+    /// Idle connections driven by hyper's client, per upstream.
+    parked: Pool<Box<Link>>,
+    /// Idle plain connections of `GET`s read by hand (`plain.rs`).
+    plain: Arc<Pool<PlainLink>>,
 }
 
 /// Why an upstream exchange failed.
@@ -108,6 +97,8 @@ pub enum UpstreamError {
     Connect(#[source] BoxError),
     #[error("upstream exchange failed: {0}")]
     Http(#[source] hyper::Error),
+    #[error(transparent)]
+    Plain(#[from] PlainError),
 }
 
 impl std::fmt::Debug for HttpClient {
@@ -122,7 +113,8 @@ impl HttpClient {
         let shared = Arc::new(Shared {
             connector,
             reuse,
-            parked: Mutex::new(Vec::new()),
+            parked: Pool::new(),
+            plain: Arc::new(Pool::new()),
         });
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(close_expired(Arc::downgrade(&shared), idle_timeout));
@@ -141,12 +133,15 @@ impl HttpClient {
         &self,
         mut request: Request<ProxyBody>,
     ) -> Result<Response<UpstreamBody>, UpstreamError> {
-        let key = Key::of(request.uri())?;
+        let key = Key::of(request.uri()).ok_or(UpstreamError::Uri)?;
         prepare(&mut request, &key);
         // The rare paths are boxed: their futures would otherwise make every
         // request's state, moved around with it, several times larger.
         if request.headers().contains_key(header::UPGRADE) {
             return Box::pin(self.upgrade(&key, request)).await;
+        }
+        if let Some(head) = plain::request_head(&request, &key) {
+            return self.plain(key, head).await;
         }
         let mut request = request;
         // After a replay, only a new connection: the parked ones are as
@@ -186,6 +181,51 @@ impl HttpClient {
                     }
                     _ => return Err(UpstreamError::Http(failed.into_error())),
                 },
+            }
+        }
+    }
+
+    /// A bodiless `GET` over plain HTTP, written and read by hand
+    /// (`plain.rs`). A parked connection that closes before a byte of the
+    /// answer came (the upstream closed it as idle as the request went
+    /// out) gets the request once more, on a new connection: a `GET` is
+    /// safe to send again, and its bytes are still at hand.
+    async fn plain(
+        &self,
+        key: Key,
+        head: Vec<u8>,
+    ) -> Result<Response<UpstreamBody>, UpstreamError> {
+        let mut replayed = false;
+        loop {
+            let parked = match replayed {
+                false => self.shared.plain.take(&key, self.shared.reuse.idle_timeout),
+                true => None,
+            };
+            let reused = parked.is_some();
+            let mut link = match parked {
+                Some((link, _)) => link,
+                None => PlainLink::connect(&key)
+                    .await
+                    .map_err(UpstreamError::Plain)?,
+            };
+            match link.exchange(&head).await {
+                Ok((answer, reader)) => {
+                    let pool = Arc::downgrade(&self.shared.plain);
+                    let response = plain::response(answer, link, reader, key, pool);
+                    return Ok(response.map(|body| UpstreamBody {
+                        kind: Kind::Plain(body),
+                    }));
+                }
+                Err(e) if reused && !replayed && e.closed_before_answer() => {
+                    tracing::debug!(
+                        upstream = %key.authority,
+                        "upstream closed an idle connection as a request went out; \
+                         sent again on a new connection"
+                    );
+                    self.shared.reuse.replays.inc();
+                    replayed = true;
+                }
+                Err(e) => return Err(UpstreamError::Plain(e)),
             }
         }
     }
@@ -230,23 +270,15 @@ impl HttpClient {
             .await
             .map_err(UpstreamError::Http)?;
         Ok(response.map(|incoming| UpstreamBody {
-            incoming,
-            link: None,
+            kind: Kind::Hyper {
+                incoming,
+                link: None,
+            },
         }))
     }
 }
 
 impl Key {
-    fn of(uri: &Uri) -> Result<Self, UpstreamError> {
-        match (uri.scheme(), uri.authority()) {
-            (Some(scheme), Some(authority)) => Ok(Self {
-                scheme: scheme.clone(),
-                authority: authority.clone(),
-            }),
-            _ => Err(UpstreamError::Uri),
-        }
-    }
-
     fn origin(&self) -> Uri {
         Uri::builder()
             .scheme(self.scheme.clone())
@@ -314,26 +346,7 @@ impl Shared {
     /// A parked connection to `key` that is still open and ready, if any,
     /// and how long it was parked.
     fn take(&self, key: &Key) -> Option<(Box<Link>, Duration)> {
-        loop {
-            let (mut link, idle) = {
-                let mut parked = self.parked.lock().expect("parking lock");
-                let parking = parked.iter_mut().find(|p| p.key == *key)?;
-                let (link, since) = parking.links.pop()?;
-                let idle = since.elapsed();
-                if idle >= self.reuse.idle_timeout {
-                    // The rest are older still: all of them close, once the
-                    // lock is released.
-                    let expired = std::mem::take(&mut parking.links);
-                    drop(parked);
-                    drop((link, expired));
-                    return None;
-                }
-                (link, idle)
-            };
-            if link.usable() {
-                return Some((link, idle));
-            }
-        }
+        self.parked.take(key, self.reuse.idle_timeout)
     }
 
     /// Parks `link` for the next request to `key`.
@@ -341,22 +354,7 @@ impl Shared {
         if link.ended() || link.sender.is_closed() {
             return;
         }
-        let mut parked = self.parked.lock().expect("parking lock");
-        let index = match parked.iter().position(|p| p.key == key) {
-            Some(index) => index,
-            None => {
-                parked.push(Parking {
-                    key,
-                    links: Vec::new(),
-                });
-                parked.len() - 1
-            }
-        };
-        let links = &mut parked[index].links;
-        if links.len() >= MAX_IDLE {
-            links.remove(0);
-        }
-        links.push((link, Instant::now()));
+        self.parked.park(key, link);
     }
 
     /// The answer, its body carrying the connection until it has been read
@@ -384,21 +382,14 @@ impl Shared {
                 shared: Arc::downgrade(self),
             })
         };
-        response.map(|incoming| UpstreamBody { incoming, link })
+        response.map(|incoming| UpstreamBody {
+            kind: Kind::Hyper { incoming, link },
+        })
     }
 
     fn close_expired(&self) {
-        let mut expired = Vec::new();
-        let mut parked = self.parked.lock().expect("parking lock");
-        for parking in parked.iter_mut() {
-            // Oldest first: the expired ones are a prefix.
-            let stale = parking
-                .links
-                .partition_point(|(_, since)| since.elapsed() >= self.reuse.idle_timeout);
-            expired.extend(parking.links.drain(..stale));
-        }
-        drop(parked);
-        drop(expired);
+        self.parked.close_expired(self.reuse.idle_timeout);
+        self.plain.close_expired(self.reuse.idle_timeout);
     }
 }
 
@@ -422,6 +413,12 @@ async fn close_expired(shared: Weak<Shared>, idle_timeout: Duration) {
 /// refuses only an idle timeout of zero.
 fn sweep_period(idle_timeout: Duration) -> Duration {
     (idle_timeout / 3).max(Duration::from_millis(1))
+}
+
+impl Parkable for Box<Link> {
+    fn usable(&mut self) -> bool {
+        Link::usable(self)
+    }
 }
 
 /// One upstream connection: where requests go in, and the I/O that moves
@@ -520,12 +517,22 @@ fn quiet() -> Context<'static> {
     Context::from_waker(Waker::noop())
 }
 
-/// An upstream answer's body. While it streams it drives the connection it
-/// arrives on; read through, it parks that connection for the next request,
-/// dropped early, it closes it.
+/// An upstream answer's body. While it streams it reads from the
+/// connection it arrives on; read through, it parks that connection for
+/// the next request, dropped early, it closes it.
 pub struct UpstreamBody {
-    incoming: Incoming,
-    link: Option<Following>,
+    kind: Kind,
+}
+
+enum Kind {
+    /// Through hyper's client: the connection is driven as the body is
+    /// read.
+    Hyper {
+        incoming: Incoming,
+        link: Option<Following>,
+    },
+    /// A plain `GET`'s answer, read by hand.
+    Plain(PlainBody),
 }
 
 struct Following {
@@ -534,52 +541,58 @@ struct Following {
     shared: Weak<Shared>,
 }
 
-impl UpstreamBody {
-    fn finished(&mut self) {
-        if let Some(following) = self.link.take() {
-            if let Some(shared) = following.shared.upgrade() {
-                shared.park(following.key, following.link);
-            }
+impl Following {
+    fn finished(self) {
+        if let Some(shared) = self.shared.upgrade() {
+            shared.park(self.key, self.link);
         }
     }
 }
 
 impl Body for UpstreamBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let this = self.get_mut();
-        let incoming = &mut this.incoming;
-        let frame = match &mut this.link {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let (incoming, link) = match &mut self.get_mut().kind {
+            Kind::Plain(body) => return Pin::new(body).poll_frame(cx).map_err(Into::into),
+            Kind::Hyper { incoming, link } => (incoming, link),
+        };
+        let frame = match link {
             // The head's drive usually brought the body too.
             Some(following) => ready!(following
                 .link
                 .then_drive(cx, || Pin::new(&mut *incoming).poll_frame(&mut quiet()))),
             // The connection runs as a task of its own (a protocol switch),
             // or the answer is complete.
-            None => ready!(Pin::new(incoming).poll_frame(cx)),
+            None => ready!(Pin::new(&mut *incoming).poll_frame(cx)),
         };
         match &frame {
-            None => this.finished(),
-            Some(Err(_)) => this.link = None,
+            None => link.take().map_or((), Following::finished),
+            Some(Err(_)) => *link = None,
             // A reader that knows the length stops at the last byte and
             // never asks for the end: finish there.
-            Some(Ok(_)) if this.incoming.is_end_stream() => this.finished(),
+            Some(Ok(_)) if incoming.is_end_stream() => link.take().map_or((), Following::finished),
             Some(Ok(_)) => {}
         }
-        Poll::Ready(frame)
+        Poll::Ready(frame.map(|frame| frame.map_err(Into::into)))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.incoming.is_end_stream()
+        match &self.kind {
+            Kind::Hyper { incoming, .. } => incoming.is_end_stream(),
+            Kind::Plain(body) => body.is_end_stream(),
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.incoming.size_hint()
+        match &self.kind {
+            Kind::Hyper { incoming, .. } => incoming.size_hint(),
+            Kind::Plain(body) => body.size_hint(),
+        }
     }
 }
 

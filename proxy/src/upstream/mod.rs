@@ -1,6 +1,9 @@
 //! The upstream client and the header hygiene of a forwarded request.
 
+pub mod answer;
 mod client;
+mod plain;
+mod pool;
 pub mod tls;
 
 pub use client::{HttpClient, Reuse, UpstreamBody, UpstreamError};

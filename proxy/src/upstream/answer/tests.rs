@@ -1,0 +1,228 @@
+use proptest::prelude::*;
+
+use super::*;
+
+/// Everything the reader makes of `input`, fed in pieces ending at
+/// `splits`, then told the upstream closed: the head, the body and
+/// whether the connection may be reused, or the first refusal.
+fn read(input: &[u8], splits: &[usize]) -> Result<(Head, Vec<u8>, bool), AnswerError> {
+    let mut reader = AnswerReader::new();
+    let mut buf = BytesMut::new();
+    let (mut head, mut body) = (None, Vec::new());
+    let mut ends: Vec<usize> = splits.iter().map(|&s| s.min(input.len())).collect();
+    ends.sort_unstable();
+    ends.push(input.len());
+    let mut fed = 0;
+    for (i, &end) in ends.iter().enumerate() {
+        buf.extend_from_slice(&input[fed..end.max(fed)]);
+        fed = end.max(fed);
+        let closed = i == ends.len() - 1;
+        while let Some(event) = reader.next(&mut buf, closed)? {
+            match event {
+                Event::Head(h) => head = Some(h),
+                Event::Data(data) => body.extend_from_slice(&data),
+                Event::End { reusable } => {
+                    // Whatever was left unread stays in `buf`; a reusable
+                    // answer leaves nothing.
+                    let head = head.expect("the head comes before the end");
+                    return Ok((head, body, reusable && fed == input.len()));
+                }
+            }
+        }
+    }
+    panic!("told the upstream closed, the reader neither ended nor refused")
+}
+
+fn whole(input: &[u8]) -> Result<(Head, Vec<u8>, bool), AnswerError> {
+    read(input, &[])
+}
+
+fn body_and_reuse(input: &[u8]) -> (StatusCode, String, bool) {
+    let (head, body, reusable) = whole(input).unwrap();
+    (head.status, String::from_utf8(body).unwrap(), reusable)
+}
+
+const CHUNKED: &[u8] =
+    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n\
+    5;name=value\r\nhello\r\n6 \r\n world\r\n0\r\nx-trailer: 1\r\n\r\n";
+
+#[test]
+fn answers_framed_by_length_or_chunks_are_read_whole_and_reusable() {
+    let ok = |body: &str| (StatusCode::OK, body.to_owned(), true);
+    assert_eq!(
+        body_and_reuse(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello"),
+        ok("hello")
+    );
+    assert_eq!(
+        body_and_reuse(
+            b"HTTP/1.1 200 OK\r\ncontent-length: 5, 5\r\nContent-Length: 5\r\n\r\nhello"
+        ),
+        ok("hello")
+    );
+    assert_eq!(body_and_reuse(CHUNKED), ok("hello world"));
+    assert_eq!(
+        body_and_reuse(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}"),
+        ok("{}")
+    );
+    for empty in [
+        &b"HTTP/1.1 204 No Content\r\n\r\n"[..],
+        b"HTTP/1.1 304 Not Modified\r\ncontent-length: 100\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n",
+    ] {
+        let (_, body, reusable) = whole(empty).unwrap();
+        assert_eq!((body.len(), reusable), (0, true), "{empty:?}");
+    }
+    let (head, _, _) = whole(CHUNKED).unwrap();
+    assert_eq!(head.headers["content-type"], "application/json");
+    let (head, _, _) =
+        whole(b"HTTP/1.1 200 OK\r\nx-empty:\r\nx-b:  b \r\ncontent-length: 0\r\n\r\n").unwrap();
+    assert_eq!(head.headers["x-empty"], "");
+    assert_eq!(head.headers["x-b"], "b");
+    assert_eq!(head.version, Version::HTTP_11);
+}
+
+#[test]
+fn a_connection_is_reused_only_when_the_answer_allows_it_and_ends_the_bytes() {
+    let reused = |input: &[u8]| whole(input).unwrap().2;
+    assert!(!reused(
+        b"HTTP/1.1 200 OK\r\nconnection: keep-alive, Close\r\ncontent-length: 0\r\n\r\n"
+    ));
+    assert!(!reused(b"HTTP/1.0 200 OK\r\ncontent-length: 0\r\n\r\n"));
+    assert!(reused(
+        b"HTTP/1.0 200 OK\r\nconnection: Keep-Alive\r\ncontent-length: 0\r\n\r\n"
+    ));
+    // Framed by the close: read to the end, never reused.
+    assert_eq!(
+        body_and_reuse(b"HTTP/1.1 200 OK\r\n\r\nuntil the end"),
+        (StatusCode::OK, "until the end".into(), false)
+    );
+    // Bytes after the answer: the next answer would start with them.
+    let mut reader = AnswerReader::new();
+    let mut buf = BytesMut::from(&b"HTTP/1.1 204 No Content\r\n\r\nHTTP/1.1 200"[..]);
+    assert!(matches!(
+        reader.next(&mut buf, false),
+        Ok(Some(Event::Head(_)))
+    ));
+    assert_eq!(
+        reader.next(&mut buf, false),
+        Ok(Some(Event::End { reusable: false }))
+    );
+}
+
+#[test]
+fn what_is_not_fully_understood_is_refused() {
+    use AnswerError::*;
+    let cases: [(&[u8], AnswerError); 23] = [
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: \r\n\r\n",
+            BadContentLength,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 5,\r\n\r\nhello",
+            BadContentLength,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked,\r\n\r\n0\r\n\r\n",
+            UnsupportedFraming,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0\r\nx-t\xff: 1\r\n\r\n",
+            BadChunk,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0\r\nx-t : 1\r\n\r\n",
+            BadChunk,
+        ),
+        (
+            b"HTTP/1.0 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n",
+            UnsupportedFraming,
+        ),
+        (b"", ClosedBeforeAnswer),
+        (b"HTTP/1.1 200 OK\r\ncontent-len", ClosedEarly),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhel",
+            ClosedEarly,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n",
+            ClosedEarly,
+        ),
+        (b"HTTP/1.1 200 OK\r\nbad header\r\n\r\n", MalformedHead),
+        (b"HTTP/2 200 OK\r\n\r\n", MalformedHead),
+        (
+            b"HTTP/1.1 101 Switching Protocols\r\n\r\n",
+            UnexpectedStatus,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n",
+            UnsupportedFraming,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntransfer-encoding: chunked\r\n\r\n",
+            UnsupportedFraming,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 5\r\n\r\n",
+            UnsupportedFraming,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 5, 6\r\n\r\nhello",
+            BadContentLength,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: +5\r\n\r\nhello",
+            BadContentLength,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 99999999999999999999\r\n\r\n",
+            BadContentLength,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nx\r\n",
+            BadChunk,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n1000000000000000\r\n",
+            BadChunk,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhelloXX0\r\n\r\n",
+            BadChunk,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\nhello\r\n0\r\n\r\n",
+            BadChunk,
+        ),
+    ];
+    for (input, refusal) in cases {
+        assert_eq!(
+            whole(input).map(|_| ()),
+            Err(refusal),
+            "{}",
+            String::from_utf8_lossy(input)
+        );
+    }
+    let informational = b"HTTP/1.1 100 Continue\r\n\r\n".repeat(MAX_INFORMATIONAL + 1);
+    assert_eq!(whole(&informational).map(|_| ()), Err(UnexpectedStatus));
+    let long = format!(
+        "HTTP/1.1 200 OK\r\nx: {}\r\n\r\n",
+        "a".repeat(MAX_HEAD_BYTES)
+    );
+    assert_eq!(whole(long.as_bytes()).map(|_| ()), Err(HeadTooLarge));
+}
+
+proptest! {
+    /// However the bytes arrive, the reading is the same.
+    #[test]
+    fn any_split_reads_the_same(
+        input in prop::sample::select(vec![
+            CHUNKED,
+            &b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello"[..],
+            b"HTTP/1.1 200 OK\r\n\r\nuntil the end",
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhelloXX",
+        ]),
+        splits in prop::collection::vec(0usize..200, 0..12),
+    ) {
+        prop_assert_eq!(read(input, &splits), whole(input));
+    }
+}
