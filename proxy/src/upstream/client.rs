@@ -169,13 +169,7 @@ impl HttpClient {
                 }
                 Err(failed) => match replay {
                     Some(copy) if closed_before_answer(failed.error()) => {
-                        tracing::debug!(
-                            upstream = %key.authority,
-                            idle_ms = idle.unwrap_or_default().as_millis(),
-                            "upstream closed an idle connection as a request went out; \
-                             sent again on a new connection"
-                        );
-                        self.shared.reuse.replays.inc();
+                        self.shared.sending_again(&key);
                         request = copy;
                         replayed = true;
                     }
@@ -217,12 +211,7 @@ impl HttpClient {
                     }));
                 }
                 Err(e) if reused && !replayed && e.closed_before_answer() => {
-                    tracing::debug!(
-                        upstream = %key.authority,
-                        "upstream closed an idle connection as a request went out; \
-                         sent again on a new connection"
-                    );
-                    self.shared.reuse.replays.inc();
+                    self.shared.sending_again(&key);
                     replayed = true;
                 }
                 Err(e) => return Err(UpstreamError::Plain(e)),
@@ -334,8 +323,7 @@ fn closed_before_answer(error: &hyper::Error) -> bool {
     let mut source = std::error::Error::source(error);
     while let Some(e) = source {
         if let Some(io) = e.downcast_ref::<std::io::Error>() {
-            use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset};
-            return matches!(io.kind(), ConnectionReset | ConnectionAborted | BrokenPipe);
+            return plain::connection_lost(io);
         }
         source = e.source();
     }
@@ -343,6 +331,17 @@ fn closed_before_answer(error: &hyper::Error) -> bool {
 }
 
 impl Shared {
+    /// Counts a request about to go again on a new connection, its parked
+    /// one having closed before answering.
+    fn sending_again(&self, key: &Key) {
+        tracing::debug!(
+            upstream = %key.authority,
+            "upstream closed an idle connection as a request went out; \
+             sent again on a new connection"
+        );
+        self.reuse.replays.inc();
+    }
+
     /// A parked connection to `key` that is still open and ready, if any,
     /// and how long it was parked.
     fn take(&self, key: &Key) -> Option<(Box<Link>, Duration)> {

@@ -42,13 +42,22 @@ impl PlainError {
     /// The connection ended before a byte of the answer came: a parked
     /// one the upstream closed as idle while the request was on its way.
     pub fn closed_before_answer(&self) -> bool {
-        use io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset};
         match self {
             Self::Answer(AnswerError::ClosedBeforeAnswer) => true,
-            Self::Io(e) => matches!(e.kind(), ConnectionReset | ConnectionAborted | BrokenPipe),
+            Self::Io(e) => connection_lost(e),
             _ => false,
         }
     }
+}
+
+/// Whether a read or write failed because the peer closed or reset the
+/// connection (for hyper's connections too, `client.rs`).
+pub fn connection_lost(error: &io::Error) -> bool {
+    use io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset};
+    matches!(
+        error.kind(),
+        ConnectionReset | ConnectionAborted | BrokenPipe
+    )
 }
 
 /// The request as bytes, if it is one for this path: a `GET` without a
