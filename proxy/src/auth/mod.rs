@@ -114,13 +114,13 @@ impl Authenticator {
     ) -> Result<Arc<Credential>, AuthFailure> {
         let presented = parse_basic(headers)?;
         let digest = self.digest(&presented);
-        let credential = store.credential(presented.username()).cloned();
-
-        if let Some(credential) = &credential {
+        let credential = store.credential(presented.username());
+        if let Some(credential) = credential {
             if self.cached_fingerprint(&digest) == Some(credential.fingerprint) {
                 return Ok(credential.clone());
             }
         }
+        let credential = credential.cloned();
 
         let attempt = Attempt {
             username: self.username_key(presented.username()),

@@ -143,7 +143,18 @@ impl HttpClient {
         if let Some(head) = plain::request_head(&request, &key) {
             return self.plain(key, head).await;
         }
-        let mut request = request;
+        // Boxed as well: bodies and TLS are the paths that cost the most
+        // anyway, and plain `GET`s (the Loki path) need not carry their state.
+        Box::pin(self.through_hyper(key, request)).await
+    }
+
+    /// Any other request, over hyper's client: a parked connection, or a
+    /// new one.
+    async fn through_hyper(
+        &self,
+        key: Key,
+        mut request: Request<ProxyBody>,
+    ) -> Result<Response<UpstreamBody>, UpstreamError> {
         // After a replay, only a new connection: the parked ones are as
         // old as the one the upstream just closed.
         let mut replayed = false;
@@ -204,7 +215,7 @@ impl HttpClient {
             };
             match link.exchange(&head).await {
                 Ok((answer, reader)) => {
-                    let pool = Arc::downgrade(&self.shared.plain);
+                    let pool = self.shared.plain.clone();
                     let response = plain::response(answer, link, reader, key, pool);
                     return Ok(response.map(|body| UpstreamBody {
                         kind: Kind::Plain(body),

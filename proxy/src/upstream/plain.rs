@@ -7,7 +7,7 @@
 
 use std::io;
 use std::pin::Pin;
-use std::sync::Weak;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -148,12 +148,16 @@ impl PlainLink {
 
 /// The answer as a response whose body reads on from the connection,
 /// which goes back to `pool` once the answer has ended and allows it.
+/// The body holds the pool itself, not a `Weak`: upgrading and dropping
+/// one are two more writes a request to a count every worker shares. A
+/// pool its client has left (a reload) lives until its last body ends,
+/// and the connections parked in it meanwhile close with it.
 pub fn response(
     head: Head,
     link: PlainLink,
     reader: AnswerReader,
     key: Key,
-    pool: Weak<Pool<PlainLink>>,
+    pool: Arc<Pool<PlainLink>>,
 ) -> Response<PlainBody> {
     let mut body = PlainBody {
         link: Some(link),
@@ -177,7 +181,7 @@ pub struct PlainBody {
     reader: AnswerReader,
     closed: bool,
     key: Key,
-    pool: Weak<Pool<PlainLink>>,
+    pool: Arc<Pool<PlainLink>>,
 }
 
 impl PlainBody {
@@ -201,8 +205,8 @@ impl PlainBody {
     /// may carry another request, and is closed otherwise.
     fn end(&mut self, reusable: bool) {
         let link = self.link.take();
-        if let (true, Some(link), Some(pool)) = (reusable, link, self.pool.upgrade()) {
-            pool.park(self.key.clone(), link);
+        if let (true, Some(link)) = (reusable, link) {
+            self.pool.park(self.key.clone(), link);
         }
     }
 }
