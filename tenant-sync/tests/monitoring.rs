@@ -49,9 +49,7 @@ fn exported() -> BTreeSet<String> {
         .get_or_create(&proxy::ReasonLabels { reason: "r" });
     let _ = p.errors.get_or_create(&proxy::ReasonLabels { reason: "r" });
     p.count_limited(Some("t"), Some("logs_query"), "rate");
-    let _ = p
-        .upstream_duration
-        .get_or_create(&proxy::SurfaceLabels { surface: "s" });
+    p.upstream_duration.observe("logs_query", 0.1);
     let _ = p.remote_write_series.get_or_create(&tenant());
     let _ = p.remote_write_samples.get_or_create(&tenant());
     let _ = p.remote_write_bytes.get_or_create(&tenant());

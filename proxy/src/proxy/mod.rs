@@ -25,7 +25,7 @@ use std::time::Instant;
 use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
-use hyper::body::Incoming;
+use hyper::body::{Body as _, Incoming};
 
 use crate::admission::{Admitted, Kind};
 use crate::enforce::prometheus::{self, EMPTY_METADATA};
@@ -36,7 +36,7 @@ use crate::http::error::ProxyError;
 use crate::http::headers::{self, X_PROM_LABEL_POLICY};
 use crate::http::path;
 use crate::ops::access_log;
-use crate::ops::metrics::{self, ReasonLabels, SurfaceLabels, TenantLabels};
+use crate::ops::metrics::{self, ReasonLabels, TenantLabels};
 use crate::ops::otel::RequestSpan;
 use crate::routes::{self, Operation, Signal};
 use crate::tenants::Credential;
@@ -221,8 +221,12 @@ async fn proxy(
         .tenants
         .current()
         .ok_or(ProxyError::TenantsNotLoaded)?;
-    let credential = authenticate(state, &store, &request, client).await?;
-    outcome.credential = Some(credential.clone());
+    // Kept once, in the outcome, and borrowed from there: every clone of
+    // the `Arc` is a write to a count the other workers' requests of the
+    // same tenant write too.
+    let credential: &Arc<Credential> = outcome
+        .credential
+        .insert(authenticate(state, &store, &request, client).await?);
     if !credential.scopes.contains(route.scope) {
         return Err(ProxyError::MissingScope(route.scope));
     }
@@ -290,7 +294,7 @@ async fn proxy(
         && remote_write::sender_expects_v2(&parts.headers);
     let (query, body) = match route.operation {
         Operation::Enforce(selectors) => {
-            let matcher = target.tenant_matcher(&credential)?;
+            let matcher = target.tenant_matcher(credential)?;
             let limit = state.limits.max_body_bytes;
             let (query, bytes) = prometheus::rewrite_request(
                 &mut parts,
@@ -301,22 +305,28 @@ async fn proxy(
                 &state.memo,
             )
             .await?;
-            (query, body::full(bytes))
+            (Query::Rewritten(query), body::full(bytes))
         }
         Operation::RemoteWrite => {
             let (body, version) =
                 push::remote_write(state, target, &credential.tenant, &mut parts, body).await?;
             remote_write_v2 = version == remote_write::Version::V2;
-            (parts.uri.query().map(str::to_owned), body)
+            (Query::AsReceived, body)
         }
         Operation::Alertmanager(call) => {
             let tenant = target.alerts_tenant(&credential.tenant)?;
-            alerts::request(state, target, call, path, &mut parts, body, &tenant).await?
+            // Boxed: its state is the largest of these, and every other
+            // request's future would otherwise be as large.
+            let (query, body) = Box::pin(alerts::request(
+                state, target, call, path, &mut parts, body, &tenant,
+            ))
+            .await?;
+            (Query::Rewritten(query), body)
         }
         Operation::OtlpMetrics => {
             let body =
                 push::otlp_metrics(state, target, &credential.tenant, &mut parts, body).await?;
-            (parts.uri.query().map(str::to_owned), body)
+            (Query::AsReceived, body)
         }
         Operation::RuleGroup => {
             // Loki's route, held to the label the metrics are scoped by.
@@ -325,12 +335,12 @@ async fn proxy(
             })?;
             let tenant = metrics.remote_write_label(&credential.tenant)?;
             let body = rules::rule_group(state, &tenant, &mut parts, body).await?;
-            (parts.uri.query().map(str::to_owned), body)
+            (Query::AsReceived, body)
         }
         Operation::FederatedRuleGroup => {
             let tenant = credential.tenant.id.as_str();
             let body = rules::federated_rule_group(state, tenant, &mut parts, body).await?;
-            (parts.uri.query().map(str::to_owned), body)
+            (Query::AsReceived, body)
         }
         _ if label_policy.is_some() => {
             let limit = state.limits.max_body_bytes;
@@ -340,12 +350,16 @@ async fn proxy(
                 .filter(|_| route.pattern == routes::LOKI_LABEL_NAMES);
             let query =
                 label_policy::parameters_in_url(&mut parts, body, limit, label_names_of).await?;
-            (query, body::empty())
+            (Query::Rewritten(query), body::empty())
         }
+        // Most queries have no body: not boxed, nothing to limit.
+        _ if body.is_end_stream() => (Query::AsReceived, body::empty()),
         _ => {
             let limited = Limited::new(body, state.limits.max_body_bytes as usize);
-            let query = parts.uri.query().map(str::to_owned);
-            (query, limited.map_err(Into::into).boxed_unsync())
+            (
+                Query::AsReceived,
+                limited.map_err(Into::into).boxed_unsync(),
+            )
         }
     };
     if let Operation::Filter(_) | Operation::Alertmanager(_) = route.operation {
@@ -353,12 +367,12 @@ async fn proxy(
         parts.headers.remove(header::ACCEPT_ENCODING);
     }
     let upstream = target.upstream_for(route.operation);
+    let query = match &query {
+        Query::AsReceived => parts.uri.query(),
+        Query::Rewritten(query) => query.as_deref(),
+    };
     parts.uri = upstream
-        .uri_reusing(
-            target.upstream_path(route, path),
-            query.as_deref(),
-            &parts.uri,
-        )
+        .uri_reusing(target.upstream_path(route, path), query, &parts.uri)
         .map_err(|e| ProxyError::Internal(format!("cannot build upstream URI: {e}")))?;
     parts.version = http::Version::HTTP_11;
     upstream::prepare_request_headers(
@@ -398,10 +412,7 @@ async fn proxy(
     state
         .metrics
         .upstream_duration
-        .get_or_create(&SurfaceLabels {
-            surface: route.surface(),
-        })
-        .observe(sent.elapsed().as_secs_f64());
+        .observe(route.surface(), sent.elapsed().as_secs_f64());
 
     if let (Some(client_upgrade), StatusCode::SWITCHING_PROTOCOLS) =
         (client_upgrade, response.status())
@@ -411,7 +422,7 @@ async fn proxy(
         let held = outcome.admitted.take();
         let grant = tail::Grant {
             tenants: state.tenants.clone(),
-            credential,
+            credential: credential.clone(),
             scope: route.scope,
         };
         tail::splice_upgraded(
@@ -458,7 +469,7 @@ async fn proxy(
     }
     if let (Operation::Filter(filter), StatusCode::OK) = (route.operation, parts.status) {
         prometheus::refuse_compressed(&parts.headers)?;
-        let matcher = target.tenant_matcher(&credential)?;
+        let matcher = target.tenant_matcher(credential)?;
         let filtered = prometheus::filter_response(body, filter, matcher).await?;
         parts.headers.remove(header::CONTENT_LENGTH);
         return Ok(Response::from_parts(parts, body::full(filtered)));
@@ -467,6 +478,14 @@ async fn proxy(
         parts,
         body.map_err(Into::into).boxed_unsync(),
     ))
+}
+
+/// The query string the upstream gets.
+enum Query {
+    /// The client's, as it stands in the request (unread, not copied).
+    AsReceived,
+    /// One the proxy wrote (`None`: no query string).
+    Rewritten(Option<String>),
 }
 
 fn json_response(text: &'static str) -> Response<ProxyBody> {

@@ -410,3 +410,22 @@ fn refuses_prometheus_admin_and_global_endpoints() {
         Err(ProxyError::MethodNotAllowed { .. })
     ));
 }
+
+/// Every surface a route can have is one the upstream-duration histograms
+/// are kept for directly (`ops::metrics::SURFACES`); one missing would
+/// still be counted, the slow way.
+#[test]
+fn every_surface_is_listed_for_the_metrics() {
+    for metrics in EVERY_METRICS_SCOPING {
+        for table in [true, false].map(|enabled| RouteTable::new(enabled, metrics, enabled)) {
+            for route in &table.routes {
+                let surface = route.surface();
+                assert!(
+                    crate::ops::metrics::SURFACES.contains(&surface),
+                    "{surface} ({}) is not in SURFACES",
+                    route.pattern
+                );
+            }
+        }
+    }
+}
