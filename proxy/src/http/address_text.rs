@@ -5,7 +5,27 @@
 //! work. IPv4 is written by hand here; IPv6 goes through `Display`.
 
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+use http::HeaderValue;
+
+/// A client connection's peer: its address, and that address as text in a
+/// header value (`X-Forwarded-For`), written once per connection instead
+/// of once per request.
+#[derive(Clone, Debug)]
+pub struct Peer {
+    pub address: SocketAddr,
+    pub header: HeaderValue,
+}
+
+impl Peer {
+    pub fn new(address: SocketAddr) -> Self {
+        let mut text = String::with_capacity(45);
+        push_address(&mut text, address.ip());
+        let header = HeaderValue::from_str(&text).expect("an address is written in visible ASCII");
+        Self { address, header }
+    }
+}
 
 /// Shows its address as `IpAddr`'s `Display` does, padding included.
 pub struct AddressText(pub IpAddr);
@@ -66,6 +86,15 @@ mod tests {
                 prop_assert_eq!(AddressText(ip).to_string(), ip.to_string());
                 prop_assert_eq!(format!("{:>20}", AddressText(ip)), format!("{ip:>20}"));
             }
+        }
+    }
+
+    #[test]
+    fn a_peer_header_is_its_address_as_display_writes_it() {
+        for text in ["10.0.100.9", "::1", "fe80::1", "::ffff:1.2.3.4"] {
+            let ip: IpAddr = text.parse().unwrap();
+            let peer = Peer::new(SocketAddr::new(ip, 4711));
+            assert_eq!(peer.header, ip.to_string().as_str());
         }
     }
 

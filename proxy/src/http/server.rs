@@ -3,7 +3,6 @@
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,6 +20,7 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::config::Limits;
 use crate::http::address_slots::AddressSlots;
+use crate::http::address_text::Peer;
 use crate::http::body::ProxyBody;
 use crate::http::connection::{until_stopped, Marked, Transport};
 use crate::http::timer::ReusingTimer;
@@ -58,7 +58,7 @@ pub struct ListenerMetrics {
 
 /// Serves HTTP/1.1 (with upgrades, for live tail) and HTTP/2 on `listener`,
 /// over TLS when `tls` is set, calling `handler` per request with the
-/// peer's address.
+/// connection's peer.
 pub async fn serve_connections<H, F>(
     listener: TcpListener,
     limits: &Limits,
@@ -67,7 +67,7 @@ pub async fn serve_connections<H, F>(
     shutdown: Shutdown,
     metrics: Option<ListenerMetrics>,
 ) where
-    H: Fn(SocketAddr, Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    H: Fn(Peer, Request<Incoming>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Result<Response<ProxyBody>, Infallible>> + Send + 'static,
 {
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -162,7 +162,8 @@ pub async fn serve_connections<H, F>(
         };
         let _ = stream.set_nodelay(true);
         let handler = handler.clone();
-        let service = service_fn(move |request| handler(peer, request));
+        let known_peer = Peer::new(peer);
+        let service = service_fn(move |request| handler(known_peer.clone(), request));
         let (builder, mut draining) = (builder.clone(), draining.clone());
         // The handshake counts against the same clock as a request head, and
         // so does a connection's silence.

@@ -18,7 +18,7 @@
 //! Every failure is a `ProxyError`, turned into a response in `http/error.rs` only.
 
 use std::convert::Infallible;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -30,7 +30,7 @@ use hyper::body::{Body as _, Incoming};
 use crate::admission::{Admitted, Kind};
 use crate::enforce::prometheus::{self, EMPTY_METADATA};
 use crate::enforce::remote_write;
-use crate::http::address_text::AddressText;
+use crate::http::address_text::{AddressText, Peer};
 use crate::http::body::{self, ProxyBody};
 use crate::http::error::ProxyError;
 use crate::http::headers::{self, X_PROM_LABEL_POLICY};
@@ -84,7 +84,7 @@ impl Outcome {
 
 pub async fn handle(
     state: Arc<AppState>,
-    peer: SocketAddr,
+    peer: Peer,
     mut request: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, Infallible> {
     let started = Instant::now();
@@ -94,7 +94,9 @@ pub async fn handle(
     }
     let method = request.method().clone();
     // The TCP peer, or the client a trusted proxy in front names.
-    let client = state.trusted_proxies.client(peer.ip(), request.headers());
+    let client = state
+        .trusted_proxies
+        .client(peer.address.ip(), request.headers());
     let mut outcome = Outcome::default();
     let span = state
         .tracing
@@ -102,7 +104,16 @@ pub async fn handle(
         .map(|tracing| tracing.start_request(&method, request.headers()));
     let entered = state.admission.enter();
     let result = match &entered {
-        Ok(_) => proxy(&state, (peer, client), request, &mut outcome, span.as_ref()).await,
+        Ok(_) => {
+            proxy(
+                &state,
+                (&peer, client),
+                request,
+                &mut outcome,
+                span.as_ref(),
+            )
+            .await
+        }
         Err(_) => Err(ProxyError::Overloaded),
     };
     let mut failure = None;
@@ -195,7 +206,7 @@ pub async fn handle(
 /// client it stands for (throttled by address).
 async fn proxy(
     state: &AppState,
-    (peer, client): (SocketAddr, IpAddr),
+    (peer, client): (&Peer, IpAddr),
     mut request: Request<Incoming>,
     outcome: &mut Outcome,
     span: Option<&RequestSpan>,
@@ -377,7 +388,7 @@ async fn proxy(
     parts.version = http::Version::HTTP_11;
     upstream::prepare_request_headers(
         &mut parts.headers,
-        peer.ip(),
+        peer,
         target
             .tenant_header
             .as_ref()

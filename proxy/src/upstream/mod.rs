@@ -9,7 +9,6 @@ pub mod tls;
 pub use client::{HttpClient, Reuse, UpstreamBody, UpstreamError};
 
 use std::future::{poll_fn, Future};
-use std::net::IpAddr;
 use std::pin::{pin, Pin};
 use std::task::Poll;
 use std::time::Duration;
@@ -21,7 +20,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use rustls_pki_types::ServerName;
 
 use crate::config::UpstreamTls;
-use crate::http::address_text::push_address;
+use crate::http::address_text::Peer;
 use crate::http::body::ProxyBody;
 use crate::http::error::ProxyError;
 use crate::http::headers::{
@@ -97,7 +96,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// spoofed tenant header impossible to pass through.
 pub fn prepare_request_headers(
     headers: &mut HeaderMap,
-    client: IpAddr,
+    peer: &Peer,
     tenant_header: Option<(&HeaderName, &HeaderValue)>,
     upgrade: Option<HeaderValue>,
 ) -> Result<(), ProxyError> {
@@ -125,10 +124,10 @@ pub fn prepare_request_headers(
     // One lookup for reading the client's copies and replacing them.
     match headers.entry(X_FORWARDED_FOR) {
         Entry::Vacant(slot) => {
-            slot.insert(forwarded_for(std::iter::empty(), client)?);
+            slot.insert(peer.header.clone());
         }
         Entry::Occupied(mut slot) => {
-            let value = forwarded_for(slot.iter(), client)?;
+            let value = forwarded_for(slot.iter(), peer)?;
             slot.insert(value);
         }
     }
@@ -145,24 +144,23 @@ pub fn prepare_request_headers(
 }
 
 /// `X-Forwarded-For`: every copy the client sent, in order, as one list (as
-/// nginx's `$proxy_add_x_forwarded_for` joins them), then `client`. A copy
+/// nginx's `$proxy_add_x_forwarded_for` joins them), then the peer. A copy
 /// that is not visible ASCII or is blank adds nothing. Informational only:
 /// never trusted.
 fn forwarded_for<'a>(
     previous: impl Iterator<Item = &'a HeaderValue>,
-    client: IpAddr,
+    peer: &Peer,
 ) -> Result<HeaderValue, ProxyError> {
-    // An address is at most 45 bytes (IPv6 with an IPv4 tail).
-    let mut list = String::with_capacity(45);
+    let mut list = Vec::with_capacity(64);
     let copies = previous
         .filter_map(|v| v.to_str().ok())
         .filter(|v| !v.trim().is_empty());
     for copy in copies {
-        list.push_str(copy);
-        list.push_str(", ");
+        list.extend_from_slice(copy.as_bytes());
+        list.extend_from_slice(b", ");
     }
-    push_address(&mut list, client);
-    HeaderValue::from_str(&list)
+    list.extend_from_slice(peer.header.as_bytes());
+    HeaderValue::from_bytes(&list)
         .map_err(|_| ProxyError::Internal("unencodable X-Forwarded-For".into()))
 }
 
@@ -237,11 +235,11 @@ mod tests {
                 HeaderValue::from_static(value),
             );
         }
-        let ip: IpAddr = "127.0.0.2".parse().unwrap();
+        let peer = Peer::new("127.0.0.2:4711".parse().unwrap());
         strip_hop_by_hop(&mut h);
         prepare_request_headers(
             &mut h,
-            ip,
+            &peer,
             Some((&X_SCOPE_ORGID, &HeaderValue::from_static("team-a"))),
             None,
         )
@@ -271,8 +269,8 @@ mod tests {
     fn appends_to_an_existing_forwarded_for() {
         let mut h = HeaderMap::new();
         h.insert(X_FORWARDED_FOR, HeaderValue::from_static("10.0.0.1"));
-        let ip: IpAddr = "127.0.0.1".parse().unwrap();
-        prepare_request_headers(&mut h, ip, None, None).unwrap();
+        let peer = Peer::new("127.0.0.1:4711".parse().unwrap());
+        prepare_request_headers(&mut h, &peer, None, None).unwrap();
         assert!(!h.contains_key(X_SCOPE_ORGID));
         assert_eq!(h[X_FORWARDED_FOR], "10.0.0.1, 127.0.0.1");
     }
@@ -288,8 +286,8 @@ mod tests {
         ] {
             h.append(X_FORWARDED_FOR, HeaderValue::from_bytes(copy).unwrap());
         }
-        let ip: IpAddr = "127.0.0.1".parse().unwrap();
-        prepare_request_headers(&mut h, ip, None, None).unwrap();
+        let peer = Peer::new("127.0.0.1:4711".parse().unwrap());
+        prepare_request_headers(&mut h, &peer, None, None).unwrap();
         let sent: Vec<_> = h.get_all(X_FORWARDED_FOR).iter().collect();
         assert_eq!(sent, ["10.0.0.1, 10.0.0.2, 10.0.0.3, 127.0.0.1"]);
     }
