@@ -389,15 +389,13 @@ async fn proxy(
     upstream::prepare_request_headers(
         &mut parts.headers,
         peer,
+        upstream.host.as_ref(),
         target
             .tenant_header
             .as_ref()
             .map(|name| (name, credential.tenant.header_value())),
         upgrade,
     )?;
-    if let Some(host) = &upstream.host {
-        parts.headers.insert(header::HOST, host.clone());
-    }
     if let Some(policy) = label_policy {
         parts.headers.insert(X_PROM_LABEL_POLICY, policy);
     }

@@ -89,14 +89,16 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// Makes a client's headers fit to forward, once `strip_hop_by_hop` has
 /// removed what was for the proxy alone (before the request was read, so
 /// nothing the proxy sets since can be named away): identity headers
-/// removed (every copy, any case), `Host` left for the client to set from the
-/// upstream URI, the client's address appended to `X-Forwarded-For`, and
+/// removed (every copy, any case), `Host` set to the upstream's `host` (or,
+/// without one, left for the client to set from the upstream URI), the
+/// client's address appended to `X-Forwarded-For`, and
 /// finally the tenant header set (when the target takes one; in label mode
 /// the tenant travels in the rewritten query instead). Stripping before setting is what makes a
 /// spoofed tenant header impossible to pass through.
 pub fn prepare_request_headers(
     headers: &mut HeaderMap,
     peer: &Peer,
+    host: Option<&HeaderValue>,
     tenant_header: Option<(&HeaderName, &HeaderValue)>,
     upgrade: Option<HeaderValue>,
 ) -> Result<(), ProxyError> {
@@ -119,7 +121,11 @@ pub fn prepare_request_headers(
             headers.remove(name);
         }
     }
-    headers.remove(header::HOST);
+    // Replaced in place: one lookup, not a removal and an insertion.
+    match host {
+        Some(host) => headers.insert(header::HOST, host.clone()),
+        None => headers.remove(header::HOST),
+    };
 
     // One lookup for reading the client's copies and replacing them.
     match headers.entry(X_FORWARDED_FOR) {
@@ -240,6 +246,7 @@ mod tests {
         prepare_request_headers(
             &mut h,
             &peer,
+            None,
             Some((&X_SCOPE_ORGID, &HeaderValue::from_static("team-a"))),
             None,
         )
@@ -266,11 +273,23 @@ mod tests {
     }
 
     #[test]
+    fn the_clients_host_gives_way_to_the_upstreams() {
+        let peer = Peer::new("127.0.0.1:4711".parse().unwrap());
+        let mut h = HeaderMap::new();
+        h.append(header::HOST, HeaderValue::from_static("attacker"));
+        h.append(header::HOST, HeaderValue::from_static("attacker-again"));
+        let loki = HeaderValue::from_static("loki:3100");
+        prepare_request_headers(&mut h, &peer, Some(&loki), None, None).unwrap();
+        let hosts: Vec<_> = h.get_all(header::HOST).iter().collect();
+        assert_eq!(hosts, [loki]);
+    }
+
+    #[test]
     fn appends_to_an_existing_forwarded_for() {
         let mut h = HeaderMap::new();
         h.insert(X_FORWARDED_FOR, HeaderValue::from_static("10.0.0.1"));
         let peer = Peer::new("127.0.0.1:4711".parse().unwrap());
-        prepare_request_headers(&mut h, &peer, None, None).unwrap();
+        prepare_request_headers(&mut h, &peer, None, None, None).unwrap();
         assert!(!h.contains_key(X_SCOPE_ORGID));
         assert_eq!(h[X_FORWARDED_FOR], "10.0.0.1, 127.0.0.1");
     }
@@ -287,7 +306,7 @@ mod tests {
             h.append(X_FORWARDED_FOR, HeaderValue::from_bytes(copy).unwrap());
         }
         let peer = Peer::new("127.0.0.1:4711".parse().unwrap());
-        prepare_request_headers(&mut h, &peer, None, None).unwrap();
+        prepare_request_headers(&mut h, &peer, None, None, None).unwrap();
         let sent: Vec<_> = h.get_all(X_FORWARDED_FOR).iter().collect();
         assert_eq!(sent, ["10.0.0.1, 10.0.0.2, 10.0.0.3, 127.0.0.1"]);
     }
