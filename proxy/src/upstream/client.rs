@@ -209,9 +209,7 @@ impl HttpClient {
             let reused = parked.is_some();
             let mut link = match parked {
                 Some((link, _)) => link,
-                None => PlainLink::connect(&key)
-                    .await
-                    .map_err(UpstreamError::Plain)?,
+                None => PlainLink::connect(&key).await?,
             };
             match link.exchange(&head).await {
                 Ok((answer, reader)) => {
@@ -225,7 +223,7 @@ impl HttpClient {
                     self.shared.sending_again(&key);
                     replayed = true;
                 }
-                Err(e) => return Err(UpstreamError::Plain(e)),
+                Err(e) => return Err(e.into()),
             }
         }
     }
@@ -360,7 +358,7 @@ impl Shared {
     }
 
     /// Parks `link` for the next request to `key`.
-    fn park(&self, key: Key, link: Box<Link>) {
+    fn park(&self, key: &Key, link: Box<Link>) {
         if link.ended() || link.sender.is_closed() {
             return;
         }
@@ -383,7 +381,7 @@ impl Shared {
         response: Response<Incoming>,
     ) -> Response<UpstreamBody> {
         let link = if response.body().is_end_stream() {
-            self.park(key, link);
+            self.park(&key, link);
             None
         } else {
             Some(Following {
@@ -554,7 +552,7 @@ struct Following {
 impl Following {
     fn finished(self) {
         if let Some(shared) = self.shared.upgrade() {
-            shared.park(self.key, self.link);
+            shared.park(&self.key, self.link);
         }
     }
 }

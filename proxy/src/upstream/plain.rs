@@ -206,7 +206,7 @@ impl PlainBody {
     fn end(&mut self, reusable: bool) {
         let link = self.link.take();
         if let (true, Some(link)) = (reusable, link) {
-            self.pool.park(self.key.clone(), link);
+            self.pool.park(&self.key, link);
         }
     }
 }

@@ -76,14 +76,16 @@ impl<L: Parkable> Pool<L> {
         }
     }
 
-    /// Parks `link` for the next request to `key`.
-    pub fn park(&self, key: Key, link: L) {
+    /// Parks `link` for the next request to `key`. The key is copied only
+    /// the first time it is seen: cloning it clones its authority's bytes,
+    /// a count shared with every other request to that upstream.
+    pub fn park(&self, key: &Key, link: L) {
         let mut parked = self.parked.lock().expect("parking lock");
-        let index = match parked.iter().position(|p| p.key == key) {
+        let index = match parked.iter().position(|p| p.key == *key) {
             Some(index) => index,
             None => {
                 parked.push(Parking {
-                    key,
+                    key: key.clone(),
                     links: Vec::new(),
                 });
                 parked.len() - 1
