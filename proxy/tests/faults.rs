@@ -7,7 +7,8 @@
 //! behaves again, serves normally without a restart. A client that hangs
 //! up mid-query has its upstream request cancelled. A keep-alive
 //! connection the upstream closes as idle just as a request arrives costs
-//! a query nothing (sent again) and a push a 503 (never sent twice).
+//! a query nothing (sent again, a posted one with its body) and a push a
+//! 503 (never sent twice).
 
 mod support;
 
@@ -21,6 +22,7 @@ use http_body_util::BodyExt;
 use support::{basic, send, ProxyOptions, RunningProxy};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
+use tokio::sync::mpsc::UnboundedReceiver;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 #[repr(u8)]
@@ -94,14 +96,32 @@ async fn query(proxy: &RunningProxy) -> StatusCode {
         .status
 }
 
+const PUSHED: &str =
+    r#"{"streams":[{"stream":{"app":"x"},"values":[["1700000000000000000","line"]]}]}"#;
+
 async fn push(proxy: &RunningProxy) -> StatusCode {
-    let body = r#"{"streams":[{"stream":{"app":"x"},"values":[["1700000000000000000","line"]]}]}"#;
     send(
         Method::POST,
         &proxy.url(PUSH),
         Some(&basic("pusher-a", "pusher-pw")),
         &[("content-type", "application/json")],
-        body,
+        PUSHED,
+    )
+    .await
+    .status
+}
+
+/// A query as Grafana posts it: the parameters in a form body.
+const POSTED_QUERY: &str = "/loki/api/v1/query_range";
+const POSTED_FORM: &str = "query=%7Bapp%3D%22x%22%7D&limit=10";
+
+async fn posted_query(proxy: &RunningProxy) -> StatusCode {
+    send(
+        Method::POST,
+        &proxy.url(POSTED_QUERY),
+        Some(&basic("alice", "alice-pw")),
+        &[("content-type", "application/x-www-form-urlencoded")],
+        POSTED_FORM,
     )
     .await
     .status
@@ -239,17 +259,16 @@ async fn a_client_that_hangs_up_mid_query_has_its_upstream_request_cancelled() {
     assert!(closed, "closed, with nothing more sent");
 }
 
-/// An upstream that closes a keep-alive connection as idle just when the
-/// proxy sends the next request on it (the upstream's idle timeout, or an
-/// nginx's in front of it, firing as the request travels): a query is sent
-/// again on a new connection and answered, a push is not sent twice and
-/// gets 503, which its sender retries.
-#[tokio::test]
-async fn a_query_meeting_an_idle_close_is_answered_and_a_push_is_not_sent_twice() {
+/// A request as an upstream saw it: (connection, request line, body).
+type Arrived = (usize, String, String);
+
+/// An upstream that answers the first request of each connection and
+/// closes it, unanswered, on the second: an idle timeout firing as the
+/// request arrives. Reports every request that arrived.
+async fn closing_each_second_request() -> (SocketAddr, UnboundedReceiver<Arrived>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    // (connection, request line) for every request that arrived.
-    let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
+    let (seen_tx, seen) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(async move {
         let mut connections = 0;
         while let Ok((mut stream, _)) = listener.accept().await {
@@ -265,7 +284,8 @@ async fn a_query_meeting_an_idle_close_is_answered_and_a_push_is_not_sent_twice(
                     }
                     let text = String::from_utf8_lossy(&buf[..read]);
                     let line = text.lines().next().unwrap_or_default().to_owned();
-                    let _ = seen_tx.send((n, line));
+                    let body = text.split_once("\r\n\r\n").unwrap_or_default().1;
+                    let _ = seen_tx.send((n, line, body.to_owned()));
                     if request == 2 {
                         return; // closed unanswered
                     }
@@ -275,43 +295,111 @@ async fn a_query_meeting_an_idle_close_is_answered_and_a_push_is_not_sent_twice(
             });
         }
     });
+    (addr, seen)
+}
+
+/// The first `count` requests the upstream reports.
+async fn arrived(seen: &mut UnboundedReceiver<Arrived>, count: usize) -> Vec<Arrived> {
+    let mut requests = Vec::new();
+    while requests.len() < count {
+        let next = tokio::time::timeout(Duration::from_secs(10), seen.recv()).await;
+        let next = next.unwrap_or_else(|_| panic!("the upstream saw only {requests:?}"));
+        requests.push(next.unwrap());
+    }
+    requests
+}
+
+/// hyper's client sends a request again only on a connection idle for a
+/// second or more (`upstream::Reuse`): a connection is left that long
+/// before its second request. Not a wait for anything to happen.
+async fn idle() {
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+}
+
+/// An upstream that closes a keep-alive connection as idle just when the
+/// proxy sends the next request on it (the upstream's idle timeout, or an
+/// nginx's in front of it, firing as the request travels): a query is sent
+/// again on a new connection and answered, a query posted as a form too
+/// (with its body), a push is not sent twice and gets 503, which its
+/// sender retries.
+#[tokio::test]
+async fn a_query_meeting_an_idle_close_is_answered_and_a_push_is_not_sent_twice() {
+    let (addr, mut seen) = closing_each_second_request().await;
     let proxy = RunningProxy::start(ProxyOptions::new(format!("http://{addr}"))).await;
 
     // Queries and pushes travel on connections of their own (a bodiless
-    // GET is written by hand, upstream/plain.rs). hyper's client replays
-    // only on a connection idle for a second or more (`upstream::Reuse`):
-    // the push's connection is left that long before its second request.
-    // Not a wait for anything to happen.
-    let idle = || tokio::time::sleep(Duration::from_millis(1100));
+    // GET is written by hand, upstream/plain.rs; the push through hyper).
     assert_eq!(query(&proxy).await, StatusCode::OK);
     assert_eq!(query(&proxy).await, StatusCode::OK, "sent again");
     assert_eq!(push(&proxy).await, StatusCode::OK);
     idle().await;
     assert_eq!(push(&proxy).await, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(query(&proxy).await, StatusCode::OK, "sent again");
+    // Grafana posts its queries as forms: through hyper's client, as the
+    // push went, so once more after a second of idleness.
+    assert_eq!(posted_query(&proxy).await, StatusCode::OK);
+    idle().await;
+    assert_eq!(posted_query(&proxy).await, StatusCode::OK, "sent again");
 
-    let mut requests = Vec::new();
-    while requests.len() < 7 {
-        let next = tokio::time::timeout(Duration::from_secs(10), seen.recv()).await;
-        let next = next.unwrap_or_else(|_| panic!("the upstream saw only {requests:?}"));
-        requests.push(next.unwrap());
-    }
+    let requests = arrived(&mut seen, 10).await;
     let query_line = format!("GET {QUERY} HTTP/1.1");
     let push_line = format!("POST {PUSH} HTTP/1.1");
+    let posted_line = format!("POST {POSTED_QUERY} HTTP/1.1");
     let expected = [
-        (1, &query_line),
-        (1, &query_line), // closed unanswered
-        (2, &query_line), // the same query, on a new connection
-        (3, &push_line),
-        (3, &push_line),  // closed unanswered: not sent again
-        (2, &query_line), // closed unanswered
-        (4, &query_line), // sent again
+        (1, &query_line, ""),
+        (1, &query_line, ""), // closed unanswered
+        (2, &query_line, ""), // the same query, on a new connection
+        (3, &push_line, PUSHED),
+        (3, &push_line, PUSHED), // closed unanswered: not sent again
+        (2, &query_line, ""),    // closed unanswered
+        (4, &query_line, ""),    // sent again
+        (5, &posted_line, POSTED_FORM),
+        (5, &posted_line, POSTED_FORM), // closed unanswered
+        (6, &posted_line, POSTED_FORM), // sent again, body and all
     ];
-    let requests: Vec<(usize, &String)> = requests.iter().map(|(n, l)| (*n, l)).collect();
+    let requests: Vec<(usize, &String, &str)> = requests
+        .iter()
+        .map(|(n, l, b)| (*n, l, b.as_str()))
+        .collect();
     assert_eq!(requests, expected);
     let metrics = proxy.metrics().await;
     assert!(
-        metrics.contains("tenant_proxy_upstream_replays_total 2\n"),
+        metrics.contains("tenant_proxy_upstream_replays_total 3\n"),
         "{metrics}"
+    );
+}
+
+/// Label mode: a PromQL query posted as a form is rewritten, and what
+/// meets an idle close is sent again as rewritten, body and all.
+#[tokio::test]
+async fn a_posted_query_rewritten_in_label_mode_is_sent_again_as_rewritten() {
+    let (addr, mut seen) = closing_each_second_request().await;
+    let section = format!("  upstream: http://{addr}\n  mode: label\n");
+    let proxy = RunningProxy::start(ProxyOptions::metrics(support::two_tenants(), section)).await;
+    let (url, credential) = (proxy.url("/api/v1/query"), basic("alice", "alice-pw"));
+    let form = [("content-type", "application/x-www-form-urlencoded")];
+    let posted = || send(Method::POST, &url, Some(&credential), &form, "query=up");
+    assert_eq!(posted().await.status, StatusCode::OK);
+    idle().await;
+    assert_eq!(posted().await.status, StatusCode::OK, "sent again");
+
+    let requests = arrived(&mut seen, 3).await;
+    let connections: Vec<usize> = requests.iter().map(|(n, _, _)| *n).collect();
+    assert_eq!(connections, [1, 1, 2], "{requests:?}");
+    let line = "POST /api/v1/query HTTP/1.1";
+    for (_, request_line, body) in &requests {
+        assert_eq!(request_line, line);
+        assert_eq!(
+            body, &requests[0].2,
+            "every copy carries the rewritten body"
+        );
+    }
+    assert!(requests[0].2.contains("team-a"), "{requests:?}");
+    assert!(
+        proxy
+            .metrics()
+            .await
+            .contains("tenant_proxy_upstream_replays_total 1\n"),
+        "one request sent again"
     );
 }

@@ -22,6 +22,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
@@ -316,7 +317,7 @@ async fn proxy(
                 &state.memo,
             )
             .await?;
-            (Query::Rewritten(query), body::full(bytes))
+            (Query::Rewritten(query), held_read(&mut parts, bytes))
         }
         Operation::RemoteWrite => {
             let (body, version) =
@@ -361,10 +362,16 @@ async fn proxy(
                 .filter(|_| route.pattern == routes::LOKI_LABEL_NAMES);
             let query =
                 label_policy::parameters_in_url(&mut parts, body, limit, label_names_of).await?;
-            (Query::Rewritten(query), body::empty())
+            (Query::Rewritten(query), held_read(&mut parts, Bytes::new()))
         }
         // Most queries have no body: not boxed, nothing to limit.
         _ if body.is_end_stream() => (Query::AsReceived, body::empty()),
+        // A query posted as a form (Grafana's data sources post theirs):
+        // read whole, so that it too can be sent again after an idle close.
+        _ if route.scope.only_reads() => {
+            let bytes = body::read_bounded(body, state.limits.max_body_bytes).await?;
+            (Query::AsReceived, held_read(&mut parts, bytes))
+        }
         _ => {
             let limited = Limited::new(body, state.limits.max_body_bytes as usize);
             (
@@ -495,6 +502,19 @@ enum Query {
     AsReceived,
     /// One the proxy wrote (`None`: no query string).
     Rewritten(Option<String>),
+}
+
+/// The body of a read the proxy holds whole. A `POST` is marked so that
+/// the upstream client may send it again after an idle close, as it does a
+/// bodiless `GET` (`upstream::ReadWithBody`); a `GET` needs no mark, and
+/// gets none, which would cost it two allocations.
+fn held_read(parts: &mut http::request::Parts, bytes: Bytes) -> ProxyBody {
+    if parts.method == http::Method::POST {
+        parts
+            .extensions
+            .insert(upstream::ReadWithBody(bytes.clone()));
+    }
+    body::full(bytes)
 }
 
 fn json_response(text: &'static str) -> Response<ProxyBody> {

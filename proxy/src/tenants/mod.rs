@@ -169,6 +169,17 @@ impl Scope {
         )
     }
 
+    /// Whether every route under this scope only reads: a request there
+    /// changes nothing upstream, whatever its method, so it is as safe to
+    /// send twice as a `GET` (RFC 9110 §9.2.2 judges by the method alone,
+    /// but a query posted as a form, as Grafana sends them, is a read).
+    pub fn only_reads(self) -> bool {
+        matches!(
+            self,
+            Scope::LogsRead | Scope::MetricsRead | Scope::RulesRead | Scope::AlertsRead
+        )
+    }
+
     fn bit(self) -> u16 {
         1 << (self as u16)
     }

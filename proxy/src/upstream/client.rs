@@ -51,7 +51,8 @@ pub struct Reuse {
     /// meets a connection the upstream is closing.
     pub idle_timeout: Duration,
     /// A safe request through hyper (`HEAD` or `OPTIONS`, or a `GET` to
-    /// an `https://` upstream, without a body) sent on a connection parked
+    /// an `https://` upstream, without a body; or a query posted as a
+    /// form, [`ReadWithBody`]) sent on a connection parked
     /// at least this long is sent again on a new connection if that one
     /// closes before any answer: the upstream closed it as idle while the
     /// request was on its way (the race every keep-alive client has; Go's
@@ -304,17 +305,31 @@ fn prepare(request: &mut Request<ProxyBody>, key: &Key) {
     }
 }
 
+/// Marks a request whose route only reads although it carries a body (a
+/// query posted as a form), with that whole body: the request may be sent
+/// again as a bodiless `GET` may. Set by the proxy, never by a client:
+/// extensions do not come off the wire.
+#[derive(Clone, Debug)]
+pub struct ReadWithBody(pub Bytes);
+
 /// A copy of `request` to send again, if it is safe to: a method that
-/// reads (RFC 9110 §9.2.1) and no body.
+/// reads (RFC 9110 §9.2.1) and no body, or a read whose body is at hand
+/// ([`ReadWithBody`]).
 fn replay_copy(request: &Request<ProxyBody>) -> Option<Request<ProxyBody>> {
-    let safe = matches!(
-        *request.method(),
-        Method::GET | Method::HEAD | Method::OPTIONS
-    );
-    if !safe || !request.body().is_end_stream() {
-        return None;
-    }
-    let mut copy = Request::new(crate::http::body::empty());
+    let body = match request.extensions().get::<ReadWithBody>() {
+        Some(ReadWithBody(bytes)) => crate::http::body::full(bytes.clone()),
+        None => {
+            let safe = matches!(
+                *request.method(),
+                Method::GET | Method::HEAD | Method::OPTIONS
+            );
+            if !safe || !request.body().is_end_stream() {
+                return None;
+            }
+            crate::http::body::empty()
+        }
+    };
+    let mut copy = Request::new(body);
     *copy.method_mut() = request.method().clone();
     *copy.uri_mut() = request.uri().clone();
     *copy.version_mut() = request.version();

@@ -6,7 +6,7 @@ mod plain;
 mod pool;
 pub mod tls;
 
-pub use client::{HttpClient, Reuse, UpstreamBody, UpstreamError};
+pub use client::{HttpClient, ReadWithBody, Reuse, UpstreamBody, UpstreamError};
 
 use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};
