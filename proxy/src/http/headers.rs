@@ -95,6 +95,33 @@ pub fn identity_coded(headers: &HeaderMap) -> bool {
         .all(|value| value.is_empty() || value.as_bytes().eq_ignore_ascii_case(b"identity"))
 }
 
+/// The comma-separated elements of a header value, trimmed, empty ones
+/// kept (RFC 9110 §5.6.1): where framing is concerned, `5,` or `chunked,`
+/// is refused, as hyper refuses it, not read as `5`.
+pub fn elements(value: &HeaderValue) -> impl Iterator<Item = &[u8]> {
+    value
+        .as_bytes()
+        .split(|&b| b == b',')
+        .map(|element| element.trim_ascii())
+}
+
+/// The elements of every copy of the list header `name`, empty ones
+/// skipped: a list may be split across copies (RFC 9110 §5.3).
+pub fn list<'h>(
+    headers: &'h HeaderMap,
+    name: &HeaderName,
+) -> impl Iterator<Item = &'h [u8]> + use<'h> {
+    (headers.get_all(name).iter())
+        .flat_map(elements)
+        .filter(|element| !element.is_empty())
+}
+
+/// Whether the list header `name` holds `token` (case-insensitively, as
+/// `Connection` options and codings compare).
+pub fn lists(headers: &HeaderMap, name: &HeaderName, token: &[u8]) -> bool {
+    list(headers, name).any(|element| element.eq_ignore_ascii_case(token))
+}
+
 /// The one value of a header a body is decoded by, if any. A repeated
 /// header is refused, not read one way: receivers differ on which copy
 /// they take (Go's `Header.Get` the first, others the last or all).
@@ -145,6 +172,25 @@ pub fn host_value(scheme: &Scheme, authority: &Authority) -> Option<HeaderValue>
 
 #[cfg(test)]
 mod tests {
+    use http::header::{HeaderMap, HeaderValue, CONNECTION};
+
+    #[test]
+    fn a_list_is_read_across_every_copy_trimmed_without_empty_elements() {
+        let mut headers = HeaderMap::new();
+        for value in [&b" Keep-Alive ,, X-Hop"[..], b"", b"UPGRADE,\xe9t\xe9"] {
+            headers.append(CONNECTION, HeaderValue::from_bytes(value).unwrap());
+        }
+        let listed: Vec<&[u8]> = super::list(&headers, &CONNECTION).collect();
+        assert_eq!(
+            listed,
+            [&b"Keep-Alive"[..], b"X-Hop", b"UPGRADE", b"\xe9t\xe9"]
+        );
+        assert!(super::lists(&headers, &CONNECTION, b"upgrade"));
+        assert!(super::lists(&headers, &CONNECTION, b"keep-alive"));
+        assert!(!super::lists(&headers, &CONNECTION, b"close"));
+        assert!(!super::lists(&headers, &CONNECTION, b""));
+    }
+
     #[test]
     fn host_drops_only_the_schemes_default_port() {
         let host = |uri: &str| {

@@ -15,6 +15,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
 use crate::admission::Admitted;
+use crate::http::headers;
 use crate::http::websocket::{Close, FrameBoundary};
 use crate::ops::metrics::Metrics;
 use crate::tenants::reload::Tenants;
@@ -22,13 +23,7 @@ use crate::tenants::{Credential, Scope, TenantStore};
 
 /// `Some(protocol)` for a WebSocket upgrade request (live tail).
 pub(super) fn websocket_upgrade(request: &Request<Incoming>) -> Option<HeaderValue> {
-    let wants_upgrade = request
-        .headers()
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
+    let wants_upgrade = headers::lists(request.headers(), &header::CONNECTION, b"upgrade");
     let protocol = request.headers().get(header::UPGRADE)?;
     (wants_upgrade && protocol.as_bytes().eq_ignore_ascii_case(b"websocket"))
         .then(|| protocol.clone())

@@ -14,6 +14,8 @@ use bytes::{Buf, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{StatusCode, Version};
 
+use crate::http::headers::{self, elements};
+
 /// A head longer than this is refused (Go's servers send a few hundred
 /// bytes).
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
@@ -352,30 +354,11 @@ fn framing(
 
 /// Whether the connection may carry another request after this answer.
 fn keeps_alive(head: &Head) -> bool {
-    let says = |option: &[u8]| {
-        (head.headers.get_all(header::CONNECTION).iter())
-            .flat_map(tokens)
-            .any(|t| t.eq_ignore_ascii_case(option))
-    };
+    let says = |option: &[u8]| headers::lists(&head.headers, &header::CONNECTION, option);
     match head.version {
         Version::HTTP_11 => !says(b"close"),
         _ => says(b"keep-alive") && !says(b"close"),
     }
-}
-
-/// The comma-separated elements of a header value, trimmed, empty ones
-/// skipped (RFC 9110 §5.6.1).
-fn tokens(value: &HeaderValue) -> impl Iterator<Item = &[u8]> {
-    elements(value).filter(|t| !t.is_empty())
-}
-
-/// The same with empty ones kept: where framing is concerned, `5,` or
-/// `chunked,` is refused, as hyper refuses it, not read as `5`.
-fn elements(value: &HeaderValue) -> impl Iterator<Item = &[u8]> {
-    value
-        .as_bytes()
-        .split(|&b| b == b',')
-        .map(|t| t.trim_ascii())
 }
 
 /// Digits only, at most 18 of them (no sign, no space, no overflow).

@@ -74,12 +74,8 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     if !headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
         return;
     }
-    let listed: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+    let listed: Vec<HeaderName> = crate::http::headers::list(headers, &header::CONNECTION)
+        .filter_map(|name| HeaderName::from_bytes(name).ok())
         .collect();
     for name in listed.iter().chain(HOP_BY_HOP.iter()) {
         headers.remove(name);
