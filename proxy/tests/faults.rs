@@ -100,15 +100,22 @@ const PUSHED: &str =
     r#"{"streams":[{"stream":{"app":"x"},"values":[["1700000000000000000","line"]]}]}"#;
 
 async fn push(proxy: &RunningProxy) -> StatusCode {
-    send(
-        Method::POST,
-        &proxy.url(PUSH),
-        Some(&basic("pusher-a", "pusher-pw")),
-        &[("content-type", "application/json")],
-        PUSHED,
-    )
-    .await
-    .status
+    let credential = basic("pusher-a", "pusher-pw");
+    post(proxy, PUSH, &credential, "application/json", PUSHED).await
+}
+
+async fn post(
+    proxy: &RunningProxy,
+    path: &str,
+    credential: &str,
+    content_type: &str,
+    body: &'static str,
+) -> StatusCode {
+    let headers = [("content-type", content_type)];
+    let url = proxy.url(path);
+    send(Method::POST, &url, Some(credential), &headers, body)
+        .await
+        .status
 }
 
 /// A query as Grafana posts it: the parameters in a form body.
@@ -116,15 +123,11 @@ const POSTED_QUERY: &str = "/loki/api/v1/query_range";
 const POSTED_FORM: &str = "query=%7Bapp%3D%22x%22%7D&limit=10";
 
 async fn posted_query(proxy: &RunningProxy) -> StatusCode {
-    send(
-        Method::POST,
-        &proxy.url(POSTED_QUERY),
-        Some(&basic("alice", "alice-pw")),
-        &[("content-type", "application/x-www-form-urlencoded")],
-        POSTED_FORM,
-    )
-    .await
-    .status
+    let (credential, form) = (
+        basic("alice", "alice-pw"),
+        "application/x-www-form-urlencoded",
+    );
+    post(proxy, POSTED_QUERY, &credential, form, POSTED_FORM).await
 }
 
 #[tokio::test]
@@ -376,12 +379,14 @@ async fn a_posted_query_rewritten_in_label_mode_is_sent_again_as_rewritten() {
     let (addr, mut seen) = closing_each_second_request().await;
     let section = format!("  upstream: http://{addr}\n  mode: label\n");
     let proxy = RunningProxy::start(ProxyOptions::metrics(support::two_tenants(), section)).await;
-    let (url, credential) = (proxy.url("/api/v1/query"), basic("alice", "alice-pw"));
-    let form = [("content-type", "application/x-www-form-urlencoded")];
-    let posted = || send(Method::POST, &url, Some(&credential), &form, "query=up");
-    assert_eq!(posted().await.status, StatusCode::OK);
+    let (credential, form) = (
+        basic("alice", "alice-pw"),
+        "application/x-www-form-urlencoded",
+    );
+    let posted = || post(&proxy, "/api/v1/query", &credential, form, "query=up");
+    assert_eq!(posted().await, StatusCode::OK);
     idle().await;
-    assert_eq!(posted().await.status, StatusCode::OK, "sent again");
+    assert_eq!(posted().await, StatusCode::OK, "sent again");
 
     let requests = arrived(&mut seen, 3).await;
     let connections: Vec<usize> = requests.iter().map(|(n, _, _)| *n).collect();
