@@ -33,6 +33,10 @@ pub struct Conventions {
     /// one's name first, or the moment its Secret is deleted and created
     /// again).
     pub usernames_name_their_tenant: bool,
+    /// The most a Secret may grant in a Namespace without the
+    /// grantable-scopes annotation (`--grantable-scopes`); `None`: no cap.
+    /// The annotation, where present, decides instead.
+    pub default_grantable: Option<Scopes>,
 }
 
 pub const SECRET_TYPE: &str = "kubernetes.io/basic-auth";
@@ -110,7 +114,8 @@ pub fn limits_of(namespace: &Namespace) -> Result<Option<TenantLimitsOverride>, 
     Ok(Some(limits))
 }
 
-/// Reads the grantable-scopes annotation of a Namespace. One that cannot
+/// Reads the grantable-scopes annotation of a Namespace (`None`: it has
+/// none, and `--grantable-scopes` caps its Secrets, if given). One that cannot
 /// be read is an error, and caps everything: it grants nothing (the
 /// platform meant a cap, and a typo must not lift it).
 pub fn grantable_of(namespace: &Namespace) -> Result<Option<Scopes>, String> {
@@ -524,10 +529,12 @@ impl Index {
                     .push((key.clone(), SkipReason::UsernameNotOfTenant));
                 continue;
             }
-            // An unreadable cap grants nothing.
-            let cap = grantable
-                .as_ref()
-                .map_or(Some(Scopes::default()), |cap| *cap);
+            let cap = match grantable {
+                Ok(Some(cap)) => Some(*cap),
+                Ok(None) => self.conventions.default_grantable,
+                // An unreadable cap grants nothing.
+                Err(_) => Some(Scopes::default()),
+            };
             let granted = granted(credential.scopes.as_deref());
             if cap.is_some_and(|cap| !granted.iter().all(|s| cap.contains(s))) {
                 desired

@@ -10,6 +10,7 @@ use anyhow::Context;
 use clap::Parser;
 use tenant_proxy::http::server::Shutdown;
 use tenant_proxy::ops::process::{recheck_on_hangup, Recheck};
+use tenant_proxy::tenants::{Scope, Scopes};
 use tenant_sync::controller::{Options, PeerService, Status, Syncer};
 use tenant_sync::index::Conventions;
 use tenant_sync::metrics::Metrics;
@@ -42,6 +43,12 @@ struct Cli {
     /// (`username_not_of_tenant`).
     #[arg(long)]
     usernames_name_their_tenant: bool,
+    /// The scopes a Secret may grant in a Namespace without the
+    /// `tenant-proxy/grantable-scopes` annotation (comma-separated, e.g.
+    /// `logs:read,logs:write,metrics:read,metrics:write`); others are left
+    /// out (`scope_not_grantable`). Default: no cap there.
+    #[arg(long, value_parser = scope_list)]
+    grantable_scopes: Option<Scopes>,
     /// Watch Secrets only in these namespaces (comma-separated; RBAC by Role).
     #[arg(long, value_delimiter = ',')]
     secret_namespaces: Vec<String>,
@@ -91,6 +98,7 @@ async fn main() -> anyhow::Result<()> {
             tenant_label: cli.tenant_label,
             scopes_annotation: cli.scopes_annotation,
             usernames_name_their_tenant: cli.usernames_name_their_tenant,
+            default_grantable: cli.grantable_scopes,
         },
         secret_selector: cli.secret_selector,
         namespace_selector: cli.namespace_selector,
@@ -154,6 +162,15 @@ async fn main() -> anyhow::Result<()> {
 }
 
 /// A duration a clock ticks by: zero would panic it (tokio's interval).
+/// A list of scopes, every item known: a typo refuses to start rather
+/// than cap more, or less, than meant.
+fn scope_list(text: &str) -> Result<Scopes, String> {
+    let known = || Scope::ALL.map(Scope::as_str).join(", ");
+    tenant_sync::index::parse_scopes(text)
+        .map(|scopes| scopes.into_iter().collect())
+        .ok_or_else(|| format!("lists an unknown scope or none; known: {}", known()))
+}
+
 fn above_zero(text: &str) -> Result<Duration, String> {
     match humantime::parse_duration(text) {
         Ok(d) if d.is_zero() => Err("must be above zero".into()),

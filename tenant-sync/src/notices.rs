@@ -150,7 +150,7 @@ fn why(reason: SkipReason) -> &'static str {
         }
         SkipReason::NamespaceNotATenant => "this namespace belongs to no tenant",
         SkipReason::ScopeNotGrantable => {
-            "it asks (by its scopes annotation, or by default when it has none) for a scope this Namespace's tenant-proxy/grantable-scopes does not let its Secrets grant"
+            "it asks (by its scopes annotation, or by default when it has none) for a scope this Namespace's tenant-proxy/grantable-scopes (or, without it, tenant-sync's --grantable-scopes) does not let its Secrets grant"
         }
         SkipReason::UsernameNotOfTenant => {
             "`username` must end with '@' and this namespace's tenant (the namespace's name, or its tenant label's value), as `grafana@team-a`"

@@ -90,6 +90,37 @@ async fn usernames_that_must_name_their_tenant_are_required_from_the_command_lin
     assert!(stderr.contains("username_not_of_tenant"));
 }
 
+/// `--grantable-scopes` reaches the rule: the default set asks for more
+/// than `logs:read,logs:write`, so `alice` is left out; a Secret asking
+/// for `logs:write` alone is in. A list with an unknown scope refuses to
+/// start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grantable_scopes_cap_namespaces_from_the_command_line() {
+    let (api, dir) = cluster().await;
+    api.secret(
+        "team-a",
+        "pusher",
+        &[("username", "pusher"), ("password", "pw")],
+        json!({"tenant-proxy/scopes": "logs:write"}),
+    );
+    let args = ["--grantable-scopes", "logs:read,logs:write", "--no-events"];
+    let (stderr, store) = run_once(dir.path(), &args).await;
+    assert!(store.credential("alice").is_none());
+    assert!(store.credential("pusher").unwrap().verifier.verify("pw"));
+    assert!(stderr.contains("scope_not_grantable"), "{stderr}");
+
+    let out = command(dir.path())
+        .args(["--once", "--grantable-scopes", "logs:read,logs:wirte"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--grantable-scopes") && stderr.contains("unknown scope"),
+        "{stderr}"
+    );
+}
+
 /// The sidecar's log lines, read on a thread of their own so that waiting
 /// for one can give up.
 fn log_lines(child: &mut std::process::Child) -> mpsc::Receiver<String> {

@@ -46,6 +46,7 @@ fn credential_secret(objects: &[serde_yaml_ng::Value], scopes: &[Scope]) -> (Sec
         tenant_label: None,
         scopes_annotation: "tenant-proxy/scopes".into(),
         usernames_name_their_tenant: false,
+        default_grantable: None,
     };
     let read = index::read_secret(&secret, &conventions);
     let credential = read.credential.expect("tenant-sync accepts the Secret");

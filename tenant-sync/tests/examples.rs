@@ -56,6 +56,7 @@ fn namespaces_group_into_one_tenant_with_the_documented_label() {
         tenant_label: Some("tenant-proxy/tenant".into()),
         scopes_annotation: "tenant-proxy/scopes".into(),
         usernames_name_their_tenant: false,
+        default_grantable: None,
     };
     for doc in documents("tenant-namespaces.yaml") {
         let ns: Namespace = typed(doc);
@@ -72,6 +73,7 @@ fn example_secrets_are_read_as_valid_credentials() {
         tenant_label: None,
         scopes_annotation: "tenant-proxy/scopes".into(),
         usernames_name_their_tenant: false,
+        default_grantable: None,
     };
     let secrets: Vec<Secret> = documents("credentials-secret.yaml")
         .into_iter()

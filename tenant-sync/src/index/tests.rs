@@ -15,6 +15,7 @@ fn conventions(tenant_label: Option<&str>) -> Conventions {
         tenant_label: tenant_label.map(str::to_owned),
         scopes_annotation: "tenant-proxy/scopes".into(),
         usernames_name_their_tenant: false,
+        default_grantable: None,
     }
 }
 
@@ -597,6 +598,41 @@ fn namespace_limits_take_the_strictest_value_per_field_and_skip_invalid_ones() {
     let (store, _) = tenant_proxy::tenants::file::parse(&text, 1).unwrap();
     assert!(store.tenant("blog").is_none());
     assert_eq!(store.tenant("shop").unwrap().limits, Some(shop));
+}
+
+/// `--grantable-scopes`: the cap of every Namespace without an annotation
+/// of its own; an annotation, narrower or wider, decides where present.
+#[test]
+fn grantable_scopes_cap_the_namespaces_that_set_none() {
+    let mut conventions = conventions(Some("example.com/tenant"));
+    conventions.default_grantable = Some([Scope::LogsRead, Scope::LogsWrite].into_iter().collect());
+    let mut index = Index::new(conventions, &[String::new()]);
+    let asks = |scopes: &str| json!({"tenant-proxy/scopes": scopes});
+    synced(
+        &mut index,
+        vec![
+            namespace("shop-prod", json!({"example.com/tenant": "shop"})),
+            capped("shop-ops", "shop", "logs:read,logs:delete"),
+        ],
+        vec![
+            scoped("shop-prod", "pusher", "prod-pusher", asks("logs:write")),
+            scoped("shop-prod", "deleter", "prod-deleter", asks("logs:delete")),
+            // The default set (metrics, rules and alerts reads) is beyond it.
+            scoped("shop-prod", "default", "prod-default", json!({})),
+            scoped("shop-ops", "deleter", "ops-deleter", asks("logs:delete")),
+            scoped("shop-ops", "pusher", "ops-pusher", asks("logs:write")),
+        ],
+    );
+    let desired = index.desired();
+    assert_eq!(users(&desired, "shop"), ["ops-deleter", "prod-pusher"]);
+    assert_eq!(
+        skip_reasons(&desired),
+        [
+            ("pusher", SkipReason::ScopeNotGrantable),
+            ("default", SkipReason::ScopeNotGrantable),
+            ("deleter", SkipReason::ScopeNotGrantable),
+        ]
+    );
 }
 
 fn capped(name: &str, tenant: &str, grantable: &str) -> Namespace {

@@ -22,6 +22,7 @@ pub fn options(tenants_file: PathBuf) -> Options {
             tenant_label: None,
             scopes_annotation: "tenant-proxy/scopes".into(),
             usernames_name_their_tenant: false,
+            default_grantable: None,
         },
         secret_selector: "tenant-proxy/credentials=true".into(),
         namespace_selector: None,
