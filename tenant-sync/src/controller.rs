@@ -65,6 +65,11 @@ pub struct Options {
     /// Publish a Kubernetes Event on each Secret newly left out, saying why
     /// (`crate::notices`).
     pub events: bool,
+    /// This replica's pod name: the Events' reporting instance, and with
+    /// `peer_service` how a replica knows that it is the one publishing
+    /// them (the first ready one by name), so that a Secret gets one Event,
+    /// not one per replica. `None`: every replica publishes.
+    pub instance: Option<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -194,7 +199,11 @@ impl Syncer {
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), SyncError> {
         if self.options.events {
-            self.notices = Some(Notices::start(client.clone(), self.metrics.clone()));
+            self.notices = Some(Notices::start(
+                client.clone(),
+                self.metrics.clone(),
+                self.options.instance.clone(),
+            ));
         }
         let mut changes = watch_streams(client, &self.options);
         tokio::pin!(shutdown);
@@ -380,8 +389,17 @@ impl Syncer {
     }
 
     fn tell(&self, key: &SecretKey, notice: Notice) {
-        let reference = self.index.secret_reference(key);
-        if let (Some(notices), Some(secret)) = (&self.notices, reference) {
+        let Some(notices) = &self.notices else {
+            return;
+        };
+        if !self
+            .index
+            .speaks_for_replicas(self.options.instance.as_deref())
+        {
+            notices.leave_to_another_replica();
+            return;
+        }
+        if let Some(secret) = self.index.secret_reference(key) {
             notices.tell(secret, notice);
         }
     }

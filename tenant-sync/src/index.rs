@@ -359,7 +359,7 @@ fn ready_endpoints(slice: &EndpointSlice) -> BTreeSet<String> {
             let pod = e
                 .target_ref
                 .as_ref()
-                .and_then(|r| r.uid.clone().or(r.name.clone()));
+                .and_then(|r| r.name.clone().or(r.uid.clone()));
             pod.or_else(|| e.addresses.first().cloned())
         })
         .collect()
@@ -415,6 +415,19 @@ impl Index {
     pub fn counting_peers(mut self) -> Self {
         self.peers = Some(Store::default());
         self
+    }
+
+    /// Whether the replica whose pod is `own` publishes what every replica
+    /// would (Events): the first of the proxy's ready replicas by pod
+    /// name. Any replica does while none is known ready, when the replicas
+    /// are not counted, or when `own` is unknown: a notice twice is better
+    /// than none.
+    pub fn speaks_for_replicas(&self, own: Option<&str>) -> bool {
+        let (Some(peers), Some(own)) = (&self.peers, own) else {
+            return true;
+        };
+        let first = peers.current.values().flatten().min();
+        first.is_none_or(|first| first == own)
     }
 
     pub fn peers_event(&mut self, event: Event<EndpointSlice>) {

@@ -79,6 +79,12 @@ struct Cli {
     /// the service account's namespace file).
     #[arg(long, env = "POD_NAMESPACE")]
     peer_namespace: Option<String>,
+    /// This pod's name (default: the host's name, which Kubernetes sets to
+    /// the pod's): the Events' reporting
+    /// instance; with `--peer-service`, only the first ready replica by
+    /// pod name publishes them.
+    #[arg(long, env = "POD_NAME")]
+    pod_name: Option<String>,
     /// Publish no Kubernetes Event on a Secret left out of the file (they
     /// need `create` and `patch` on `events.k8s.io` events).
     #[arg(long)]
@@ -109,6 +115,7 @@ async fn main() -> anyhow::Result<()> {
         resync_interval: cli.resync_interval,
         once: cli.once,
         events: !cli.no_events,
+        instance: cli.pod_name.or_else(tenant_sync::notices::host_name),
         peer_service: match cli.peer_service {
             None => None,
             Some(service) => Some(PeerService {

@@ -21,7 +21,7 @@ pub struct ResourceLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
-    /// `published`, `failed` or `dropped`.
+    /// `published`, `failed`, `dropped` or `left_to_another_replica`.
     pub outcome: &'static str,
 }
 
@@ -133,7 +133,7 @@ impl Default for Metrics {
         let events = Family::default();
         registry.register(
             "events",
-            "Events on Secrets left out, by outcome: published, failed (the API server refused or was unreachable; RBAC?) or dropped (too many waiting)",
+            "Events on Secrets left out, by outcome: published, failed (the API server refused or was unreachable; RBAC?), dropped (too many waiting) or left_to_another_replica (the first ready replica publishes)",
             events.clone(),
         );
         Self {

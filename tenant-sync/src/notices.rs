@@ -7,7 +7,10 @@
 //! Events go out one at a time from a task of their own, so a slow or
 //! refusing API server never holds a sync back; when too many wait, the
 //! newest are dropped (the log and `tenant_sync_skipped_secrets` still
-//! count them). `tenant_sync_events_total{outcome}` counts each. A note is
+//! count them). With several replicas (the proxy's and so tenant-sync's),
+//! the first ready one by pod name publishes, so that a Secret gets one
+//! Event, not one per replica (`Index::speaks_for_replicas`).
+//! `tenant_sync_events_total{outcome}` counts each. A note is
 //! a fixed text per reason: nothing from the Secret's data is ever in it.
 
 use std::sync::Arc;
@@ -21,6 +24,15 @@ use tokio::task::JoinHandle;
 
 use crate::index::SkipReason;
 use crate::metrics::{Metrics, OutcomeLabels};
+
+/// The Events' reporting controller.
+const CONTROLLER: &str = "tenant-sync";
+
+/// This host's name, as Events name their instance without a pod name
+/// given: Kubernetes names a pod's host after the pod.
+pub fn host_name() -> Option<String> {
+    Reporter::from(CONTROLLER).instance
+}
 
 /// Events waiting to be published, at most.
 const QUEUE: usize = 1024;
@@ -49,10 +61,16 @@ pub struct Notices {
 impl Notices {
     /// Starts the publishing task, which ends once `Notices` is dropped and
     /// the queue is empty.
-    pub fn start(client: Client, metrics: Arc<Metrics>) -> Self {
+    pub fn start(client: Client, metrics: Arc<Metrics>, instance: Option<String>) -> Self {
         let (queue, mut waiting) = mpsc::channel::<(ObjectReference, Notice)>(QUEUE);
-        // The instance is the pod's name (its hostname).
-        let recorder = Recorder::new(client, Reporter::from("tenant-sync"));
+        let reporter = match instance {
+            Some(pod) => Reporter {
+                controller: CONTROLLER.into(),
+                instance: Some(pod),
+            },
+            None => Reporter::from(CONTROLLER),
+        };
+        let recorder = Recorder::new(client, reporter);
         let counted = metrics.clone();
         let task = tokio::spawn(async move {
             while let Some((secret, notice)) = waiting.recv().await {
@@ -104,6 +122,11 @@ impl Notices {
         {
             tracing::warn!("gave up publishing the Events still queued");
         }
+    }
+
+    /// Counts a notice another replica publishes (the first ready one).
+    pub fn leave_to_another_replica(&self) {
+        count(&self.metrics, "left_to_another_replica");
     }
 
     /// Queues `notice` about `secret`.

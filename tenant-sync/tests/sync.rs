@@ -651,6 +651,81 @@ async fn namespace_limits_and_the_proxys_ready_replicas_reach_the_file() {
     }
 }
 
+/// One tenant-sync beside each proxy replica: a Secret left out gets one
+/// Event, from the first ready replica by pod name, not one from each;
+/// once that replica is not ready, the next one publishes.
+#[tokio::test]
+async fn the_first_ready_replica_alone_publishes_events() {
+    let api = cluster().await;
+    let slice = |pods: &[(&'static str, Option<bool>)]| {
+        api.endpoint_slice("observability", "tenant-proxy-x", "tenant-proxy", pods);
+    };
+    slice(&[("proxy-b", Some(true)), ("proxy-a", Some(true))]);
+    let start = |pod: &str| {
+        let pod = pod.to_owned();
+        RunningSync::start(&api, move |o| {
+            o.peer_service = Some(tenant_sync::controller::PeerService {
+                namespace: "observability".into(),
+                name: "tenant-proxy".into(),
+            });
+            o.instance = Some(pod);
+        })
+    };
+    let (mut a, mut b) = (start("proxy-a"), start("proxy-b"));
+    // Either may write first: each one's count of writes, not its next.
+    let written = |sync: &RunningSync, count: u64| {
+        let mut writes = sync.status.writes();
+        async move {
+            let wait = writes.wait_for(|n| *n >= count);
+            let waited = tokio::time::timeout(Duration::from_secs(30), wait).await;
+            waited.expect("a write within 30 s").unwrap();
+        }
+    };
+    written(&a, 1).await;
+    written(&b, 1).await;
+
+    api.secret("team-b", "empty", &[("username", "empty-b")], json!({}));
+    api.wait_for_event_writes(1).await;
+    left_to_another_replica(&b, 1).await;
+    // proxy-a stops being ready: both see one replica left (the file says
+    // so) before the next Secret is left out.
+    slice(&[("proxy-b", Some(true)), ("proxy-a", Some(false))]);
+    written(&a, 2).await;
+    written(&b, 2).await;
+    api.secret("team-b", "empty-2", &[("username", "empty-2b")], json!({}));
+    api.wait_for_event_writes(2).await;
+    left_to_another_replica(&a, 1).await;
+
+    let events = api.events();
+    let mut by: Vec<(&str, &str)> = events
+        .iter()
+        .map(|e| {
+            let secret = e["regarding"]["name"].as_str().unwrap();
+            (secret, e["reportingInstance"].as_str().unwrap())
+        })
+        .collect();
+    by.sort();
+    assert_eq!(by, [("empty", "proxy-a"), ("empty-2", "proxy-b")]);
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
+}
+
+/// Waits until `sync` has left `count` Events to another replica.
+async fn left_to_another_replica(sync: &RunningSync, count: u64) {
+    let labels = tenant_sync::metrics::OutcomeLabels {
+        outcome: "left_to_another_replica",
+    };
+    let counted = || sync.metrics.events.get_or_create(&labels).get();
+    let mut syncs = sync.status.syncs();
+    let waited = tokio::time::timeout(Duration::from_secs(10), async {
+        while counted() < count {
+            syncs.changed().await.unwrap();
+        }
+    });
+    waited.await.expect("the other replica's sync within 10 s");
+    assert_eq!(counted(), count);
+}
+
 /// The stand-in's Event checks refuse what Kubernetes 1.33 refuses.
 #[test]
 fn the_api_stand_in_checks_events_as_the_api_server_does() {

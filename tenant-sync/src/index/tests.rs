@@ -715,3 +715,35 @@ fn a_namespace_caps_the_scopes_its_secrets_may_grant() {
         "newer"
     );
 }
+
+#[test]
+fn the_first_ready_replica_by_pod_name_speaks_for_them_all() {
+    let slice = |pods: serde_json::Value| -> EndpointSlice {
+        serde_json::from_value(json!({
+            "metadata": {"name": "tenant-proxy-x"},
+            "addressType": "IPv4",
+            "endpoints": pods,
+        }))
+        .unwrap()
+    };
+    let pod = |name: &str, ready: bool| {
+        json!({"addresses": ["10.0.0.1"], "conditions": {"ready": ready},
+               "targetRef": {"kind": "Pod", "name": name}})
+    };
+    let mut index = Index::new(conventions(None), &[String::new()]);
+    // Replicas not counted: each speaks.
+    assert!(index.speaks_for_replicas(Some("proxy-b")));
+    index = index.counting_peers();
+    // None ready yet, or an unknown pod name: each speaks.
+    assert!(index.speaks_for_replicas(Some("proxy-b")));
+    index.peers_event(Event::Apply(slice(json!([
+        pod("proxy-b", true),
+        pod("proxy-c", true),
+        pod("proxy-a", false),
+    ]))));
+    assert!(index.speaks_for_replicas(None));
+    assert!(index.speaks_for_replicas(Some("proxy-b")));
+    assert!(!index.speaks_for_replicas(Some("proxy-c")));
+    // Not ready itself, with a ready replica: that one speaks.
+    assert!(!index.speaks_for_replicas(Some("proxy-a")));
+}

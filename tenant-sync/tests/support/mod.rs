@@ -34,6 +34,7 @@ pub fn options(tenants_file: PathBuf) -> Options {
         once: false,
         peer_service: None,
         events: true,
+        instance: None,
     }
 }
 
