@@ -109,16 +109,17 @@ async fn grantable_scopes_cap_namespaces_from_the_command_line() {
     assert!(store.credential("pusher").unwrap().verifier.verify("pw"));
     assert!(stderr.contains("scope_not_grantable"), "{stderr}");
 
-    let out = command(dir.path())
-        .args(["--once", "--grantable-scopes", "logs:read,logs:wirte"])
-        .output()
-        .unwrap();
+    let typo = ["--once", "--grantable-scopes", "logs:read,logs:wirte"];
+    refused_at_start(dir.path(), &typo, "--grantable-scopes", "unknown scope");
+}
+
+/// Starts tenant-sync with `args`, which it must refuse: it exits with an
+/// error naming `flag` and saying `why`.
+fn refused_at_start(dir: &std::path::Path, args: &[&str], flag: &str, why: &str) {
+    let out = command(dir).args(args).output().unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("--grantable-scopes") && stderr.contains("unknown scope"),
-        "{stderr}"
-    );
+    assert!(stderr.contains(flag) && stderr.contains(why), "{stderr}");
 }
 
 /// The sidecar's log lines, read on a thread of their own so that waiting
@@ -207,14 +208,6 @@ async fn serves_readiness_resyncs_on_sighup_and_stops_on_sigterm() {
 #[test]
 fn a_zero_resync_interval_is_refused_at_start() {
     let dir = tempfile::tempdir().unwrap();
-    let out = command(dir.path())
-        .args(["--resync-interval", "0s"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("--resync-interval") && stderr.contains("must be above zero"),
-        "{stderr}"
-    );
+    let args = ["--resync-interval", "0s"];
+    refused_at_start(dir.path(), &args, "--resync-interval", "must be above zero");
 }
