@@ -168,7 +168,6 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A duration a clock ticks by: zero would panic it (tokio's interval).
 /// A list of scopes, every item known: a typo refuses to start rather
 /// than cap more, or less, than meant.
 fn scope_list(text: &str) -> Result<Scopes, String> {
@@ -178,6 +177,7 @@ fn scope_list(text: &str) -> Result<Scopes, String> {
         .ok_or_else(|| format!("lists an unknown scope or none; known: {}", known()))
 }
 
+/// A duration a clock ticks by: zero would panic it (tokio's interval).
 fn above_zero(text: &str) -> Result<Duration, String> {
     match humantime::parse_duration(text) {
         Ok(d) if d.is_zero() => Err("must be above zero".into()),

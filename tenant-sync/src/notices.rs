@@ -60,15 +60,12 @@ pub struct Notices {
 
 impl Notices {
     /// Starts the publishing task, which ends once `Notices` is dropped and
-    /// the queue is empty.
+    /// the queue is empty. Its Events name `instance`, or the host.
     pub fn start(client: Client, metrics: Arc<Metrics>, instance: Option<String>) -> Self {
         let (queue, mut waiting) = mpsc::channel::<(ObjectReference, Notice)>(QUEUE);
-        let reporter = match instance {
-            Some(pod) => Reporter {
-                controller: CONTROLLER.into(),
-                instance: Some(pod),
-            },
-            None => Reporter::from(CONTROLLER),
+        let reporter = Reporter {
+            controller: CONTROLLER.into(),
+            instance: instance.or_else(host_name),
         };
         let recorder = Recorder::new(client, reporter);
         let counted = metrics.clone();
