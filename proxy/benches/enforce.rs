@@ -1,12 +1,13 @@
 //! Cost of the per-request pure work on the query path: PromQL enforcement of
-//! typical dashboard queries, `match[]` enforcement, path normalisation and
-//! route classification. Run: `cargo bench -p tenant-proxy --bench enforce`.
+//! typical dashboard queries, `match[]` enforcement, the memo's three ways
+//! (a repeat, a new value in a known shape, a new shape), path
+//! normalisation and route classification. Run: `cargo bench -p tenant-proxy --bench enforce`.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use http::Method;
 use std::hint::black_box;
 use tenant_proxy::config::MetricsScoping;
-use tenant_proxy::enforce::promql::{enforce_query, enforce_selector, TenantMatcher};
+use tenant_proxy::enforce::promql::{enforce_query, enforce_selector, Memo, TenantMatcher};
 use tenant_proxy::http::path;
 use tenant_proxy::routes::RouteTable;
 
@@ -82,6 +83,49 @@ fn promql(c: &mut Criterion) {
     });
 }
 
+/// The memo's three ways for one dashboard query (`promql-first-seen`'s
+/// third): a repeat (memoised), a new value in a known shape (the template
+/// filled, then verified), and a new shape (enforced the full way).
+fn memo(c: &mut Criterion) {
+    let tenant = TenantMatcher::new("namespace", &["team-a".into()]).unwrap();
+    let query = |n: u64| {
+        format!(
+            r#"sum(rate(container_cpu_usage_seconds_total{{container!="",pod=~"web-{n}-.*"}}[5m])) / sum(kube_pod_container_resource_requests{{resource="cpu",pod=~"web-{n}-.*"}})"#
+        )
+    };
+    let new_shape = |n: u64| {
+        format!(
+            r#"sum(rate(container_cpu_usage_{n}_seconds_total{{container!="",pod=~"web-1-.*"}}[5m])) / sum(kube_pod_container_resource_requests_{n}{{resource="cpu",pod=~"web-1-.*"}})"#
+        )
+    };
+    let mut group = c.benchmark_group("memo");
+    let memo = Memo::new(10_000);
+    let repeated = query(0);
+    group.bench_function("memoised", |b| {
+        b.iter(|| memo.enforce_query(black_box(&repeated), &tenant).unwrap())
+    });
+    // Each iteration a value not seen before; the texts are made outside the
+    // measured loop.
+    for (name, make) in [
+        ("first_seen", &query as &dyn Fn(u64) -> String),
+        ("new_shape", &new_shape),
+    ] {
+        let memo = Memo::new(10_000);
+        let mut n = 0;
+        group.bench_function(name, |b| {
+            b.iter_batched(
+                || {
+                    n += 1;
+                    make(n)
+                },
+                |text| memo.enforce_query(black_box(&text), &tenant).unwrap(),
+                criterion::BatchSize::SmallInput,
+            )
+        });
+    }
+    group.finish();
+}
+
 fn routing(c: &mut Criterion) {
     let table = RouteTable::new(true, Some(MetricsScoping::Label), false);
     c.bench_function("normalise_and_classify", |b| {
@@ -92,5 +136,5 @@ fn routing(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, promql, routing);
+criterion_group!(benches, promql, memo, routing);
 criterion_main!(benches);
