@@ -615,14 +615,23 @@ impl<V: Clone> Cache<V> {
             return;
         }
         let weight = key.text.len() + (self.weigh)(&value);
-        let mut entries = self.entries.write().unwrap_or_else(|e| e.into_inner());
-        if entries.map.len() >= self.capacity || entries.bytes + weight > self.max_bytes {
-            entries.map.clear();
-            entries.bytes = 0;
-        }
-        if entries.map.insert(key, value).is_none() {
-            entries.bytes += weight;
-        }
+        let stale = {
+            let mut entries = self.entries.write().unwrap_or_else(|e| e.into_inner());
+            let full =
+                entries.map.len() >= self.capacity || entries.bytes + weight > self.max_bytes;
+            let stale = full.then(|| {
+                entries.bytes = 0;
+                let room = entries.map.capacity();
+                std::mem::replace(&mut entries.map, HashMap::with_capacity(room))
+            });
+            if entries.map.insert(key, value).is_none() {
+                entries.bytes += weight;
+            }
+            stale
+        };
+        // Freed once the lock is released: 10,000 entries take about half a
+        // millisecond to free, and every query would wait for it.
+        drop(stale);
     }
 
     #[cfg(test)]

@@ -366,6 +366,34 @@ fn a_full_memo_starts_over_instead_of_growing() {
 }
 
 #[test]
+fn a_full_cache_frees_its_entries_after_releasing_its_lock() {
+    use std::sync::{LazyLock, Mutex};
+    /// A value that notes, when freed, whether the cache's lock was free.
+    #[derive(Clone)]
+    struct Probe;
+    static CACHE: LazyLock<Cache<Probe>> = LazyLock::new(|| Cache::new(2, |_| 0));
+    static LOCK_FREE_AT_DROP: Mutex<Vec<bool>> = Mutex::new(Vec::new());
+    impl Drop for Probe {
+        fn drop(&mut self) {
+            let free = CACHE.entries.try_write().is_ok();
+            LOCK_FREE_AT_DROP.lock().unwrap().push(free);
+        }
+    }
+    let key = |text: &str| MemoKey {
+        tenant: "namespace=\"team-a\"".into(),
+        input: Input::Query,
+        text: text.into(),
+    };
+    CACHE.insert(key("a"), Probe);
+    CACHE.insert(key("b"), Probe);
+    assert!(LOCK_FREE_AT_DROP.lock().unwrap().is_empty());
+    // Full: starts over, freeing both.
+    CACHE.insert(key("c"), Probe);
+    assert_eq!(*LOCK_FREE_AT_DROP.lock().unwrap(), [true, true]);
+    assert_eq!(CACHE.len(), 1);
+}
+
+#[test]
 fn a_memo_of_size_zero_remembers_nothing_and_still_enforces() {
     let memo = Memo::new(0);
     for _ in 0..2 {
