@@ -233,6 +233,10 @@ fn a_foreign_value_is_refused_under_reject_naming_the_metric() {
     );
     let mut foreign_resource = request(&[kv(LABEL, "team-b")], &[], &[]);
     assert!(rewrite_decoded(&mut foreign_resource, &t).is_err());
+    // An owned copy beside a foreign one excuses nothing.
+    let both = [kv(LABEL, "team-a"), kv("k8s.namespace.name", "team-b")];
+    let mut mixed = request(&[], &[], &both);
+    assert!(rewrite_decoded(&mut mixed, &t).is_err());
     let mut fine = request(&[kv(LABEL, "team-a")], &[], &[kv(LABEL, "team-a-2")]);
     assert!(rewrite_decoded(&mut fine, &t).is_ok());
 }

@@ -186,24 +186,42 @@ fn a_series_naming_a_label_twice_is_refused() {
         ("namespace", "team-a"),
         ("namespace", "team-b"),
     ];
-    let (out, _) = rewrite_v1_ok(
+    // Two values, one of them foreign: overwritten (one copy, the owned
+    // value), or refused under `reject`, as a foreign value alone would be.
+    let (out, stats) = rewrite_v1_ok(
         &v1(vec![series(&tenant_twice)]),
         ForeignLabelPolicy::Overwrite,
     );
     assert_eq!(
-        out.timeseries[0]
-            .labels
-            .iter()
-            .filter(|l| l.name == "namespace")
-            .count(),
-        1
+        pairs(&out.timeseries[0]),
+        p(&[("__name__", "up"), ("namespace", "team-a")])
     );
-    assert!(rewrite(
-        Version::V2,
-        &v2_request(&[&tenant_twice]).encode_to_vec(),
-        &t
-    )
-    .is_ok());
+    assert_eq!(stats.overwritten, 1);
+    let rejecting = tenant(&owned, ForeignLabelPolicy::Reject);
+    let v2_body = v2_request(&[&tenant_twice]).encode_to_vec();
+    assert!(rewrite(Version::V2, &v2_body, &t).is_ok());
+    for (version, body) in [
+        (Version::V1, v1(vec![series(&tenant_twice)])),
+        (Version::V2, v2_body),
+    ] {
+        let refused = rewrite(version, &body, &rejecting);
+        assert!(
+            matches!(refused, Err(RemoteWriteError::ForeignLabel(_))),
+            "{refused:?}"
+        );
+    }
+    // The same owned value twice is that value, kept.
+    let owned_twice = [
+        ("__name__", "up"),
+        ("namespace", "team-a"),
+        ("namespace", "team-a"),
+    ];
+    let (out, stats) = rewrite_v1_ok(&v1(vec![series(&owned_twice)]), ForeignLabelPolicy::Reject);
+    assert_eq!(
+        pairs(&out.timeseries[0]),
+        p(&[("__name__", "up"), ("namespace", "team-a")])
+    );
+    assert_eq!((stats.added, stats.overwritten), (0, 0));
 }
 
 /// A `Label` whose name field appears twice: protobuf decoders keep the
