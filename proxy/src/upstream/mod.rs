@@ -268,6 +268,28 @@ mod tests {
         assert_eq!(h[X_FORWARDED_FOR], "127.0.0.2");
     }
 
+    /// The look for refused headers is a shortcut: it must see each one
+    /// alone, not only beside a spoofed tenant header.
+    #[test]
+    fn each_refused_header_is_removed_when_it_comes_alone() {
+        let peer = Peer::new("127.0.0.1:4711".parse().unwrap());
+        let team_a = HeaderValue::from_static("team-a");
+        for name in IDENTITY_HEADERS.iter().chain(&TRUSTED_CALLER_HEADERS) {
+            // Label mode (no tenant header), then header mode.
+            for tenant_header in [None, Some((&X_SCOPE_ORGID, &team_a))] {
+                let mut h = HeaderMap::new();
+                h.insert(name.clone(), HeaderValue::from_static("spoofed"));
+                prepare_request_headers(&mut h, &peer, None, tenant_header, None).unwrap();
+                let left: Vec<_> = h.get_all(name).iter().collect();
+                let expected: &[&HeaderValue] = match tenant_header {
+                    Some((tenant, value)) if tenant == name => &[value],
+                    _ => &[],
+                };
+                assert_eq!(left, expected, "{name} with {tenant_header:?}");
+            }
+        }
+    }
+
     #[test]
     fn the_clients_host_gives_way_to_the_upstreams() {
         let peer = Peer::new("127.0.0.1:4711".parse().unwrap());
