@@ -158,6 +158,45 @@ mod tests {
         );
     }
 
+    /// At the bound a new key makes room: the ended windows go first, and
+    /// all windows if every one is live. A key already counted keeps its
+    /// count there: a guesser at the bound cannot wipe its own failures.
+    #[test]
+    fn a_full_map_makes_room_for_new_keys_only() {
+        let t = FailureThrottle::new(1, Duration::from_secs(60));
+        let start = Instant::now();
+        let later = start + Duration::from_secs(30);
+        let half = MAX_KEYS / 2;
+        for key in 0..half {
+            let _ = t.charge(key, start).unwrap();
+        }
+        for key in half..MAX_KEYS {
+            let _ = t.charge(key, later).unwrap();
+        }
+        assert!(t.charge(0, later).is_err(), "its count stands at the bound");
+        assert_eq!(t.windows.lock().unwrap().len(), MAX_KEYS);
+
+        // The first half's windows end exactly now.
+        let after_first_half = start + Duration::from_secs(60);
+        let _ = t.charge(MAX_KEYS, after_first_half).unwrap();
+        assert_eq!(t.windows.lock().unwrap().len(), half + 1);
+        assert!(
+            t.charge(half, after_first_half).is_err(),
+            "live counts kept"
+        );
+
+        let t = FailureThrottle::new(1, Duration::from_secs(60));
+        for key in 0..MAX_KEYS {
+            let _ = t.charge(key, start).unwrap();
+        }
+        let _ = t.charge(MAX_KEYS, start).unwrap();
+        assert_eq!(
+            t.windows.lock().unwrap().len(),
+            1,
+            "started over, not grown"
+        );
+    }
+
     #[test]
     fn zero_limit_disables() {
         let t = FailureThrottle::new(0, Duration::from_secs(60));
