@@ -101,6 +101,70 @@ fn a_silence_without_the_label_gets_the_pin_and_a_foreign_one_is_refused() {
     }
 }
 
+/// One value is pinned as an equality (what Grafana's silence form shows
+/// as `namespace = team-a`), several as an anchored alternation.
+#[test]
+fn a_single_value_is_pinned_as_an_equality() {
+    let one = vec!["team-a".to_string()];
+    let added = rewrite_silence(&silence(serde_json::json!([])), &tenant(&one)).unwrap();
+    assert_eq!(
+        added.matchers,
+        [matcher("namespace", "team-a", false, true)]
+    );
+}
+
+/// A regex pins only values written literally: an owned value holding a
+/// metacharacter, written unescaped, matches more than that value.
+#[test]
+fn a_regex_pins_only_owned_values_written_literally() {
+    let owned = vec!["team.a".to_string(), "team_b".to_string()];
+    let t = tenant(&owned);
+    let regex = |value: &str| matcher("namespace", value, true, true);
+    for pinned in [r"team\.a|team_b", "team_b"] {
+        assert!(t.pins(&regex(pinned)), "{pinned}");
+    }
+    // `team.a` also matches `teamXa`, another tenant's namespace perhaps.
+    for loose in ["team.a", "team_b|team.a"] {
+        assert!(!t.pins(&regex(loose)), "{loose}");
+    }
+    assert!(t.pins(&matcher("namespace", "team.a", false, true)));
+}
+
+/// A silence Alertmanager answers with is the tenant's only when one of
+/// its matchers pins the label; an answer that cannot be read is refused
+/// (an update or delete then never reaches Alertmanager).
+#[test]
+fn a_silence_read_back_is_owned_only_when_it_pins_the_label() {
+    let owned = owned();
+    let t = tenant(&owned);
+    let gettable = |matchers: Value| {
+        let mut body: Value = serde_json::from_slice(&silence(matchers)).unwrap();
+        body["id"] = Value::from("6f1c2a9e-3b1d-4c8e-9a7f-0d2b5e8c1f34");
+        body["status"] = serde_json::json!({"state": "active"});
+        body.to_string().into_bytes()
+    };
+    let ours = gettable(serde_json::json!([
+        {"name": "alertname", "value": "X", "isRegex": false, "isEqual": true},
+        {"name": "namespace", "value": "team-a-2", "isRegex": false, "isEqual": true}
+    ]));
+    assert!(silence_is_owned(&ours, &t).unwrap());
+    for theirs in [
+        serde_json::json!([{"name": "namespace", "value": "team-b", "isRegex": false, "isEqual": true}]),
+        serde_json::json!([{"name": "alertname", "value": "X", "isRegex": false, "isEqual": true}]),
+        serde_json::json!([]),
+        serde_json::json!("not matchers"),
+    ] {
+        assert!(
+            !silence_is_owned(&gettable(theirs.clone()), &t).unwrap(),
+            "{theirs}"
+        );
+    }
+    assert!(matches!(
+        silence_is_owned(b"<html>", &t),
+        Err(ProxyError::UpstreamUnavailable(_))
+    ));
+}
+
 #[test]
 fn a_silence_id_is_only_ever_a_uuid_shaped_path_segment() {
     let owned = owned();

@@ -154,6 +154,22 @@ fn what_cannot_be_read_as_one_rule_group_is_refused() {
     }
 }
 
+/// The 400 says what was wrong, in the words of the rule group's format.
+#[test]
+fn a_refusal_names_what_it_expected() {
+    let owned = owned();
+    let overwrite = tenant(&owned, ForeignLabelPolicy::Overwrite);
+    let refused = |body: &str| match rewrite(body.as_bytes(), &overwrite) {
+        Err(RuleGroupError::Unreadable(why)) => why,
+        other => panic!("{body:?}: {other:?}"),
+    };
+    let listed =
+        refused("name: g\nrules:\n  - record: a\n    expr: vector(1)\n    labels: [namespace]\n");
+    assert!(listed.contains("expected a map of strings"), "{listed}");
+    let twice = refused("name: g\nrules:\n  - record: a\n    expr: vector(1)\n    labels: {namespace: team-a, namespace: team-b}\n");
+    assert!(twice.contains(r#""namespace" is defined twice"#), "{twice}");
+}
+
 #[test]
 fn json_is_yaml_and_is_answered_as_yaml() {
     let body = r#"{"name": "g", "rules": [{"alert": "A", "expr": "vector(1)", "labels": {"namespace": "team-b"}}]}"#;
@@ -256,6 +272,21 @@ fn a_federated_group_may_name_only_its_own_tenant() {
                 Err(RuleGroupError::Unreadable(_))
             ),
             "{unreadable}"
+        );
+    }
+    // Nor anywhere deeper: in a rule, or in a list.
+    for nested in [
+        "name: g\nrules:\n  - record: a\n    expr: !custom sum(up)\n",
+        "name: !custom g\nrules: []\n",
+        "name: g\nrules:\n  - <<: {record: a}\n    expr: sum(up)\n",
+        "name: g\nrules:\n  - record: a\n    expr: sum(up)\n    labels: {<<: {namespace: team-b}}\n",
+    ] {
+        assert!(
+            matches!(
+                federated(nested.as_bytes(), "team-a"),
+                Err(RuleGroupError::Unreadable(_))
+            ),
+            "{nested}"
         );
     }
     for not_a_group in ["", "- name: g\n", "just text\n"] {
