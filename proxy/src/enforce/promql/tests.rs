@@ -539,6 +539,11 @@ fn queries_not_lexed_with_certainty_are_parsed_as_sent() {
     ] {
         let set_aside = client_regex::SetAside::of(query).and_then(|s| s.parse());
         assert!(set_aside.is_none(), "{query}");
+        if query.contains("tenant-proxy-regex-") {
+            // Declined before anything is set aside, not only by the count
+            // of placeholders put back.
+            assert!(client_regex::SetAside::of(query).is_none(), "{query}");
+        }
         assert_eq!(
             enforce_query(query, &one()),
             enforce_as_parsed(query, &one()),
@@ -570,6 +575,27 @@ fn swapping_client_regexes_never_lets_an_unenforced_text_pass() {
         ours,
         r#"space=~"team-a|team-a\\.prod""#,
     ]);
+    let printed: Vec<&str> = client.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(
+        printed,
+        [
+            r#"route=~"/v1/.*""#,
+            ours,
+            r#"space=~"team-a|team-a\\.prod""#
+        ]
+    );
+    // Collected from a real selector: each client regex once; neither the
+    // tenant's own matcher nor an equality.
+    let Expr::VectorSelector(vs) = parse(&format!(
+        r#"x{{route=~"/v1/.*", job="api", {ours}, route=~"/v1/.*", code!~"5.."}}"#
+    ))
+    .unwrap() else {
+        unreachable!()
+    };
+    let mut collected = Vec::new();
+    client_regex::collect(&vs, &tenant.matchers, &mut collected);
+    let printed: Vec<&str> = collected.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(printed, [r#"route=~"/v1/.*""#, r#"code!~"5..""#]);
     assert_eq!(
         verify(
             &format!(r#"x{{route=~"/v1/.*", {ours}}}"#),
@@ -592,8 +618,28 @@ fn swapping_client_regexes_never_lets_an_unenforced_text_pass() {
     }
     // A printed matcher whose literal does not close at its end is not
     // swapped: the text is verified as it is.
-    let unclosed = vec![(r#"a=~"x"#.to_string(), r#"a="y""#.to_string())];
-    assert_eq!(client_regex::swap_for_verification("text", &unclosed), None);
+    let swap = |printed: &str| vec![(printed.to_string(), r#"a="y""#.to_string())];
+    assert_eq!(
+        client_regex::swap_for_verification(r#"x{a=~"x",b="c"}"#, &swap(r#"a=~"x""#)).as_deref(),
+        Some(r#"x{a="y",b="c"}"#)
+    );
+    // Each of these would end with a closed double-quoted literal if one
+    // quote style, an escape outside a literal, or a literal left open
+    // were overlooked.
+    for unclosed in [
+        r#"a=~"x"#,
+        r#"a=~"x" b"#,
+        r#"a=~"x"y""#,
+        r#"a=~'x'"y""#,
+        r#"a=~`x`"y""#,
+        r#"a=~\"x""#,
+    ] {
+        assert_eq!(
+            client_regex::swap_for_verification("text", &swap(unclosed)),
+            None,
+            "{unclosed}"
+        );
+    }
 }
 
 fn tricky_value() -> impl Strategy<Value = String> {
@@ -748,6 +794,17 @@ fn a_shape_replaces_plain_matcher_values_only() {
     // `<=` and `>=` compare.
     let (text, _) = shape_of(r#"x{a="b"} <= "c" >= "d""#, &tenant).unwrap();
     assert_eq!(text, r#"x{a="tenant-proxy-shape-0"} <= "c" >= "d""#);
+    // Space may stand between a matcher operator and its value; after a
+    // comparison `!=`, the next token ends it.
+    let (text, _) = shape_of(
+        "x{a= \"b\"} != 3 + label_replace(y, \"k\", \"$1\", \"l\", \"(.*)\")",
+        &tenant,
+    )
+    .unwrap();
+    assert_eq!(
+        text,
+        "x{a= \"tenant-proxy-shape-0\"} != 3 + label_replace(y, \"k\", \"$1\", \"l\", \"(.*)\")"
+    );
 }
 
 #[test]
