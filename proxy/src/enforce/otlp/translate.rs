@@ -238,6 +238,61 @@ mod tests {
         assert!(translates_to("1x", Level::Scope, "otel_scope_1x"));
         assert!(!translates_to("ns", Level::DataPoint, "key_ns"));
         assert!(!translates_to("a.b", Level::DataPoint, "ab"));
+        // Only a name wrapped in `__` at both ends keeps them around what
+        // collapses inside.
+        assert!(!translates_to("__a..b.", Level::DataPoint, "key__a___"));
+        assert!(!translates_to("__ns__", Level::DataPoint, "ns_"));
+    }
+
+    /// A resource's service attributes become `job` and `instance` on
+    /// `target_info` and on promoted series; elsewhere they are names like
+    /// any other.
+    #[test]
+    fn service_attributes_become_job_and_instance_at_resource_level() {
+        for (key, label) in [
+            ("service.name", "job"),
+            ("service.namespace", "job"),
+            ("service.instance.id", "instance"),
+        ] {
+            assert!(translates_to(key, Level::Resource, label), "{key}");
+            assert!(!translates_to(key, Level::DataPoint, label), "{key}");
+            assert!(!translates_to(key, Level::Scope, label), "{key}");
+        }
+        assert!(!translates_to("service.version", Level::Resource, "job"));
+    }
+
+    /// The byte prefilter, which runs on every attribute, rules out a name
+    /// whose last character cannot end the label, and lets the others
+    /// through.
+    #[test]
+    fn the_prefilter_rules_out_names_by_their_last_character() {
+        for (key, level) in [
+            ("http.method", Level::DataPoint),
+            ("k8s.pod.uid", Level::Resource),
+            ("service.id", Level::DataPoint),
+        ] {
+            assert!(
+                !may_translate_to(key.as_bytes(), level, "namespace"),
+                "{key}"
+            );
+        }
+        // Except a resource's `service.*`, whose names become `job` and
+        // `instance`.
+        assert!(may_translate_to(
+            b"service.id",
+            Level::Resource,
+            "namespace"
+        ));
+        for (key, label) in [
+            ("k8s.namespace", "namespace"),
+            ("ns.", "namespace_"),
+            ("", "x"),
+        ] {
+            assert!(
+                may_translate_to(key.as_bytes(), Level::DataPoint, label),
+                "{key}"
+            );
+        }
     }
 
     fn key() -> impl Strategy<Value = String> {
