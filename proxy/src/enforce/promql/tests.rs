@@ -559,14 +559,18 @@ fn queries_not_lexed_with_certainty_are_parsed_as_sent() {
 fn swapping_client_regexes_never_lets_an_unenforced_text_pass() {
     let tenant = two();
     let ours = r#"namespace=~"team-a|team-a\\.prod""#;
+    // The swaps `collect` finds in `selector`, with `tenant` as the
+    // tenant's own matchers.
+    let collect = |selector: &str, tenant: &[Matcher], swaps: &mut Vec<client_regex::Swap>| {
+        let Expr::VectorSelector(vs) = parse(selector).unwrap() else {
+            unreachable!()
+        };
+        client_regex::collect(&vs, tenant, swaps);
+    };
     let swaps = |printed: &[&str]| -> Vec<client_regex::Swap> {
         let mut swaps = Vec::new();
         for p in printed {
-            let expr = parse(&format!("x{{{p}}}")).unwrap();
-            let Expr::VectorSelector(vs) = expr else {
-                unreachable!()
-            };
-            client_regex::collect(&vs, &[], &mut swaps);
+            collect(&format!("x{{{p}}}"), &[], &mut swaps);
         }
         swaps
     };
@@ -586,14 +590,12 @@ fn swapping_client_regexes_never_lets_an_unenforced_text_pass() {
     );
     // Collected from a real selector: each client regex once; neither the
     // tenant's own matcher nor an equality.
-    let Expr::VectorSelector(vs) = parse(&format!(
-        r#"x{{route=~"/v1/.*", job="api", {ours}, route=~"/v1/.*", code!~"5.."}}"#
-    ))
-    .unwrap() else {
-        unreachable!()
-    };
     let mut collected = Vec::new();
-    client_regex::collect(&vs, &tenant.matchers, &mut collected);
+    collect(
+        &format!(r#"x{{route=~"/v1/.*", job="api", {ours}, route=~"/v1/.*", code!~"5.."}}"#),
+        &tenant.matchers,
+        &mut collected,
+    );
     let printed: Vec<&str> = collected.iter().map(|(p, _)| p.as_str()).collect();
     assert_eq!(printed, [r#"route=~"/v1/.*""#, r#"code!~"5..""#]);
     assert_eq!(
