@@ -12,8 +12,8 @@ use serde_json::Value;
 
 use crate::enforce::params::{Params, MATCH};
 use crate::enforce::promql::{EnforceError, Memo, TenantMatcher};
+use crate::http::body::BoxError;
 use crate::http::error::ProxyError;
-use crate::upstream::UpstreamBody;
 
 /// `metadata` takes no selector, so upstream it would list every tenant's
 /// metric names and help texts. Grafana calls it and copes with empty data.
@@ -58,12 +58,12 @@ pub fn enforce(
             *query = memo.enforce_query(query, tenant)?.to_string();
         }
         Selectors::Matchers => {
-            let mut given = 0;
+            let mut given = false;
             for selector in params.values_mut(MATCH) {
                 *selector = memo.enforce_selector(selector, tenant)?.to_string();
-                given += 1;
+                given = true;
             }
-            if given == 0 {
+            if !given {
                 params.push(MATCH, tenant.selector());
             }
         }
@@ -84,7 +84,7 @@ pub async fn rewrite_request<B>(
 ) -> Result<(Option<String>, Bytes), ProxyError>
 where
     B: hyper::body::Body,
-    B::Error: Into<crate::http::body::BoxError>,
+    B::Error: Into<BoxError>,
 {
     let bytes = crate::http::body::read_bounded(body, body_limit).await?;
     let mut params = Params::from_request(&parts.method, parts.uri.query(), &parts.headers, &bytes)
@@ -118,17 +118,27 @@ pub enum ResponseFilter {
 /// Reads a successful `rules`/`alerts` response and keeps only what carries
 /// the tenant label with one of the tenant's values. A response that cannot
 /// be read or understood is refused (502), never passed through unfiltered.
-pub async fn filter_response(
-    body: UpstreamBody,
+pub async fn filter_response<B>(
+    body: B,
     filter: ResponseFilter,
     tenant: &TenantMatcher,
-) -> Result<Bytes, ProxyError> {
+) -> Result<Bytes, ProxyError>
+where
+    B: hyper::body::Body,
+    B::Error: Into<BoxError>,
+{
     filter_document(&read_filtered_response(body).await?, filter, tenant)
 }
 
 /// Reads an upstream answer that is to be filtered or checked, whole, up
 /// to `MAX_FILTERED_RESPONSE_BYTES` (502 beyond, or if it breaks off).
-pub async fn read_filtered_response(body: UpstreamBody) -> Result<Bytes, ProxyError> {
+/// Generic over the body so that the bound can be tested without an
+/// upstream.
+pub async fn read_filtered_response<B>(body: B) -> Result<Bytes, ProxyError>
+where
+    B: hyper::body::Body,
+    B::Error: Into<BoxError>,
+{
     Ok(Limited::new(body, MAX_FILTERED_RESPONSE_BYTES)
         .collect()
         .await
@@ -224,6 +234,130 @@ mod tests {
         assert_eq!(none.get(MATCH), Some(r#"{namespace="a"}"#));
     }
 
+    /// `rewrite_request` on a request of `method` to `uri` with `headers`
+    /// and `body`: the request's head after it, and what it returned.
+    async fn rewritten(
+        method: Method,
+        uri: &str,
+        headers: &[(header::HeaderName, &str)],
+        body: &'static str,
+    ) -> (Parts, Option<String>, Bytes) {
+        let mut request = http::Request::builder().method(method).uri(uri);
+        for (name, value) in headers {
+            request = request.header(name, *value);
+        }
+        let (mut parts, body) = request
+            .body(http_body_util::Full::new(Bytes::from_static(
+                body.as_bytes(),
+            )))
+            .unwrap()
+            .into_parts();
+        let memo = Memo::new(0);
+        let (query, body) =
+            rewrite_request(&mut parts, body, 1024, Selectors::Query, &tenant(), &memo)
+                .await
+                .unwrap();
+        (parts, query, body)
+    }
+
+    fn pairs(form: &[u8]) -> Vec<(String, String)> {
+        form_urlencoded::parse(form).into_owned().collect()
+    }
+
+    #[tokio::test]
+    async fn a_post_leaves_with_every_parameter_in_a_form_its_headers_describe() {
+        let (parts, query, body) = rewritten(
+            Method::POST,
+            "/api/v1/query?time=1",
+            &[
+                (
+                    header::CONTENT_TYPE,
+                    "application/x-www-form-urlencoded; charset=utf-8",
+                ),
+                (header::CONTENT_ENCODING, "identity"),
+                (header::CONTENT_LENGTH, "8"),
+            ],
+            "query=up",
+        )
+        .await;
+        assert_eq!(query, None);
+        assert_eq!(
+            pairs(&body),
+            [
+                ("time".to_string(), "1".to_string()),
+                ("query".to_string(), r#"up{namespace="a"}"#.to_string())
+            ]
+        );
+        let headers = &parts.headers;
+        assert_eq!(
+            headers[header::CONTENT_TYPE],
+            "application/x-www-form-urlencoded"
+        );
+        assert_eq!(
+            headers[header::CONTENT_LENGTH],
+            body.len().to_string().as_str()
+        );
+        assert!(!headers.contains_key(header::CONTENT_ENCODING));
+    }
+
+    #[tokio::test]
+    async fn a_get_leaves_with_its_parameters_in_the_url_and_no_body_headers() {
+        let (parts, query, body) = rewritten(
+            Method::GET,
+            "/api/v1/query?query=up&time=1",
+            &[
+                (header::CONTENT_TYPE, "text/plain"),
+                (header::CONTENT_LENGTH, "0"),
+                (header::CONTENT_ENCODING, "identity"),
+            ],
+            "",
+        )
+        .await;
+        assert_eq!(
+            pairs(query.unwrap().as_bytes()),
+            [
+                ("query".to_string(), r#"up{namespace="a"}"#.to_string()),
+                ("time".to_string(), "1".to_string())
+            ]
+        );
+        assert!(body.is_empty());
+        for gone in [
+            header::CONTENT_TYPE,
+            header::CONTENT_LENGTH,
+            header::CONTENT_ENCODING,
+        ] {
+            assert!(!parts.headers.contains_key(&gone), "{gone}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_response_to_filter_is_read_up_to_64_mib_and_refused_beyond() {
+        // The bound docs/promql-enforcement.md states.
+        let bound = 64 << 20;
+        let body = |size: usize| http_body_util::Full::new(Bytes::from(vec![b' '; size]));
+        assert_eq!(
+            read_filtered_response(body(bound)).await.unwrap().len(),
+            bound
+        );
+        assert!(matches!(
+            read_filtered_response(body(bound + 1)).await,
+            Err(ProxyError::UpstreamUnavailable(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_filtered_response_is_the_filtered_document() {
+        let doc = r#"{"status":"success","data":{"alerts":[{"labels":{"namespace":"a"}},{"labels":{"namespace":"b"}}]}}"#;
+        let body = http_body_util::Full::new(Bytes::from_static(doc.as_bytes()));
+        let filtered = filter_response(body, ResponseFilter::Alerts, &tenant())
+            .await
+            .unwrap();
+        assert_eq!(
+            filtered,
+            r#"{"data":{"alerts":[{"labels":{"namespace":"a"}}]},"status":"success"}"#
+        );
+    }
+
     #[test]
     fn rules_keep_only_the_tenants_rules_and_alerts() {
         let doc = serde_json::json!({"status": "success", "data": {"groups": [
@@ -235,12 +369,8 @@ mod tests {
             ]},
             {"name": "only-b", "rules": [{"name": "B2", "labels": {"namespace": "b"}}]},
         ]}});
-        let out = filter_document(
-            doc.to_string().as_bytes(),
-            ResponseFilter::Rules,
-            &tenant_a(),
-        )
-        .unwrap();
+        let out =
+            filter_document(doc.to_string().as_bytes(), ResponseFilter::Rules, &tenant()).unwrap();
         let out: Value = serde_json::from_slice(&out).unwrap();
         let groups = out["data"]["groups"].as_array().unwrap();
         assert_eq!(groups.len(), 1);
@@ -248,10 +378,6 @@ mod tests {
         assert_eq!(rules.len(), 1);
         assert_eq!(rules[0]["name"], "A");
         assert_eq!(rules[0]["alerts"].as_array().unwrap().len(), 1);
-    }
-
-    fn tenant_a() -> TenantMatcher {
-        TenantMatcher::new("namespace", &["a".into()]).unwrap()
     }
 
     #[test]
@@ -265,7 +391,7 @@ mod tests {
         let out = filter_document(
             doc.as_bytes(),
             ResponseFilter::Alerts,
-            &tenant_a().narrowed(&selector),
+            &tenant().narrowed(&selector),
         )
         .unwrap();
         let out: Value = serde_json::from_slice(&out).unwrap();
@@ -278,11 +404,11 @@ mod tests {
     #[test]
     fn alerts_keep_only_the_tenants_and_odd_shapes_are_refused() {
         let doc = r#"{"status":"success","data":{"alerts":[{"labels":{"namespace":"a"}},{"labels":{"namespace":"b"}},{"labels":{}}]}}"#;
-        let out = filter_document(doc.as_bytes(), ResponseFilter::Alerts, &tenant_a()).unwrap();
+        let out = filter_document(doc.as_bytes(), ResponseFilter::Alerts, &tenant()).unwrap();
         let out: Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(out["data"]["alerts"].as_array().unwrap().len(), 1);
         for odd in ["not json", r#"{"data":{}}"#, r#"{"data":{"alerts":{}}}"#] {
-            assert!(filter_document(odd.as_bytes(), ResponseFilter::Alerts, &tenant_a()).is_err());
+            assert!(filter_document(odd.as_bytes(), ResponseFilter::Alerts, &tenant()).is_err());
         }
     }
 }
