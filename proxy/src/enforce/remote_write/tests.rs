@@ -424,6 +424,64 @@ fn v2_refuses_bad_references() {
     ));
 }
 
+#[test]
+fn a_reference_one_past_the_senders_symbols_is_refused() {
+    // The proxy appends the tenant label's name to the table: a reference
+    // to where it will be must not pass as the sender's own.
+    let input = v2_request(&[&[("__name__", "up")]]);
+    let owned = owned();
+    let t = tenant(&owned, ForeignLabelPolicy::Overwrite);
+    let refs = |name: u32, value: u32| {
+        let mut input = input.clone();
+        input.timeseries[0].labels_refs.extend([name, value]);
+        rewrite(Version::V2, &input.encode_to_vec(), &t)
+    };
+    let last = input.symbols.len() as u32 - 1;
+    assert!(refs(last, last).is_ok());
+    for (name, value) in [(last + 1, last), (last, last + 1)] {
+        assert_eq!(
+            refs(name, value),
+            Err(RemoteWriteError::Malformed(
+                "label reference outside the symbols table".into()
+            ))
+        );
+    }
+}
+
+#[test]
+fn a_thread_keeps_buffers_of_a_usual_batch_and_releases_an_unusually_large_ones() {
+    // Each test runs on a thread of its own: the scratch buffers here are
+    // this test's.
+    let owned = owned();
+    let t = tenant(&owned, ForeignLabelPolicy::Overwrite);
+    let compressed_of = |value_bytes: usize| {
+        let raw = v1(vec![series(&[("big", &"x".repeat(value_bytes))])]);
+        snap::raw::Encoder::new().compress_vec(&raw).unwrap()
+    };
+    let capacities = || {
+        SCRATCH.with(|s| {
+            let s = s.borrow();
+            [
+                s.decompressed.capacity(),
+                s.rewritten.capacity(),
+                s.recompressed.capacity(),
+            ]
+        })
+    };
+    // 2 MiB, under the 4 MiB kept: every buffer stays for the next request.
+    let usual = compressed_of(2 << 20);
+    assert!(rewrite_body(Version::V1, &usual, &t, 64 << 20).is_ok());
+    assert!(
+        capacities().iter().all(|c| *c >= 2 << 20),
+        "{:?}",
+        capacities()
+    );
+    // 6 MiB: released, so one large batch does not pin its size.
+    let large = compressed_of(6 << 20);
+    assert!(rewrite_body(Version::V1, &large, &t, 64 << 20).is_ok());
+    assert_eq!(capacities(), [0, 0, 0]);
+}
+
 // === HTTP surface ===
 
 fn headers(content_type: Option<&str>, encoding: Option<&str>) -> HeaderMap {
@@ -599,6 +657,8 @@ fn body_is_size_checked_before_decompressing() {
     let compressed = snap::raw::Encoder::new().compress_vec(&raw).unwrap();
     let h = Version::V1;
     assert!(rewrite_body(h, &compressed, &t, 100_000).is_ok());
+    // The limit is the largest size accepted, not the first refused.
+    assert!(rewrite_body(h, &compressed, &t, raw.len() as u64).is_ok());
     assert_eq!(
         rewrite_body(h, &compressed, &t, 1_000),
         Err(RemoteWriteError::TooLarge {
