@@ -403,7 +403,44 @@ fn v2_rewrites_through_the_symbols_table() {
     assert_eq!(out.timeseries[0].exemplars, input.timeseries[0].exemplars);
     assert_eq!(out.timeseries[0].metadata, input.timeseries[0].metadata);
     assert_eq!(out.timeseries[0].samples, input.timeseries[0].samples);
-    assert_eq!((stats.series, stats.added, stats.overwritten), (3, 1, 1));
+    assert_eq!(
+        (stats.series, stats.samples, stats.added, stats.overwritten),
+        (3, 3, 1, 1)
+    );
+}
+
+#[test]
+fn v2_reads_label_references_written_unpacked() {
+    // Protobuf decoders accept a repeated number unpacked (one field per
+    // value) as well as packed: a receiver reads these labels, so the
+    // proxy must too.
+    let input = v2_request(&[&[("__name__", "up"), ("namespace", "team-b")]]);
+    let mut series = input.timeseries[0].clone();
+    let mut unpacked = Vec::new();
+    for reference in std::mem::take(&mut series.labels_refs) {
+        protowire::write_varint(&mut unpacked, u64::from(1u32 << 3 | u32::from(VARINT)));
+        protowire::write_varint(&mut unpacked, u64::from(reference));
+    }
+    unpacked.extend_from_slice(&series.encode_to_vec());
+    let mut body = v2::Request {
+        symbols: input.symbols.clone(),
+        timeseries: vec![],
+    }
+    .encode_to_vec();
+    body.extend_from_slice(&top_level(5, &unpacked));
+    let owned = owned();
+    let t = tenant(&owned, ForeignLabelPolicy::Overwrite);
+    let (out, stats) = rewrite(Version::V2, &body, &t).unwrap();
+    assert_eq!(
+        v2_labels(&v2::Request::decode(out.as_slice()).unwrap(), 0),
+        p(&[("__name__", "up"), ("namespace", "team-a")])
+    );
+    assert_eq!((stats.series, stats.overwritten), (1, 1));
+    // Rewritten exactly as the same series packed.
+    assert_eq!(
+        out,
+        rewrite(Version::V2, &input.encode_to_vec(), &t).unwrap().0
+    );
 }
 
 #[test]
