@@ -28,3 +28,31 @@ pub enum Rewritten {
     /// A new body, compressed as the request was.
     Body(Vec<u8>),
 }
+
+/// Per-thread scratch buffers above this are released after use rather than
+/// kept: one unusually large batch must not pin its size on every thread.
+const KEEP_SCRATCH_BYTES: usize = 4 * 1024 * 1024;
+
+/// Releases each buffer whose capacity is above [`KEEP_SCRATCH_BYTES`].
+fn release_large_scratch<const N: usize>(buffers: [&mut Vec<u8>; N]) {
+    for buffer in buffers {
+        if buffer.capacity() > KEEP_SCRATCH_BYTES {
+            *buffer = Vec::new();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn scratch_of_up_to_4_mib_is_kept_and_larger_is_released() {
+        let mut kept = Vec::with_capacity(4 << 20);
+        let mut released = Vec::with_capacity((4 << 20) + 1);
+        let mut small = Vec::with_capacity(1);
+        super::release_large_scratch([&mut kept, &mut released, &mut small]);
+        assert_eq!(
+            [kept.capacity(), released.capacity(), small.capacity()],
+            [4 << 20, 0, 1]
+        );
+    }
+}

@@ -33,7 +33,7 @@ use opentelemetry_proto::tonic::metrics::v1::{metric::Data, Metric};
 
 use super::protowire::WireError;
 use super::tenant_label::{ForeignLabel, TenantLabel};
-use super::Rewritten;
+use super::{release_large_scratch, Rewritten};
 use crate::http::headers::single_value;
 pub use translate::{translates_to, Level};
 
@@ -158,9 +158,6 @@ thread_local! {
     });
 }
 
-/// Buffers above this are released after use rather than kept.
-const KEEP_SCRATCH_BYTES: usize = 4 * 1024 * 1024;
-
 /// Decompresses (bounded) a body in `encoding`, rewrites it and, if it
 /// changed, encodes it in `forward`.
 pub fn rewrite_body(
@@ -173,11 +170,7 @@ pub fn rewrite_body(
     SCRATCH.with(|scratch| {
         let scratch = &mut *scratch.borrow_mut();
         let result = rewrite_in(encoding, forward, body, tenant, max_decompressed, scratch);
-        for buffer in [&mut scratch.decompressed, &mut scratch.rewritten] {
-            if buffer.capacity() > KEEP_SCRATCH_BYTES {
-                *buffer = Vec::new();
-            }
-        }
+        release_large_scratch([&mut scratch.decompressed, &mut scratch.rewritten]);
         result
     })
 }

@@ -30,7 +30,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 use super::prompb::readings::describe as describe_series;
 use super::tenant_label::{decide, Decision, ForeignLabel, Found, TenantLabel};
-use super::Rewritten;
+use super::{release_large_scratch, Rewritten};
 use crate::enforce::protowire::{self, fields, WireError, LEN, VARINT};
 
 pub const V1_CONTENT_TYPE: &str = "application/x-protobuf";
@@ -207,10 +207,6 @@ thread_local! {
     });
 }
 
-/// Buffers above this are released after use rather than kept: one
-/// unusually large batch must not pin its size on every thread.
-const KEEP_SCRATCH_BYTES: usize = 4 * 1024 * 1024;
-
 /// Decompresses (size checked first), rewrites and recompresses a body of
 /// the `version` [`read_headers`] found.
 pub fn rewrite_body(
@@ -235,15 +231,11 @@ pub fn rewrite_body(
     SCRATCH.with(|scratch| {
         let scratch = &mut *scratch.borrow_mut();
         let result = rewrite_in(version, compressed, size as usize, tenant, scratch);
-        for buffer in [
+        release_large_scratch([
             &mut scratch.decompressed,
             &mut scratch.rewritten,
             &mut scratch.recompressed,
-        ] {
-            if buffer.capacity() > KEEP_SCRATCH_BYTES {
-                *buffer = Vec::new();
-            }
-        }
+        ]);
         result
     })
 }

@@ -386,6 +386,18 @@ fn bodies_round_trip_in_their_encoding_and_are_bounded() {
         rewrite_body(Encoding::Identity, Encoding::Identity, &raw, &t, 16),
         Err(OtlpError::TooLarge { limit: 16 })
     );
+    // The limit is the largest size accepted, not the first refused.
+    let exactly = raw.len() as u64;
+    for (encoding, body) in [
+        (Encoding::Gzip, gzip(&raw)),
+        (Encoding::Identity, raw.clone()),
+    ] {
+        assert!(rewrite_body(encoding, encoding, &body, &t, exactly).is_ok());
+        assert_eq!(
+            rewrite_body(encoding, encoding, &body, &t, exactly - 1),
+            Err(OtlpError::TooLarge { limit: exactly - 1 })
+        );
+    }
     assert!(matches!(
         rewrite_body(Encoding::Gzip, Encoding::Gzip, &raw, &t, 1 << 20),
         Err(OtlpError::Malformed(_))
@@ -400,6 +412,35 @@ fn bodies_round_trip_in_their_encoding_and_are_bounded() {
         ),
         Err(OtlpError::Malformed(_))
     ));
+}
+
+#[test]
+fn a_thread_keeps_buffers_of_a_usual_body_and_releases_an_unusually_large_ones() {
+    // Each test runs on a thread of its own: the scratch buffers here are
+    // this test's.
+    let owned = owned();
+    let t = tenant(&owned, ForeignLabelPolicy::Overwrite);
+    let body_of = |value_bytes: usize| {
+        gzip(&request(&[], &[], &[kv("big", &"x".repeat(value_bytes))]).encode_to_vec())
+    };
+    let capacities = || {
+        SCRATCH.with(|s| {
+            [
+                s.borrow().decompressed.capacity(),
+                s.borrow().rewritten.capacity(),
+            ]
+        })
+    };
+    let rewrite = |body: &[u8]| rewrite_body(Encoding::Gzip, Encoding::Gzip, body, &t, 64 << 20);
+    assert!(rewrite(&body_of(100_000)).is_ok());
+    assert!(
+        capacities().iter().all(|c| *c >= 100_000),
+        "{:?}",
+        capacities()
+    );
+    // Every data point of `every_type` carries the 1 MiB value: over 4 MiB.
+    assert!(rewrite(&body_of(1 << 20)).is_ok());
+    assert_eq!(capacities(), [0, 0]);
 }
 
 #[test]
