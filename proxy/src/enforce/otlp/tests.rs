@@ -222,6 +222,77 @@ fn every_data_point_of_every_type_and_every_resource_gets_the_label() {
 }
 
 #[test]
+fn the_invariant_finds_every_unscoped_place() {
+    // `check_scoped` is what the property test and the fuzz target assert:
+    // if it let an unscoped place pass, both would pass vacuously.
+    let owned = owned();
+    let ours = vec![kv(LABEL, "team-a")];
+    let good = request(&ours, &[], &ours);
+    scoped(&good, &owned).unwrap();
+    let number = KeyValue {
+        key: LABEL.into(),
+        value: Some(AnyValue {
+            value: Some(any_value::Value::IntValue(1)),
+        }),
+        ..Default::default()
+    };
+    let translated = kv("k8s.namespace.name", "team-a");
+    let mut unscoped = vec![
+        (
+            "a resource without the label".to_string(),
+            request(&[], &[], &ours),
+        ),
+        (
+            "a resource with a foreign value".into(),
+            request(&[kv(LABEL, "team-b")], &[], &ours),
+        ),
+        (
+            "a resource with the label twice".into(),
+            request(&[ours.clone(), ours.clone()].concat(), &[], &ours),
+        ),
+        (
+            "a resource with a name that translates to the label".into(),
+            request(
+                &[ours.clone(), vec![translated.clone()]].concat(),
+                &[],
+                &ours,
+            ),
+        ),
+        (
+            "data points with a number for the value".into(),
+            request(&ours, &[], &[number]),
+        ),
+        (
+            "data points with a translated copy".into(),
+            request(&ours, &[], &[ours.clone(), vec![translated]].concat()),
+        ),
+    ];
+    let mut no_resource = good.clone();
+    no_resource.resource_metrics[0].resource = None;
+    unscoped.push((
+        "a missing resource (the receiver's empty one)".into(),
+        no_resource,
+    ));
+    // Each type's data points are read: one metric at a time without it.
+    for (i, bare) in every_type(&[]).into_iter().enumerate() {
+        let mut one = good.clone();
+        let name = bare.name.clone();
+        one.resource_metrics[0].scope_metrics[0].metrics[i] = bare;
+        unscoped.push((format!("metric {name} without the label"), one));
+    }
+    for (what, request) in unscoped {
+        assert!(scoped(&request, &owned).is_err(), "{what}");
+    }
+    // A scope attribute becomes `otel_scope_<name>`: it can make only a
+    // label of that form, and then it must not be there at all.
+    let label = "otel_scope_team";
+    let ours = vec![kv(label, "team-a")];
+    let with_scope = |scope: &[KeyValue]| request(&ours, scope, &ours);
+    assert_eq!(check_scoped(&with_scope(&[]), label, &owned), Ok(()));
+    assert!(check_scoped(&with_scope(&[kv("team", "team-a")]), label, &owned).is_err());
+}
+
+#[test]
 fn a_foreign_value_is_refused_under_reject_naming_the_metric() {
     let owned = owned();
     let t = tenant(&owned, ForeignLabelPolicy::Reject);
