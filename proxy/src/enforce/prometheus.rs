@@ -359,6 +359,17 @@ mod tests {
     }
 
     #[test]
+    fn an_answer_to_filter_must_come_uncompressed() {
+        let mut headers = http::HeaderMap::new();
+        assert!(refuse_compressed(&headers).is_ok());
+        headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        assert!(matches!(
+            refuse_compressed(&headers),
+            Err(ProxyError::UpstreamUnavailable(e)) if e.to_string().contains("compressed")
+        ));
+    }
+
+    #[test]
     fn rules_keep_only_the_tenants_rules_and_alerts() {
         let doc = serde_json::json!({"status": "success", "data": {"groups": [
             {"name": "mixed", "rules": [
