@@ -406,6 +406,24 @@ fn a_repeated_type_or_coding_is_refused_whichever_copy_a_receiver_reads() {
     }
 }
 
+#[test]
+fn upstream_headers_describe_the_body_as_it_leaves() {
+    // Sent gzip, forwarded uncompressed (`otlp_forward_encoding: identity`):
+    // a gzip label left on the body would make the receiver refuse it.
+    let mut h = headers("Application/X-Protobuf", Some("GZIP"));
+    set_upstream_headers(Encoding::Identity, &mut h);
+    assert_eq!(h.get_all(header::CONTENT_TYPE).iter().count(), 1);
+    assert_eq!(h[header::CONTENT_TYPE], "application/x-protobuf");
+    assert!(h.get(header::CONTENT_ENCODING).is_none());
+    assert_eq!(read_headers(&h), Ok(Encoding::Identity));
+    // Sent uncompressed, forwarded gzip.
+    let mut h = headers("application/x-protobuf", None);
+    set_upstream_headers(Encoding::Gzip, &mut h);
+    assert_eq!(h.get_all(header::CONTENT_ENCODING).iter().count(), 1);
+    assert_eq!(h[header::CONTENT_ENCODING], "gzip");
+    assert_eq!(read_headers(&h), Ok(Encoding::Gzip));
+}
+
 fn gzip(raw: &[u8]) -> Vec<u8> {
     use std::io::Write;
     let mut gz = GzEncoder::new(Vec::new(), flate2::Compression::default());
