@@ -5,9 +5,9 @@ use flate2::write::GzEncoder;
 use opentelemetry_proto::tonic::common::v1::AnyValue;
 use opentelemetry_proto::tonic::common::v1::InstrumentationScope;
 use opentelemetry_proto::tonic::metrics::v1::{
-    exponential_histogram_data_point, summary_data_point, ExponentialHistogram,
-    ExponentialHistogramDataPoint, Gauge, Histogram, HistogramDataPoint, Metric, NumberDataPoint,
-    ResourceMetrics, ScopeMetrics, Sum, Summary, SummaryDataPoint,
+    exemplar, exponential_histogram_data_point, number_data_point, summary_data_point, Exemplar,
+    ExponentialHistogram, ExponentialHistogramDataPoint, Gauge, Histogram, HistogramDataPoint,
+    Metric, NumberDataPoint, ResourceMetrics, ScopeMetrics, Sum, Summary, SummaryDataPoint,
 };
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use proptest::prelude::*;
@@ -39,31 +39,51 @@ fn kv(key: &str, value: &str) -> KeyValue {
     }
 }
 
-/// One metric of every type, each data point with `attributes`.
+/// One metric of every type, each data point with `attributes` and every
+/// other field a sender fills (timestamps, values, buckets, exemplars), so
+/// that what the rewrite copies is there to be copied.
 fn every_type(attributes: &[KeyValue]) -> Vec<Metric> {
     let a = attributes.to_vec();
     let metric = |name: &str, data| Metric {
         name: name.into(),
+        description: format!("{name} described"),
+        unit: "s".into(),
+        metadata: vec![kv("origin", "sdk")],
         data: Some(data),
-        ..Default::default()
     };
-    let number = NumberDataPoint {
+    let (start, time) = (1_700_000_000_000_000_000, 1_700_000_015_000_000_000);
+    let exemplar = Exemplar {
+        filtered_attributes: vec![kv("http.route", "/cart")],
+        time_unix_nano: time - 1,
+        span_id: vec![1; 8],
+        trace_id: vec![2; 16],
+        value: Some(exemplar::Value::AsDouble(0.25)),
+    };
+    let number = |value| NumberDataPoint {
         attributes: a.clone(),
-        ..Default::default()
+        start_time_unix_nano: start,
+        time_unix_nano: time,
+        exemplars: vec![exemplar.clone()],
+        flags: 0,
+        value: Some(value),
+    };
+    let buckets = |offset| exponential_histogram_data_point::Buckets {
+        offset,
+        bucket_counts: vec![3, 0, 200],
     };
     vec![
         metric(
             "g",
             Data::Gauge(Gauge {
-                data_points: vec![number.clone()],
+                data_points: vec![number(number_data_point::Value::AsDouble(-1.5))],
             }),
         ),
         metric(
             "s",
             Data::Sum(Sum {
-                data_points: vec![number],
+                data_points: vec![number(number_data_point::Value::AsInt(-300))],
+                aggregation_temporality: 2,
                 is_monotonic: true,
-                ..Default::default()
             }),
         ),
         metric(
@@ -71,9 +91,18 @@ fn every_type(attributes: &[KeyValue]) -> Vec<Metric> {
             Data::Histogram(Histogram {
                 data_points: vec![HistogramDataPoint {
                     attributes: a.clone(),
-                    ..Default::default()
+                    start_time_unix_nano: start,
+                    time_unix_nano: time,
+                    count: 203,
+                    sum: Some(51.5),
+                    bucket_counts: vec![3, 0, 200],
+                    explicit_bounds: vec![0.1, 1.0],
+                    exemplars: vec![exemplar.clone()],
+                    flags: 1,
+                    min: Some(0.01),
+                    max: Some(9.0),
                 }],
-                ..Default::default()
+                aggregation_temporality: 1,
             }),
         ),
         metric(
@@ -81,10 +110,21 @@ fn every_type(attributes: &[KeyValue]) -> Vec<Metric> {
             Data::ExponentialHistogram(ExponentialHistogram {
                 data_points: vec![ExponentialHistogramDataPoint {
                     attributes: a.clone(),
-                    positive: Some(exponential_histogram_data_point::Buckets::default()),
-                    ..Default::default()
+                    start_time_unix_nano: start,
+                    time_unix_nano: time,
+                    count: 406,
+                    sum: Some(77.0),
+                    scale: -2,
+                    zero_count: 3,
+                    positive: Some(buckets(-1)),
+                    negative: Some(buckets(2)),
+                    flags: 0,
+                    exemplars: vec![exemplar],
+                    min: Some(-4.0),
+                    max: Some(8.0),
+                    zero_threshold: 1e-9,
                 }],
-                ..Default::default()
+                aggregation_temporality: 2,
             }),
         ),
         metric(
@@ -92,8 +132,15 @@ fn every_type(attributes: &[KeyValue]) -> Vec<Metric> {
             Data::Summary(Summary {
                 data_points: vec![SummaryDataPoint {
                     attributes: a,
-                    quantile_values: vec![summary_data_point::ValueAtQuantile::default()],
-                    ..Default::default()
+                    start_time_unix_nano: start,
+                    time_unix_nano: time,
+                    count: 12,
+                    sum: 3.5,
+                    quantile_values: vec![summary_data_point::ValueAtQuantile {
+                        quantile: 0.99,
+                        value: 0.75,
+                    }],
+                    flags: 0,
                 }],
             }),
         ),
@@ -109,20 +156,68 @@ fn request(
         resource_metrics: vec![ResourceMetrics {
             resource: Some(Resource {
                 attributes: resource.to_vec(),
+                dropped_attributes_count: 1,
                 ..Default::default()
             }),
             scope_metrics: vec![ScopeMetrics {
                 scope: Some(InstrumentationScope {
                     name: "lib".into(),
+                    version: "1.2.3".into(),
                     attributes: scope.to_vec(),
-                    ..Default::default()
+                    dropped_attributes_count: 2,
                 }),
                 metrics: every_type(points),
-                ..Default::default()
+                schema_url: "https://opentelemetry.io/schemas/1.26.0".into(),
             }],
-            ..Default::default()
+            schema_url: "https://opentelemetry.io/schemas/1.25.0".into(),
         }],
     }
+}
+
+/// `request` without the attributes a receiver could turn into the label,
+/// at every level: what the rewrite may change. All else must leave as it
+/// came.
+fn without_the_label(mut request: ExportMetricsServiceRequest) -> ExportMetricsServiceRequest {
+    let strip = |attributes: &mut Vec<KeyValue>, level| {
+        attributes.retain(|a| !translates_to(&a.key, level, LABEL));
+    };
+    let points = |attributes: &mut Vec<KeyValue>| strip(attributes, Level::DataPoint);
+    for resource_metrics in &mut request.resource_metrics {
+        if let Some(resource) = &mut resource_metrics.resource {
+            strip(&mut resource.attributes, Level::Resource);
+        }
+        for scope_metrics in &mut resource_metrics.scope_metrics {
+            if let Some(scope) = &mut scope_metrics.scope {
+                strip(&mut scope.attributes, Level::Scope);
+            }
+            for metric in &mut scope_metrics.metrics {
+                match &mut metric.data {
+                    Some(Data::Gauge(g)) => g
+                        .data_points
+                        .iter_mut()
+                        .for_each(|p| points(&mut p.attributes)),
+                    Some(Data::Sum(s)) => s
+                        .data_points
+                        .iter_mut()
+                        .for_each(|p| points(&mut p.attributes)),
+                    Some(Data::Histogram(h)) => h
+                        .data_points
+                        .iter_mut()
+                        .for_each(|p| points(&mut p.attributes)),
+                    Some(Data::ExponentialHistogram(h)) => h
+                        .data_points
+                        .iter_mut()
+                        .for_each(|p| points(&mut p.attributes)),
+                    Some(Data::Summary(s)) => s
+                        .data_points
+                        .iter_mut()
+                        .for_each(|p| points(&mut p.attributes)),
+                    None => {}
+                }
+            }
+        }
+    }
+    request
 }
 
 fn scoped(request: &ExportMetricsServiceRequest, owned: &[String]) -> Result<(), String> {
@@ -652,7 +747,8 @@ fn attributes() -> impl Strategy<Value = Vec<KeyValue>> {
 proptest! {
     /// Whatever attributes come in, at every level, what is forwarded
     /// decodes to a request in which the receiver can only find the
-    /// tenant's label with an owned value (or the request is refused).
+    /// tenant's label with an owned value (or the request is refused), and
+    /// which is the request that came in all else.
     #[test]
     fn every_forwarded_request_is_scoped(
         resource in attributes(), scope in attributes(), points in attributes(),
@@ -664,6 +760,8 @@ proptest! {
         let (encoding, body) = if gz { (Encoding::Gzip, gzip(&raw)) } else { (Encoding::Identity, raw) };
         if let Ok((sent, _)) = forwarded(encoding, &body, &tenant(&owned, policy)) {
             prop_assert!(scoped(&sent, &owned).is_ok(), "{:?}", scoped(&sent, &owned));
+            let came = request(&resource, &scope, &points);
+            prop_assert_eq!(without_the_label(sent), without_the_label(came), "nothing else changed");
         } else {
             prop_assert!(reject, "only the reject policy refuses well-formed input");
         }
