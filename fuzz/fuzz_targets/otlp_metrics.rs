@@ -10,6 +10,9 @@
 //! - what it forwards is a fixed point: rewritten again, it comes out byte
 //!   for byte the same (so the proxy's own reading finds it scoped too, also
 //!   where strings are not UTF-8 and the decoder above cannot look);
+//! - what it forwards is what came in all else: decoded and passed through
+//!   `without_label`, the two are equal (no value, timestamp, bucket,
+//!   exemplar or other attribute lost or changed);
 //! - under `reject`, no value is relabelled.
 #![no_main]
 
@@ -17,12 +20,12 @@ use libfuzzer_sys::fuzz_target;
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use prost::Message;
 use tenant_proxy::config::ForeignLabelPolicy;
-use tenant_proxy::enforce::otlp::{check_scoped, rewrite};
+use tenant_proxy::enforce::otlp::{check_scoped, rewrite, without_label};
 use tenant_proxy::enforce::tenant_label::TenantLabel;
 
 fuzz_target!(|data: &[u8]| {
     let owned = vec!["team-a".to_string(), "team-a-2".to_string()];
-    let decodes = ExportMetricsServiceRequest::decode(data).is_ok();
+    let came = ExportMetricsServiceRequest::decode(data).ok();
     // `_ns` and `key_ns` reach the readings where translators part ways
     // (the `key` prefix before a leading `_`, runs of `_` collapsed first).
     for label in ["namespace", "k8s_namespace_name", "_ns", "key_ns"] {
@@ -41,8 +44,15 @@ fuzz_target!(|data: &[u8]| {
                     if let Err(escape) = check_scoped(&forwarded, label, &owned) {
                         panic!("{label}: forwarded an unscoped attribute: {escape}");
                     }
+                    if let Some(came) = &came {
+                        assert_eq!(
+                            without_label(forwarded, label),
+                            without_label(came.clone(), label),
+                            "{label}: the rewrite changed more than the label"
+                        );
+                    }
                 }
-                Err(e) => assert!(!decodes, "the rewrite broke a decodable body: {e}"),
+                Err(e) => assert!(came.is_none(), "the rewrite broke a decodable body: {e}"),
             }
             let (again, _) = rewrite(&out, &tenant).expect("a forwarded body is accepted again");
             assert_eq!(again, out, "{label}: a forwarded body is not a fixed point");

@@ -267,6 +267,49 @@ pub fn check_scoped(
     Ok(())
 }
 
+/// `request` without the attributes a receiver could turn into `label`, at
+/// every level, and with a missing resource as the receiver's empty one:
+/// all that the rewrite may change. For tests and fuzz targets, beside
+/// [`check_scoped`]: what is forwarded, decoded and passed through this, is
+/// what came, passed through this (no value, timestamp or bucket lost).
+pub fn without_label(
+    mut request: ExportMetricsServiceRequest,
+    label: &str,
+) -> ExportMetricsServiceRequest {
+    let strip = |attributes: &mut Vec<KeyValue>, level| {
+        attributes.retain(|kv| !translates_to(&kv.key, level, label));
+    };
+    for resource_metrics in &mut request.resource_metrics {
+        let resource = resource_metrics
+            .resource
+            .get_or_insert_with(Default::default);
+        strip(&mut resource.attributes, Level::Resource);
+        for scope_metrics in &mut resource_metrics.scope_metrics {
+            if let Some(scope) = &mut scope_metrics.scope {
+                strip(&mut scope.attributes, Level::Scope);
+            }
+            for metric in &mut scope_metrics.metrics {
+                for_each_data_point(metric, |attributes| strip(attributes, Level::DataPoint));
+            }
+        }
+    }
+    request
+}
+
+/// Calls `f` with the attribute list of every data point of a metric.
+fn for_each_data_point(metric: &mut Metric, mut f: impl FnMut(&mut Vec<KeyValue>)) {
+    match &mut metric.data {
+        Some(Data::Gauge(g)) => g.data_points.iter_mut().for_each(|p| f(&mut p.attributes)),
+        Some(Data::Sum(s)) => s.data_points.iter_mut().for_each(|p| f(&mut p.attributes)),
+        Some(Data::Histogram(h)) => h.data_points.iter_mut().for_each(|p| f(&mut p.attributes)),
+        Some(Data::ExponentialHistogram(h)) => {
+            h.data_points.iter_mut().for_each(|p| f(&mut p.attributes))
+        }
+        Some(Data::Summary(s)) => s.data_points.iter_mut().for_each(|p| f(&mut p.attributes)),
+        None => {}
+    }
+}
+
 /// The attribute list of every data point of a metric, whatever its type.
 fn data_point_attributes(metric: &Metric) -> Vec<&[KeyValue]> {
     fn lists<P>(points: &[P], attributes: fn(&P) -> &[KeyValue]) -> Vec<&[KeyValue]> {

@@ -174,52 +174,6 @@ fn request(
     }
 }
 
-/// `request` without the attributes a receiver could turn into the label,
-/// at every level: what the rewrite may change. All else must leave as it
-/// came.
-fn without_the_label(mut request: ExportMetricsServiceRequest) -> ExportMetricsServiceRequest {
-    let strip = |attributes: &mut Vec<KeyValue>, level| {
-        attributes.retain(|a| !translates_to(&a.key, level, LABEL));
-    };
-    let points = |attributes: &mut Vec<KeyValue>| strip(attributes, Level::DataPoint);
-    for resource_metrics in &mut request.resource_metrics {
-        if let Some(resource) = &mut resource_metrics.resource {
-            strip(&mut resource.attributes, Level::Resource);
-        }
-        for scope_metrics in &mut resource_metrics.scope_metrics {
-            if let Some(scope) = &mut scope_metrics.scope {
-                strip(&mut scope.attributes, Level::Scope);
-            }
-            for metric in &mut scope_metrics.metrics {
-                match &mut metric.data {
-                    Some(Data::Gauge(g)) => g
-                        .data_points
-                        .iter_mut()
-                        .for_each(|p| points(&mut p.attributes)),
-                    Some(Data::Sum(s)) => s
-                        .data_points
-                        .iter_mut()
-                        .for_each(|p| points(&mut p.attributes)),
-                    Some(Data::Histogram(h)) => h
-                        .data_points
-                        .iter_mut()
-                        .for_each(|p| points(&mut p.attributes)),
-                    Some(Data::ExponentialHistogram(h)) => h
-                        .data_points
-                        .iter_mut()
-                        .for_each(|p| points(&mut p.attributes)),
-                    Some(Data::Summary(s)) => s
-                        .data_points
-                        .iter_mut()
-                        .for_each(|p| points(&mut p.attributes)),
-                    None => {}
-                }
-            }
-        }
-    }
-    request
-}
-
 fn scoped(request: &ExportMetricsServiceRequest, owned: &[String]) -> Result<(), String> {
     check_scoped(request, LABEL, owned)
 }
@@ -385,6 +339,42 @@ fn the_invariant_finds_every_unscoped_place() {
     let with_scope = |scope: &[KeyValue]| request(&ours, scope, &ours);
     assert_eq!(check_scoped(&with_scope(&[]), label, &owned), Ok(()));
     assert!(check_scoped(&with_scope(&[kv("team", "team-a")]), label, &owned).is_err());
+}
+
+#[test]
+fn the_nothing_else_changed_oracle_sees_all_but_the_label() {
+    // It removes exactly what translates to the label, at each level...
+    let came = request(
+        &[kv("k8s.namespace.name", "team-b"), kv("service.name", "s")],
+        &[kv("x", "y")],
+        &[kv(LABEL, "team-b"), kv("job", "x")],
+    );
+    let stripped = without_label(came.clone(), LABEL);
+    assert_eq!(
+        stripped,
+        request(
+            &[kv("service.name", "s")],
+            &[kv("x", "y")],
+            &[kv("job", "x")]
+        )
+    );
+    // ...and a missing resource is the receiver's empty one.
+    let mut missing = came.clone();
+    missing.resource_metrics[0].resource = None;
+    let mut empty = came.clone();
+    empty.resource_metrics[0].resource = Some(Resource::default());
+    assert_eq!(without_label(missing, LABEL), without_label(empty, LABEL));
+    // Anything else that differs, it shows: a bucket, a name.
+    let mut lost = came.clone();
+    let metric = &mut lost.resource_metrics[0].scope_metrics[0].metrics[2];
+    let Some(Data::Histogram(h)) = &mut metric.data else {
+        panic!("the third metric is the histogram")
+    };
+    h.data_points[0].bucket_counts[2] -= 1;
+    assert_ne!(without_label(lost, LABEL), stripped);
+    let mut renamed = came;
+    renamed.resource_metrics[0].scope_metrics[0].metrics[0].name = "g2".into();
+    assert_ne!(without_label(renamed, LABEL), stripped);
 }
 
 #[test]
@@ -761,7 +751,7 @@ proptest! {
         if let Ok((sent, _)) = forwarded(encoding, &body, &tenant(&owned, policy)) {
             prop_assert!(scoped(&sent, &owned).is_ok(), "{:?}", scoped(&sent, &owned));
             let came = request(&resource, &scope, &points);
-            prop_assert_eq!(without_the_label(sent), without_the_label(came), "nothing else changed");
+            prop_assert_eq!(without_label(sent, LABEL), without_label(came, LABEL), "nothing else changed");
         } else {
             prop_assert!(reject, "only the reject policy refuses well-formed input");
         }
