@@ -1139,22 +1139,36 @@ proptest! {
             }
             return Ok(());
         }
+        // Every label but the tenant's, sorted: what must leave as it came.
+        let others = |labels: Vec<(String, String)>| {
+            let mut others: Vec<_> = labels.into_iter().filter(|(n, _)| n != "namespace").collect();
+            others.sort();
+            others
+        };
+        let came = |i: usize| others(p(&raw_series[i]));
         let (out, stats) = rewrite_v1_ok(&body, ForeignLabelPolicy::Overwrite);
         prop_assert_eq!(out.timeseries.len(), raw_series.len());
         prop_assert_eq!(stats.series as usize, raw_series.len());
-        for ts in &out.timeseries {
+        for (i, ts) in out.timeseries.iter().enumerate() {
             let ours: Vec<_> = ts.labels.iter().filter(|l| l.name == "namespace").collect();
             prop_assert_eq!(ours.len(), 1);
             prop_assert!(OWNED.contains(&ours[0].value.as_str()));
             prop_assert!(ts.labels.windows(2).all(|w| w[0].name < w[1].name));
+            prop_assert_eq!(others(pairs(ts)), came(i));
+            let unlabelled = TimeSeries { labels: vec![], ..ts.clone() };
+            prop_assert_eq!(unlabelled, series(&[]), "samples, exemplars, histograms");
         }
         let (out, _) = rewrite(Version::V2, &v2_in.encode_to_vec(), &t).unwrap();
         let out = v2::Request::decode(out.as_slice()).unwrap();
-        for i in 0..out.timeseries.len() {
+        prop_assert_eq!(out.timeseries.len(), raw_series.len());
+        for (i, ts) in out.timeseries.iter().enumerate() {
             let labels = v2_labels(&out, i);
             let ours: Vec<_> = labels.iter().filter(|(n, _)| n == "namespace").collect();
             prop_assert_eq!(ours.len(), 1);
             prop_assert!(OWNED.contains(&ours[0].1.as_str()));
+            prop_assert_eq!(others(labels), came(i));
+            let unlabelled = |ts: &v2::TimeSeries| v2::TimeSeries { labels_refs: vec![], ..ts.clone() };
+            prop_assert_eq!(unlabelled(ts), unlabelled(&v2_in.timeseries[i]));
         }
     }
 }
