@@ -703,10 +703,26 @@ fn a_body_a_receiver_could_read_another_way_is_refused() {
     let mut renamed = Vec::new();
     crate::enforce::protowire::write_len_field(&mut renamed, 1, &resource_metrics);
 
-    // A path field in another wire type.
-    let wrong_type = [0x08, 0x01];
+    // A path field in another wire type, and two whose fixed-size payloads
+    // would read as messages, were they taken for length-delimited:
+    // field 1 of the request as fixed32 (a ResourceMetrics of two empty
+    // schema URLs), and a resource attribute as fixed64 (`x` = "v").
+    let wrong_type = vec![0x08, 0x01];
+    let fixed32_resource_metrics = vec![0x0d, 0x1a, 0x00, 0x1a, 0x00];
+    let mut resource = vec![0x09];
+    resource.extend_from_slice(&[0x0a, 0x01, b'x', 0x12, 0x03, 0x0a, 0x01, b'v']);
+    let mut resource_metrics = Vec::new();
+    crate::enforce::protowire::write_len_field(&mut resource_metrics, 1, &resource);
+    let mut fixed64_attribute = Vec::new();
+    crate::enforce::protowire::write_len_field(&mut fixed64_attribute, 1, &resource_metrics);
 
-    for body in [two_resources, renamed, wrong_type.to_vec()] {
+    for body in [
+        two_resources,
+        renamed,
+        wrong_type,
+        fixed32_resource_metrics,
+        fixed64_attribute,
+    ] {
         assert!(
             matches!(rewrite(&body, &t), Err(OtlpError::Malformed(_))),
             "{body:?}"
