@@ -67,8 +67,9 @@ fn every_type(attributes: &[KeyValue]) -> Vec<Metric> {
         flags: 0,
         value: Some(value),
     };
-    let buckets = |offset| exponential_histogram_data_point::Buckets {
-        offset,
+    // Scale -2: buckets of base 16, (1/16, 1], (1, 16], (16, 256].
+    let buckets = exponential_histogram_data_point::Buckets {
+        offset: -1,
         bucket_counts: vec![3, 0, 200],
     };
     vec![
@@ -94,7 +95,7 @@ fn every_type(attributes: &[KeyValue]) -> Vec<Metric> {
                     start_time_unix_nano: start,
                     time_unix_nano: time,
                     count: 203,
-                    sum: Some(51.5),
+                    sum: Some(412.5),
                     bucket_counts: vec![3, 0, 200],
                     explicit_bounds: vec![0.1, 1.0],
                     exemplars: vec![exemplar.clone()],
@@ -112,16 +113,16 @@ fn every_type(attributes: &[KeyValue]) -> Vec<Metric> {
                     attributes: a.clone(),
                     start_time_unix_nano: start,
                     time_unix_nano: time,
-                    count: 406,
-                    sum: Some(77.0),
+                    count: 409, // 203 positive, 203 negative, 3 zero
+                    sum: Some(7.5),
                     scale: -2,
                     zero_count: 3,
-                    positive: Some(buckets(-1)),
-                    negative: Some(buckets(2)),
+                    positive: Some(buckets.clone()),
+                    negative: Some(buckets),
                     flags: 0,
                     exemplars: vec![exemplar],
-                    min: Some(-4.0),
-                    max: Some(8.0),
+                    min: Some(-200.0),
+                    max: Some(200.0),
                     zero_threshold: 1e-9,
                 }],
                 aggregation_temporality: 2,
