@@ -710,8 +710,7 @@ fn a_body_a_receiver_could_read_another_way_is_refused() {
     // schema URLs), and a resource attribute as fixed64 (`x` = "v").
     let wrong_type = vec![0x08, 0x01];
     let fixed32_resource_metrics = vec![0x0d, 0x1a, 0x00, 0x1a, 0x00];
-    let mut resource = vec![0x09];
-    resource.extend_from_slice(&[0x0a, 0x01, b'x', 0x12, 0x03, 0x0a, 0x01, b'v']);
+    let resource = [0x09, 0x0a, 0x01, b'x', 0x12, 0x03, 0x0a, 0x01, b'v'];
     let mut resource_metrics = Vec::new();
     crate::enforce::protowire::write_len_field(&mut resource_metrics, 1, &resource);
     let mut fixed64_attribute = Vec::new();
@@ -763,11 +762,11 @@ proptest! {
     ) {
         let owned = owned();
         let policy = if reject { ForeignLabelPolicy::Reject } else { ForeignLabelPolicy::Overwrite };
-        let raw = request(&resource, &scope, &points).encode_to_vec();
+        let came = request(&resource, &scope, &points);
+        let raw = came.encode_to_vec();
         let (encoding, body) = if gz { (Encoding::Gzip, gzip(&raw)) } else { (Encoding::Identity, raw) };
         if let Ok((sent, _)) = forwarded(encoding, &body, &tenant(&owned, policy)) {
             prop_assert!(scoped(&sent, &owned).is_ok(), "{:?}", scoped(&sent, &owned));
-            let came = request(&resource, &scope, &points);
             prop_assert_eq!(without_label(sent, LABEL), without_label(came, LABEL), "nothing else changed");
         } else {
             prop_assert!(reject, "only the reject policy refuses well-formed input");
