@@ -13,13 +13,14 @@ use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequ
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
 use opentelemetry_proto::tonic::logs::v1::{LogRecord, ResourceLogs, ScopeLogs};
 use opentelemetry_proto::tonic::metrics::v1::{
-    metric::Data, Gauge, Histogram, HistogramDataPoint, Metric, NumberDataPoint, ResourceMetrics,
-    ScopeMetrics, Sum,
+    metric::Data, number_data_point::Value as Number, Gauge, Histogram, HistogramDataPoint, Metric,
+    NumberDataPoint, ResourceMetrics, ScopeMetrics, Sum,
 };
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use proptest::prelude::*;
 use prost::Message;
 use support::loki::LokiStandIn;
+use support::otlp_metrics::{self, Sample};
 use support::{basic, send, ProxyOptions, Reply, RunningProxy, TenantSpec};
 use tenant_proxy::http::error::RpcStatus;
 
@@ -191,9 +192,16 @@ async fn otlp_metrics_in_header_mode_go_to_the_push_upstream_untouched() {
 
 /// One resource claiming team-b, data points of three types claiming it
 /// under names that translate to the label, and a scope attribute too.
+/// When every data point of [`metrics_request`] was taken, in
+/// nanoseconds, and as the receiver stores it, in milliseconds.
+const POINT_TIME_NS: u64 = 1_700_000_000_123_456_789;
+const POINT_TIME_MS: i64 = 1_700_000_000_123;
+
 fn metrics_request(point_attributes: &[KeyValue]) -> ExportMetricsServiceRequest {
-    let number = NumberDataPoint {
+    let number = |value| NumberDataPoint {
         attributes: point_attributes.to_vec(),
+        time_unix_nano: POINT_TIME_NS,
+        value: Some(value),
         ..Default::default()
     };
     ExportMetricsServiceRequest {
@@ -218,14 +226,14 @@ fn metrics_request(point_attributes: &[KeyValue]) -> ExportMetricsServiceRequest
                     Metric {
                         name: "queue.depth".into(),
                         data: Some(Data::Gauge(Gauge {
-                            data_points: vec![number.clone()],
+                            data_points: vec![number(Number::AsDouble(7.5))],
                         })),
                         ..Default::default()
                     },
                     Metric {
                         name: "requests".into(),
                         data: Some(Data::Sum(Sum {
-                            data_points: vec![number],
+                            data_points: vec![number(Number::AsInt(42))],
                             is_monotonic: true,
                             aggregation_temporality: 2,
                         })),
@@ -236,8 +244,10 @@ fn metrics_request(point_attributes: &[KeyValue]) -> ExportMetricsServiceRequest
                         data: Some(Data::Histogram(Histogram {
                             data_points: vec![HistogramDataPoint {
                                 attributes: point_attributes.to_vec(),
-                                count: 1,
-                                bucket_counts: vec![1, 0],
+                                time_unix_nano: POINT_TIME_NS,
+                                count: 3,
+                                sum: Some(1.25),
+                                bucket_counts: vec![2, 1],
                                 explicit_bounds: vec![0.5],
                                 ..Default::default()
                             }],
@@ -321,8 +331,8 @@ async fn otlp_metrics_in_label_mode_store_only_series_of_the_tenant() {
         ExportMetricsServiceRequest::decode(forwarded.as_slice()).expect("forwarded protobuf");
     }
     let series = prometheus.otlp_series();
-    // Per request: target_info, a gauge, a counter, a histogram's three.
-    assert_eq!(series.len(), 2 * 6, "{series:#?}");
+    // Per request: target_info, a gauge, a counter, a histogram's four.
+    assert_eq!(series.len(), 2 * 7, "{series:#?}");
     for s in &series {
         assert_eq!(
             s.get("k8s_namespace_name").map(String::as_str),
@@ -340,6 +350,32 @@ async fn otlp_metrics_in_label_mode_store_only_series_of_the_tenant() {
     assert!(series
         .iter()
         .any(|s| s["__name__"] == "requests_total" && s["route"] == "/pay"));
+    // Values and times are stored as they were sent.
+    let samples = prometheus.otlp_samples();
+    let stored = |name: &str, le: Option<&str>| -> Vec<(Option<f64>, i64)> {
+        samples
+            .iter()
+            .filter(|s| {
+                s.labels["__name__"] == name && s.labels.get("le").map(String::as_str) == le
+            })
+            .map(|s| (s.value, s.timestamp_ms))
+            .collect()
+    };
+    for (name, le, value) in [
+        ("queue_depth", None, 7.5),
+        ("requests_total", None, 42.0),
+        ("latency_bucket", Some("0.5"), 2.0),
+        ("latency_bucket", Some("+Inf"), 3.0),
+        ("latency_count", None, 3.0),
+        ("latency_sum", None, 1.25),
+        ("target_info", None, 1.0),
+    ] {
+        assert_eq!(
+            stored(name, le),
+            [(Some(value), POINT_TIME_MS); 2],
+            "{name} {le:?}"
+        );
+    }
     let metrics = proxy.metrics().await;
     assert!(
         metrics.contains(r#"tenant_proxy_otlp_data_points_total{tenant="team-a"} 6"#),
@@ -374,7 +410,7 @@ async fn otlp_metrics_relabelled_from_gzip_are_forwarded_uncompressed_when_confi
     );
     ExportMetricsServiceRequest::decode(&seen.body[..]).expect("uncompressed protobuf");
     let series = prometheus.otlp_series();
-    assert_eq!(series.len(), 6, "{series:#?}");
+    assert_eq!(series.len(), 7, "{series:#?}");
     assert!(series
         .iter()
         .all(|s| s.get("k8s_namespace_name").map(String::as_str) == Some("team-a")));
@@ -595,10 +631,25 @@ fn generated_request(
     request
 }
 
+/// Each sample's name, `le`, value and time, sorted; `target_info` left out.
+fn readings(samples: &[Sample]) -> Vec<String> {
+    let mut out: Vec<String> = samples
+        .iter()
+        .filter(|s| s.labels["__name__"] != "target_info")
+        .map(|s| {
+            let (name, le) = (&s.labels["__name__"], s.labels.get("le"));
+            format!("{name} {le:?} {:?} {}", s.value, s.timestamp_ms)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
 /// Through the server, for generated attributes at every level, gzip or
 /// not: every series the Prometheus 3 stand-in stores from an accepted
-/// request carries `k8s_namespace_name` with one of the tenant's values;
-/// a refused request stores nothing.
+/// request carries `k8s_namespace_name` with one of the tenant's values,
+/// and every sample the value and time it was sent with; a refused request
+/// stores nothing.
 #[test]
 fn every_series_stored_from_a_generated_otlp_request_is_the_tenants() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
@@ -614,9 +665,9 @@ fn every_series_stored_from_a_generated_otlp_request_is_the_tenants() {
     );
     let result = runner.run(&strategy, |(resource, scope, points, gz)| {
         let request = generated_request(resource, scope, points);
-        let before = prometheus.otlp_series().len();
+        let before = prometheus.otlp_samples().len();
         let reply = runtime.block_on(post_to_label_mode(&proxy, &alice, &request, gz));
-        let stored = prometheus.otlp_series()[before..].to_vec();
+        let stored = prometheus.otlp_samples()[before..].to_vec();
         if reply.status != StatusCode::OK {
             prop_assert!(stored.is_empty(), "refused, yet stored: {stored:?}");
             return Ok(());
@@ -624,12 +675,19 @@ fn every_series_stored_from_a_generated_otlp_request_is_the_tenants() {
         accepted.set(accepted.get() + 1);
         prop_assert!(!stored.is_empty(), "accepted, nothing stored");
         for s in &stored {
-            let value = s.get("k8s_namespace_name").map(String::as_str);
+            let value = s.labels.get("k8s_namespace_name").map(String::as_str);
             prop_assert!(
                 matches!(value, Some("team-a" | "team-a-staging")),
                 "a series beyond the tenant: {s:?}"
             );
         }
+        // target_info aside (its resource may lose the attributes it was
+        // made of), every sample is stored with the value and time it was
+        // sent with.
+        prop_assert_eq!(
+            readings(&stored),
+            readings(&otlp_metrics::samples(&request))
+        );
         Ok(())
     });
     if let Err(e) = result {

@@ -81,8 +81,8 @@ struct State {
     /// How many requests arrived, so tests can wait for one without sleeping.
     arrivals: tokio::sync::watch::Sender<usize>,
     pushed: Mutex<HashMap<String, Vec<String>>>,
-    /// Series a Prometheus 3 OTLP receiver would have stored.
-    otlp_series: Mutex<Vec<super::otlp_metrics::Series>>,
+    /// Samples a Prometheus 3 OTLP receiver would have stored.
+    otlp_samples: Mutex<Vec<super::otlp_metrics::Sample>>,
     /// Mimir's Alertmanager configuration per tenant, as stored.
     alertmanager_configs: Mutex<HashMap<String, String>>,
 }
@@ -107,7 +107,7 @@ impl LokiStandIn {
             received: Mutex::default(),
             arrivals: tokio::sync::watch::Sender::new(0),
             pushed: Mutex::default(),
-            otlp_series: Mutex::default(),
+            otlp_samples: Mutex::default(),
             alertmanager_configs: Mutex::default(),
         });
         let shared = state.clone();
@@ -145,9 +145,14 @@ impl LokiStandIn {
             .unwrap();
     }
 
-    /// Every series the OTLP metrics endpoint would have stored.
+    /// Every sample the OTLP metrics endpoint would have stored.
+    pub fn otlp_samples(&self) -> Vec<super::otlp_metrics::Sample> {
+        self.state.otlp_samples.lock().unwrap().clone()
+    }
+
+    /// The series of every stored OTLP sample, once per sample.
     pub fn otlp_series(&self) -> Vec<super::otlp_metrics::Series> {
-        self.state.otlp_series.lock().unwrap().clone()
+        self.otlp_samples().into_iter().map(|s| s.labels).collect()
     }
 
     pub fn last(&self) -> Received {
@@ -278,8 +283,8 @@ async fn handle(
     }
     if received.path.ends_with("/api/v1/otlp/v1/metrics") {
         return Ok(match prometheus3_otlp(&parts.headers, &body) {
-            Ok(series) => {
-                state.otlp_series.lock().unwrap().extend(series);
+            Ok(samples) => {
+                state.otlp_samples.lock().unwrap().extend(samples);
                 reply(StatusCode::OK, "")
             }
             Err((status, text)) => reply(status, text),
@@ -609,11 +614,11 @@ fn otlp_decodes<M: prost::Message + Default>(
 
 /// Prometheus 3.x's OTLP receiver: protobuf (its JSON decoding is not
 /// needed: the proxy refuses JSON in label mode), gzip or not, translated
-/// into series by [`super::otlp_metrics::series`].
+/// into samples by [`super::otlp_metrics::samples`].
 fn prometheus3_otlp(
     headers: &HeaderMap,
     body: &[u8],
-) -> Result<Vec<super::otlp_metrics::Series>, Refusal> {
+) -> Result<Vec<super::otlp_metrics::Sample>, Refusal> {
     use prost::Message;
     let (raw, json) = otlp_body(headers, body)?;
     if json {
@@ -624,7 +629,7 @@ fn prometheus3_otlp(
     }
     let request = ExportMetricsServiceRequest::decode(raw.as_slice())
         .map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))?;
-    Ok(super::otlp_metrics::series(&request))
+    Ok(super::otlp_metrics::samples(&request))
 }
 
 /// A body stored as one line, as it came.
