@@ -234,11 +234,23 @@ fn names_that_translate_to_the_label_are_found_in_every_reading() {
 fn every_data_point_of_every_type_and_every_resource_gets_the_label() {
     let owned = owned();
     let t = tenant(&owned, ForeignLabelPolicy::Overwrite);
-    for points in [
-        vec![kv("job", "x")],                                          // added
-        vec![kv("k8s.namespace.name", "team-b"), kv("job", "x")],      // overwritten
-        vec![kv("k8s.namespace.name", "team-a-2")],                    // kept, renamed
-        vec![kv(LABEL, "team-a"), kv("k8s-namespace-name", "team-b")], // joined by ';' there
+    // Five data points with these attributes and a resource with a foreign
+    // value: the data points' label added, overwritten, kept (renamed), or
+    // overwritten (the two would be joined by ';' there); and how many were
+    // counted as added and overwritten, the resource's among them.
+    for (points, added, overwritten) in [
+        (vec![kv("job", "x")], 5, 1),
+        (
+            vec![kv("k8s.namespace.name", "team-b"), kv("job", "x")],
+            0,
+            6,
+        ),
+        (vec![kv("k8s.namespace.name", "team-a-2")], 0, 1),
+        (
+            vec![kv(LABEL, "team-a"), kv("k8s-namespace-name", "team-b")],
+            0,
+            6,
+        ),
     ] {
         let mut r = request(
             &[
@@ -250,6 +262,11 @@ fn every_data_point_of_every_type_and_every_resource_gets_the_label() {
         );
         let stats = rewrite_decoded(&mut r, &t).unwrap();
         assert_eq!(stats.data_points, 5);
+        assert_eq!(
+            (stats.added, stats.overwritten),
+            (added, overwritten),
+            "{points:?}"
+        );
         scoped(&r, &owned).unwrap_or_else(|e| panic!("{points:?}: {e}"));
     }
     let mut kept = request(&[], &[], &[kv("k8s.namespace.name", "team-a-2")]);
@@ -389,7 +406,11 @@ fn a_foreign_value_is_refused_under_reject_naming_the_metric() {
         "{error}"
     );
     let mut foreign_resource = request(&[kv(LABEL, "team-b")], &[], &[]);
-    assert!(rewrite_decoded(&mut foreign_resource, &t).is_err());
+    let error = rewrite_decoded(&mut foreign_resource, &t).unwrap_err();
+    assert!(
+        matches!(&error, OtlpError::ForeignLabel(ForeignLabel(m)) if m.contains("a resource")),
+        "{error}"
+    );
     // An owned copy beside a foreign one excuses nothing.
     let both = [kv(LABEL, "team-a"), kv("k8s.namespace.name", "team-b")];
     let mut mixed = request(&[], &[], &both);
