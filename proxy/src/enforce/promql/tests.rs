@@ -174,6 +174,14 @@ fn refuses_info_and_unparseable_queries() {
     ));
 }
 
+/// A selector left without the tenant matcher is the proxy's bug: a 500
+/// that pages the operator, not a 400 that blames the query.
+#[test]
+fn an_enforcement_miss_is_not_the_clients_error() {
+    assert!(!EnforceError::Unenforced.is_client_error());
+    assert!(EnforceError::TooComplex.is_client_error());
+}
+
 /// Found by coverage-guided fuzzing: promql-parser 0.11 panics on a range
 /// too long for a `Duration`. A refusal (400), never a panic.
 #[test]
@@ -855,6 +863,23 @@ fn a_template_is_filled_only_where_each_placeholder_stands_once() {
     ] {
         assert!(shape.fill(&template(wrong)).is_none(), "{wrong}");
     }
+}
+
+/// The shape memo's byte bound counts all a template holds: its key, its
+/// enforced text and the matchers it swaps for the verifying parse.
+#[test]
+fn a_template_weighs_its_key_its_text_and_its_swaps() {
+    let memo = Memo::new(100);
+    memo.enforce_query(r#"sum(rate(x{pod=~"web-.*"}[5m]))"#, &two())
+        .unwrap();
+    let entries = memo.templates.entries.read().unwrap();
+    let (key, template) = entries.map.iter().next().expect("one template");
+    let template = template.as_ref().expect("enforced as a template");
+    let [(printed, verified)] = template.client_regexes.as_slice() else {
+        panic!("one swap: {:?}", template.client_regexes);
+    };
+    let held = key.text.len() + template.text.len() + printed.len() + verified.len();
+    assert_eq!(entries.bytes, held);
 }
 
 #[test]
