@@ -214,6 +214,43 @@ fn bounds_length_and_nesting_before_parsing() {
 }
 
 #[test]
+fn the_bounds_are_inclusive() {
+    let nested = |n: usize| format!("{}up{}", "(".repeat(n), ")".repeat(n));
+    assert_eq!(
+        nesting_tokens(&nested(MAX_NESTING_TOKENS)),
+        MAX_NESTING_TOKENS
+    );
+    assert_eq!(check_bounds(&nested(MAX_NESTING_TOKENS)), Ok(()));
+    assert_eq!(
+        check_bounds(&nested(MAX_NESTING_TOKENS + 1)),
+        Err(EnforceError::TooComplex)
+    );
+    let long = |n: usize| format!(r#"up{{job="{}"}}"#, "x".repeat(n - 10));
+    assert_eq!(long(MAX_QUERY_BYTES).len(), MAX_QUERY_BYTES);
+    assert_eq!(check_bounds(&long(MAX_QUERY_BYTES)), Ok(()));
+    assert_eq!(
+        check_bounds(&long(MAX_QUERY_BYTES + 1)),
+        Err(EnforceError::TooLong)
+    );
+}
+
+/// The count skips string literals as the parser reads them: a bracket
+/// taken for part of a string would let a deeper query past the bound, and
+/// one counted inside a string would refuse a harmless query.
+#[test]
+fn nesting_tokens_read_strings_as_promql_does() {
+    for (query, tokens) in [
+        (r#"f("a\"(((")"#, 1),      // an escaped quote does not end a string
+        (r#"f("a\\", ((x)))"#, 3),  // after an escaped backslash, the quote does
+        (r#"f(`\`, ((x)))"#, 3),    // a raw string has no escapes
+        (r#"f('"((', ((x)))"#, 3),  // another kind of quote does not end it
+        (r#"up{a="}((("} + x"#, 2), // nor does a `}` in a matcher's value
+    ] {
+        assert_eq!(nesting_tokens(query), tokens, "{query}");
+    }
+}
+
+#[test]
 fn the_deepest_accepted_queries_fit_a_runtime_thread_stack() {
     let half = MAX_NESTING_TOKENS / 2;
     let cases = [
