@@ -234,17 +234,19 @@ fn the_bounds_are_inclusive() {
     );
 }
 
-/// The count skips string literals as the parser reads them: a bracket
+/// The count reads strings, matchers and words as the parser does: a bracket
 /// taken for part of a string would let a deeper query past the bound, and
 /// one counted inside a string would refuse a harmless query.
 #[test]
-fn nesting_tokens_read_strings_as_promql_does() {
+fn nesting_tokens_read_the_query_as_promql_does() {
     for (query, tokens) in [
-        (r#"f("a\"(((")"#, 1),      // an escaped quote does not end a string
-        (r#"f("a\\", ((x)))"#, 3),  // after an escaped backslash, the quote does
-        (r#"f(`\`, ((x)))"#, 3),    // a raw string has no escapes
-        (r#"f('"((', ((x)))"#, 3),  // another kind of quote does not end it
-        (r#"up{a="}((("} + x"#, 2), // nor does a `}` in a matcher's value
+        (r#"f("a\"(((")"#, 1),                 // an escaped quote does not end a string
+        (r#"f("a\\", ((x)))"#, 3),             // after an escaped backslash, the quote does
+        (r#"f(`\`, ((x)))"#, 3),               // a raw string has no escapes
+        (r#"f('"((', ((x)))"#, 3),             // another kind of quote does not end it
+        (r#"up{a="}((("} + x"#, 2),            // nor does a `}` in a matcher's value
+        (r#"up{} + ((x))"#, 4),                // a matcher list ends at its `}`
+        ("a and b_or or c unless atan2_x", 3), // keywords are whole words
     ] {
         assert_eq!(nesting_tokens(query), tokens, "{query}");
     }
