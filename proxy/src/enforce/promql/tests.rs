@@ -247,6 +247,7 @@ fn nesting_tokens_read_the_query_as_promql_does() {
         (r#"up{a="}((("} + x"#, 2),            // nor does a `}` in a matcher's value
         (r#"up{} + ((x))"#, 4),                // a matcher list ends at its `}`
         ("a and b_or or c unless atan2_x", 3), // keywords are whole words
+        ("x atan2", 1),                        // the last word too
     ] {
         assert_eq!(nesting_tokens(query), tokens, "{query}");
     }
@@ -450,6 +451,34 @@ fn a_memo_of_size_zero_remembers_nothing_and_still_enforces() {
         );
     }
     assert_eq!((memo.entries.len(), memo.templates.len()), (0, 0));
+}
+
+/// A memoised answer is served as held, only for the same tenant and the
+/// same kind of input; texts up to 4 KiB are memoised, longer ones not.
+#[test]
+fn a_memo_answers_from_what_it_holds() {
+    let memo = Memo::new(100);
+    let query = r#"up{job="a"}"#;
+    let key = MemoKey::new(&one(), Input::Query, query);
+    memo.entries.insert(key, Ok(Arc::from("remembered")));
+    assert_eq!(
+        memo.enforce_query(query, &one()).as_deref(),
+        Ok("remembered")
+    );
+    assert_eq!(
+        memo.enforce_selector(query, &one()).as_deref(),
+        enforce_selector(query, &one()).as_deref()
+    );
+    assert_eq!(
+        memo.enforce_query(query, &two()).as_deref(),
+        enforce_query(query, &two()).as_deref()
+    );
+    let of_length = |n: usize| format!(r#"up{{job="{}"}}"#, "x".repeat(n - 10));
+    let held = memo.entries.len();
+    memo.enforce_query(&of_length(4096), &one()).unwrap();
+    assert_eq!(memo.entries.len(), held + 1, "4096 bytes are memoised");
+    memo.enforce_query(&of_length(4097), &one()).unwrap();
+    assert_eq!(memo.entries.len(), held + 1, "4097 bytes are not");
 }
 
 #[test]
