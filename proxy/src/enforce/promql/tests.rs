@@ -491,6 +491,9 @@ fn a_memo_of_long_queries_starts_over_at_its_byte_bound() {
         let query = long(i);
         assert!(query.len() < 4096);
         memo.enforce_query(&query, &one()).unwrap();
+        if i == 1 {
+            assert_eq!(memo.entries.len(), 2, "two fit well within the bound");
+        }
         assert!(
             memo.entries.bytes() <= budget,
             "{} bytes",
