@@ -15,9 +15,9 @@
 //!   the series unless the data point already has that label;
 //! - `otel_scope_name`, `otel_scope_version` and `otel_scope_<attribute>`;
 //! - `__name__`: the sanitised metric name, `_total` for a monotonic sum,
-//!   `_bucket`/`_count`/`_sum` for a classic histogram (one `_bucket` series
-//!   stands for all `le` values), the bare name for an exponential histogram
-//!   (native), quantile series for a summary;
+//!   `_bucket` (one series per `le`), `_count` and `_sum` for a classic
+//!   histogram, the bare name for an exponential histogram (native), the
+//!   bare name per `quantile`, `_count` and `_sum` for a summary;
 //! - per resource with a data point, `job` or `instance`, and another
 //!   attribute, a `target_info` series with those other attributes, valued 1
 //!   from the earliest data point's time to the latest, every 2.5 minutes
