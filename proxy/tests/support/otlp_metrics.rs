@@ -165,8 +165,18 @@ fn cumulative(temporality: i32) -> bool {
     temporality == AggregationTemporality::Cumulative as i32
 }
 
-/// Every data point of `data` with the series it becomes; a metric the
-/// receiver skips has none.
+/// Whether the receiver stores `data`: a sum or histogram only when
+/// cumulative (the delta feature flags are off).
+fn stored(data: &Data) -> bool {
+    match data {
+        Data::Sum(s) => cumulative(s.aggregation_temporality),
+        Data::Histogram(h) => cumulative(h.aggregation_temporality),
+        Data::ExponentialHistogram(h) => cumulative(h.aggregation_temporality),
+        Data::Gauge(_) | Data::Summary(_) => true,
+    }
+}
+
+/// Every data point of `data` with the series it becomes.
 fn points<'a>(data: &'a Data, name: &str) -> Vec<Point<'a>> {
     match data {
         Data::Gauge(g) => g
@@ -174,7 +184,7 @@ fn points<'a>(data: &'a Data, name: &str) -> Vec<Point<'a>> {
             .iter()
             .map(|p| number_point(p, name))
             .collect(),
-        Data::Sum(s) if cumulative(s.aggregation_temporality) => {
+        Data::Sum(s) => {
             let name = if s.is_monotonic {
                 format!("{name}_total")
             } else {
@@ -185,7 +195,7 @@ fn points<'a>(data: &'a Data, name: &str) -> Vec<Point<'a>> {
                 .map(|p| number_point(p, &name))
                 .collect()
         }
-        Data::Histogram(h) if cumulative(h.aggregation_temporality) => h
+        Data::Histogram(h) => h
             .data_points
             .iter()
             .map(|p| {
@@ -221,7 +231,7 @@ fn points<'a>(data: &'a Data, name: &str) -> Vec<Point<'a>> {
                 }
             })
             .collect(),
-        Data::ExponentialHistogram(h) if cumulative(h.aggregation_temporality) => h
+        Data::ExponentialHistogram(h) => h
             .data_points
             .iter()
             .map(|p| Point {
@@ -253,20 +263,6 @@ fn points<'a>(data: &'a Data, name: &str) -> Vec<Point<'a>> {
                 }
             })
             .collect(),
-        _ => Vec::new(),
-    }
-}
-
-/// Every data point's time in `data`, skipped metrics included: the
-/// receiver finds the resource's earliest and latest before it checks
-/// temporality.
-fn times(data: &Data) -> Vec<u64> {
-    match data {
-        Data::Gauge(g) => g.data_points.iter().map(|p| p.time_unix_nano).collect(),
-        Data::Sum(s) => s.data_points.iter().map(|p| p.time_unix_nano).collect(),
-        Data::Histogram(h) => h.data_points.iter().map(|p| p.time_unix_nano).collect(),
-        Data::ExponentialHistogram(h) => h.data_points.iter().map(|p| p.time_unix_nano).collect(),
-        Data::Summary(s) => s.data_points.iter().map(|p| p.time_unix_nano).collect(),
     }
 }
 
@@ -319,8 +315,14 @@ pub fn samples(request: &ExportMetricsServiceRequest) -> Vec<Sample> {
             }
             for metric in &sm.metrics {
                 let Some(data) = &metric.data else { continue };
-                resource_times.extend(times(data));
-                for point in points(data, &sanitise(&metric.name)) {
+                let points = points(data, &sanitise(&metric.name));
+                // The receiver finds the resource's earliest and latest
+                // point before it checks temporality.
+                resource_times.extend(points.iter().map(|p| p.time_unix_nano));
+                if !stored(data) {
+                    continue;
+                }
+                for point in points {
                     let mut labels = labels_of(point.attributes, "");
                     for (k, v) in &promoted {
                         labels.entry(k.clone()).or_insert_with(|| v.clone());
