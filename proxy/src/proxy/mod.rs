@@ -368,7 +368,7 @@ async fn proxy(
         _ if body.is_end_stream() => (Query::AsReceived, body::empty()),
         // A query posted as a form (Grafana's data sources post theirs):
         // read whole, so that it too can be sent again after an idle close.
-        _ if route.scope.only_reads() => {
+        _ if route.scope.is_read() => {
             let bytes = body::read_bounded(body, state.limits.max_body_bytes).await?;
             (Query::AsReceived, held_read(&mut parts, bytes))
         }

@@ -149,7 +149,11 @@ impl Scope {
         }
     }
 
-    /// Only reads: what a selector-restricted credential may hold.
+    /// Only reads: what a selector-restricted credential may hold. Every
+    /// route under such a scope changes nothing upstream, whatever its
+    /// method, so a request there is as safe to send twice as a `GET`
+    /// (RFC 9110 §9.2.2 judges by the method alone, but a query posted as a
+    /// form, as Grafana sends them, is a read).
     pub fn is_read(self) -> bool {
         matches!(
             self,
@@ -166,17 +170,6 @@ impl Scope {
                 | Scope::AlertsRead
                 | Scope::AlertsWrite
                 | Scope::LogsDelete
-        )
-    }
-
-    /// Whether every route under this scope only reads: a request there
-    /// changes nothing upstream, whatever its method, so it is as safe to
-    /// send twice as a `GET` (RFC 9110 §9.2.2 judges by the method alone,
-    /// but a query posted as a form, as Grafana sends them, is a read).
-    pub fn only_reads(self) -> bool {
-        matches!(
-            self,
-            Scope::LogsRead | Scope::MetricsRead | Scope::RulesRead | Scope::AlertsRead
         )
     }
 
