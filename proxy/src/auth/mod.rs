@@ -382,6 +382,7 @@ mod tests {
     use super::basic::tests::basic;
     use super::*;
     use crate::tenants::file as tenants_file;
+    use crate::tenants::{Scopes, Tenant, TenantId};
 
     fn store(password: &str, generation: u64) -> TenantStore {
         let hash = password::hash_password(password).unwrap();
@@ -464,6 +465,36 @@ mod tests {
             3,
             "alice's new pair is still remembered"
         );
+    }
+
+    /// Full of credentials that are all in use, the cache starts over
+    /// rather than growing past its size.
+    #[tokio::test]
+    async fn the_cache_never_holds_more_than_its_size() {
+        let verifications = Counter::default();
+        let config = AuthConfig {
+            cache_size: 1,
+            ..AuthConfig::default()
+        };
+        let auth = Authenticator::new(&config, verifications.clone());
+        let [a, b] = ["alice-pw", "bob-pw"].map(|pw| password::hash_password(pw).unwrap());
+        let text = format!(
+            "tenants:\n- id: a\n  users:\n  - {{username: alice, password_hash: \"{a}\"}}\n  \
+             - {{username: bob, password_hash: \"{b}\"}}\n"
+        );
+        let both = tenants_file::parse(&text, 1).unwrap().0;
+        for (user, pw) in [
+            ("alice", "alice-pw"),
+            ("bob", "bob-pw"),
+            ("alice", "alice-pw"),
+        ] {
+            assert!(auth
+                .authenticate(&both, &basic(user, pw), CLIENT)
+                .await
+                .is_ok());
+            assert_eq!(auth.verified.read().unwrap().len(), 1, "{user}");
+        }
+        assert_eq!(verifications.get(), 3, "bob's login took alice's place");
     }
 
     #[tokio::test]
@@ -573,6 +604,14 @@ mod tests {
             .authenticate(&s, &basic("alice", "right"), CLIENT)
             .await
             .is_ok());
+        // Counted per username: another name from the same client has a
+        // count of its own.
+        assert_eq!(
+            auth.authenticate(&s, &basic("bob", "wrong"), CLIENT)
+                .await
+                .unwrap_err(),
+            AuthFailure::UnknownUser
+        );
     }
 
     /// A host walking through its IPv6 /64 keeps one count; another /64,
@@ -720,6 +759,81 @@ mod tests {
                 .await;
             assert_eq!(unknown.unwrap_err(), expected);
         }
+    }
+
+    /// Unknown usernames are spread over the decoys by their keyed digest,
+    /// and each keeps its decoy. Told apart here as in the test above: with
+    /// no memory for argon2, the hashed decoy is busy and the plaintext one
+    /// is not.
+    #[tokio::test]
+    async fn each_unknown_username_keeps_a_decoy_of_its_own() {
+        let config = AuthConfig {
+            verification_memory_bytes: 1 << 20, // below one 19 MiB hash
+            verification_wait: Duration::from_millis(10),
+            max_failures_per_user: 0,
+            max_failures_per_client: 0,
+            ..AuthConfig::default()
+        };
+        let auth = Authenticator::new(&config, Counter::default());
+        let tenant = Arc::new(Tenant::new(TenantId::parse("a").unwrap(), vec!["a".into()]));
+        let hashed = Verifier::argon2id(&password::hash_password("pw").unwrap()).unwrap();
+        let credentials =
+            [("p", Verifier::plaintext("pw")), ("h", hashed)].map(|(user, verifier)| {
+                Credential::new(user.into(), verifier, tenant.clone(), Scopes::default_set())
+            });
+        let mixed = TenantStore::new(1, vec![tenant], credentials.into());
+        let mut outcomes = Vec::new();
+        for i in 0..64 {
+            let name = format!("mallory-{i}");
+            let first = auth.authenticate(&mixed, &basic(&name, "x"), CLIENT).await;
+            let again = auth.authenticate(&mixed, &basic(&name, "x"), CLIENT).await;
+            assert_eq!(
+                first.as_ref().unwrap_err(),
+                again.as_ref().unwrap_err(),
+                "{name}"
+            );
+            let failure = first.unwrap_err();
+            if !outcomes.contains(&failure) {
+                outcomes.push(failure);
+            }
+        }
+        assert_eq!(outcomes.len(), 2, "{outcomes:?}");
+        for both in [AuthFailure::UnknownUser, AuthFailure::VerifierBusy] {
+            assert!(outcomes.contains(&both), "{outcomes:?}");
+        }
+    }
+
+    /// The auth cache's hasher takes the digests' heads as they are: keys
+    /// that differ get hashes that differ.
+    #[test]
+    fn the_cache_hasher_keeps_digests_apart() {
+        let hashes: std::collections::HashSet<u64> = (0..1000u32)
+            .map(|i| DigestHash.hash_one(*blake3::hash(&i.to_le_bytes()).as_bytes()))
+            .collect();
+        assert_eq!(hashes.len(), 1000);
+    }
+
+    /// A waiter of a finished verification leaves a newer one under the
+    /// same key alone; the last waiter of its own takes it out.
+    #[test]
+    fn a_waiter_forgets_only_its_own_verification() {
+        let in_flight = Mutex::new(HashMap::new());
+        let key: InFlightKey = ([7; 32], None);
+        let newer = Arc::new(OnceCell::new());
+        in_flight.lock().unwrap().insert(key, newer.clone());
+        let older = Arc::new(OnceCell::new_with(Some(Ok(false))));
+        drop(ForgetWhenLast {
+            in_flight: &in_flight,
+            key,
+            cell: &older,
+        });
+        assert!(Arc::ptr_eq(&in_flight.lock().unwrap()[&key], &newer));
+        drop(ForgetWhenLast {
+            in_flight: &in_flight,
+            key,
+            cell: &newer,
+        });
+        assert!(in_flight.lock().unwrap().is_empty());
     }
 
     #[tokio::test]

@@ -374,6 +374,9 @@ mod tests {
         assert!(refused.contains("bytes long"), "{refused}");
         let hundred = format!("{{app=~\"{}\"}}", values[..100].join("|"));
         assert!(read_only_selector(&hundred, read).is_ok());
+        let at_the_bound = format!("{{app=\"{}\"}}", "a".repeat(MAX_SELECTOR_BYTES - 8));
+        assert_eq!(at_the_bound.len(), MAX_SELECTOR_BYTES);
+        assert!(read_only_selector(&at_the_bound, read).is_ok());
     }
 
     fn native(extra_user_fields: &str) -> String {
@@ -475,6 +478,11 @@ mod tests {
     fn empty_namespaces_and_scopes_are_errors() {
         assert!(parse("tenants:\n  - id: a\n    namespaces: []\n", 1).is_err());
         assert!(parse(&native("        scopes: []\n"), 1).is_err());
+        for bad in [r#""""#, r#""a\nb""#] {
+            let text = format!("tenants:\n  - id: a\n    namespaces: [{bad}]\n");
+            let err = parse(&text, 1).unwrap_err();
+            assert!(err.contains("invalid namespace"), "{bad}: {err}");
+        }
     }
 
     #[test]
