@@ -384,11 +384,18 @@ mod tests {
     use crate::tenants::file as tenants_file;
     use crate::tenants::{Scopes, Tenant, TenantId};
 
+    /// Tenant `a` with alice, whose password this is.
     fn store(password: &str, generation: u64) -> TenantStore {
-        let hash = password::hash_password(password).unwrap();
-        let text = format!(
-            "tenants:\n- id: a\n  users: [{{username: alice, password_hash: \"{hash}\"}}]\n"
-        );
+        store_of(&[("alice", password)], generation)
+    }
+
+    /// Tenant `a` with these (username, password) pairs.
+    fn store_of(users: &[(&str, &str)], generation: u64) -> TenantStore {
+        let mut text = String::from("tenants:\n- id: a\n  users:\n");
+        for (username, password) in users {
+            let hash = password::hash_password(password).unwrap();
+            text += &format!("  - {{username: {username}, password_hash: \"{hash}\"}}\n");
+        }
         tenants_file::parse(&text, generation).unwrap().0
     }
 
@@ -432,16 +439,8 @@ mod tests {
             ..AuthConfig::default()
         };
         let auth = Authenticator::new(&config, verifications.clone());
-        let alice_and_bob = |alice: &str, generation| {
-            let [a, b] = [alice, "bob-pw"].map(|pw| password::hash_password(pw).unwrap());
-            let text = format!(
-                "tenants:\n- id: a\n  users:\n  - {{username: alice, password_hash: \"{a}\"}}\n  \
-                 - {{username: bob, password_hash: \"{b}\"}}\n"
-            );
-            tenants_file::parse(&text, generation).unwrap().0
-        };
-        let before = alice_and_bob("old", 1);
-        let after = alice_and_bob("new", 2);
+        let before = store_of(&[("alice", "old"), ("bob", "bob-pw")], 1);
+        let after = store_of(&[("alice", "new"), ("bob", "bob-pw")], 2);
         assert!(auth
             .authenticate(&before, &basic("alice", "old"), CLIENT)
             .await
@@ -477,12 +476,7 @@ mod tests {
             ..AuthConfig::default()
         };
         let auth = Authenticator::new(&config, verifications.clone());
-        let [a, b] = ["alice-pw", "bob-pw"].map(|pw| password::hash_password(pw).unwrap());
-        let text = format!(
-            "tenants:\n- id: a\n  users:\n  - {{username: alice, password_hash: \"{a}\"}}\n  \
-             - {{username: bob, password_hash: \"{b}\"}}\n"
-        );
-        let both = tenants_file::parse(&text, 1).unwrap().0;
+        let both = store_of(&[("alice", "alice-pw"), ("bob", "bob-pw")], 1);
         for (user, pw) in [
             ("alice", "alice-pw"),
             ("bob", "bob-pw"),
