@@ -16,16 +16,6 @@ pub enum Signal {
     Alerts,
 }
 
-impl Signal {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Signal::Logs => "logs",
-            Signal::Metrics => "metrics",
-            Signal::Alerts => "alerts",
-        }
-    }
-}
-
 /// What label mode does with an Alertmanager API call
 /// (`enforce::alertmanager`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
