@@ -16,7 +16,8 @@ use support::{basic, cheap_hash, send, ProxyOptions, RunningProxy};
 const FORM: (&str, &str) = ("content-type", "application/x-www-form-urlencoded");
 
 /// team-a (namespaces team-a, team-a-2) with an unrestricted user and one
-/// restricted to `selector`; team-b with one user.
+/// restricted to `selector` (reading logs, metrics, rules and alerts);
+/// team-b with one user.
 fn tenants(selector: &str) -> String {
     format!(
         r#"version: 1
@@ -27,7 +28,7 @@ tenants:
       - {{username: alice, password_hash: "{alice}"}}
       - username: narrow
         password_hash: "{narrow}"
-        scopes: [logs:read, metrics:read]
+        scopes: [logs:read, metrics:read, rules:read, alerts:read]
         selector: '{selector}'
   - id: team-b
     users:
@@ -308,6 +309,82 @@ async fn a_restricted_credential_is_refused_where_loki_applies_no_label_policy()
         assert_eq!(reply.status, StatusCode::OK, "{path}");
         assert_eq!(loki.received().len(), before + 1, "{path}");
     }
+}
+
+/// Rules and alerts are the tenant's whole, which no selector narrows: a
+/// restricted credential is refused there though it holds the scope.
+#[tokio::test]
+async fn a_restricted_credential_never_reaches_what_a_selector_cannot_narrow() {
+    let (loki, proxy) = behind_lbac(r#"{app="payments"}"#).await;
+    for (path, sent) in [("/loki/api/v1/rules", 1), ("/prometheus/api/v1/alerts", 2)] {
+        let url = proxy.url(path);
+        let narrow = send(
+            Method::GET,
+            &url,
+            Some(&basic("narrow", "narrow-pw")),
+            &[],
+            "",
+        )
+        .await;
+        assert_eq!(narrow.status, StatusCode::FORBIDDEN, "{path}");
+        assert!(
+            narrow.text().contains("selector"),
+            "{path}: {}",
+            narrow.text()
+        );
+        assert_eq!(loki.received().len(), sent - 1, "{path} reached Loki");
+        let alice = send(
+            Method::GET,
+            &url,
+            Some(&basic("alice", "alice-pw")),
+            &[],
+            "",
+        )
+        .await;
+        assert_eq!(alice.status, StatusCode::OK, "{path}");
+        assert_eq!(loki.received().len(), sent, "{path}");
+    }
+}
+
+/// In label mode the tenant label scopes an Alertmanager call to the
+/// tenant, not to a selector's part of it: a restricted credential never
+/// reaches it. (Loki's own rules and alerts are refused twice over: it
+/// applies no label policy there either.)
+#[tokio::test]
+async fn a_restricted_credential_never_reaches_the_tenants_alertmanager() {
+    support::captured_logs();
+    let alertmanager = LokiStandIn::start().await; // only what reaches it matters
+    let prometheus = support::closed_port().await; // not called
+    let section = format!("  upstream: http://{prometheus}\n  mode: label\n");
+    let mut options = ProxyOptions::metrics(tenants(r#"{app="payments"}"#), section);
+    let alerts = format!("alerts:\n  upstream: {}\n", alertmanager.url());
+    options.extra = Box::leak(alerts.into_boxed_str());
+    let proxy = RunningProxy::start(options).await;
+    let url = proxy.url("/api/v2/alerts");
+    let narrow = send(
+        Method::GET,
+        &url,
+        Some(&basic("narrow", "narrow-pw")),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(narrow.status, StatusCode::FORBIDDEN);
+    assert!(narrow.text().contains("selector"), "{}", narrow.text());
+    assert!(alertmanager.received().is_empty());
+    send(
+        Method::GET,
+        &url,
+        Some(&basic("alice", "alice-pw")),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(
+        alertmanager.received().len(),
+        1,
+        "alice's call goes through"
+    );
 }
 
 #[tokio::test]

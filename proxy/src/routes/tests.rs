@@ -195,6 +195,9 @@ fn refuses_admin_and_unknown_paths() {
         "/loki/api/v1/label/values",
         "/loki/api/v1/label/a/b/values",
         "/loki/api/v1/push/extra",
+        // `{}` is one segment that is not empty.
+        "/loki/api/v1/rules/",
+        "/loki/api/v1/label//values",
     ] {
         for method in [Method::GET, Method::POST] {
             assert!(
@@ -409,6 +412,64 @@ fn refuses_prometheus_admin_and_global_endpoints() {
         table().classify(&Method::POST, "/api/v1/label/job/values"),
         Err(ProxyError::MethodNotAllowed { .. })
     ));
+}
+
+/// Each surface a route is counted under, by one route of each.
+#[test]
+fn each_route_is_counted_under_its_surface() {
+    let header = RouteTable::new(true, Some(MetricsScoping::HeaderScopesEveryApi), true);
+    for (table, method, path, surface) in [
+        (table(), Method::POST, "/loki/api/v1/push", "logs_push"),
+        (table(), Method::GET, "/loki/api/v1/tail", "logs_tail"),
+        (
+            table(),
+            Method::GET,
+            "/loki/api/v1/query_range",
+            "logs_query",
+        ),
+        (table(), Method::GET, "/loki/api/v1/rules", "logs_rules"),
+        (
+            table(),
+            Method::DELETE,
+            "/loki/api/v1/delete",
+            "logs_delete",
+        ),
+        (table(), Method::GET, "/prometheus/api/v1/alerts", "alerts"),
+        (table(), Method::POST, "/otlp/v1/logs", "logs_otlp"),
+        (table(), Method::POST, "/api/v1/write", "metrics_push"),
+        (
+            table(),
+            Method::POST,
+            "/api/v1/otlp/v1/metrics",
+            "metrics_otlp",
+        ),
+        (table(), Method::GET, "/api/v1/query", "metrics_query"),
+        (table(), Method::GET, "/api/v2/silences", "alerts"),
+        (&header, Method::POST, "/api/v1/push", "metrics_push"),
+        (&header, Method::GET, "/config/v1/rules", "metrics_rules"),
+        (&header, Method::POST, "/otlp/v1/metrics", "metrics_otlp"),
+    ] {
+        let route = table.classify(&method, path).unwrap();
+        assert_eq!(route.surface(), surface, "{method} {path}");
+    }
+}
+
+/// Pushes are the routes that carry data in (an unreachable upstream
+/// must make their clients retry); OTLP routes answer in OTLP's format.
+#[test]
+fn pushes_and_otlp_routes_are_told_by_their_operation() {
+    for metrics in EVERY_METRICS_SCOPING {
+        for route in &RouteTable::new(true, metrics, true).routes {
+            let pattern = route.pattern;
+            let push = matches!(route.scope, Scope::LogsWrite | Scope::MetricsWrite);
+            assert_eq!(route.operation.is_push(), push, "{pattern}");
+            assert_eq!(
+                route.operation.is_otlp(),
+                pattern.contains("/otlp/"),
+                "{pattern}"
+            );
+        }
+    }
 }
 
 /// Every surface a route can have is one the upstream-duration histograms

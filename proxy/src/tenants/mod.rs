@@ -420,11 +420,75 @@ mod tests {
         assert!(TenantId::parse(&"x".repeat(151)).is_err());
     }
 
+    /// Errors and logs name a tenant by its id as it is written.
+    #[test]
+    fn a_tenant_id_prints_as_written() {
+        let id = TenantId::parse("team-a").unwrap();
+        assert_eq!(id.to_string(), "team-a");
+        assert_eq!(format!("{id:?}"), "TenantId(team-a)");
+    }
+
+    /// A scope's name (in 403s and `tenant-proxy check-config`) is the one the
+    /// tenants file gives it.
+    #[test]
+    fn a_scope_is_named_as_the_file_writes_it() {
+        for scope in Scope::ALL {
+            let read: Scope = serde_json::from_value(scope.as_str().into()).unwrap();
+            assert_eq!(read, scope);
+            assert_eq!(scope.to_string(), scope.as_str());
+        }
+    }
+
+    /// Which scopes a selector-restricted credential may hold (reads), and
+    /// which it never reaches because a selector cannot narrow them.
+    #[test]
+    fn reads_and_tenant_wide_scopes_are_exactly_these() {
+        let of = |test: fn(Scope) -> bool| -> Vec<Scope> {
+            Scope::ALL.into_iter().filter(|s| test(*s)).collect()
+        };
+        use Scope::*;
+        assert_eq!(
+            of(Scope::is_read),
+            [LogsRead, MetricsRead, RulesRead, AlertsRead]
+        );
+        assert_eq!(
+            of(Scope::is_tenant_wide),
+            [RulesRead, RulesWrite, AlertsRead, AlertsWrite, LogsDelete]
+        );
+    }
+
+    /// What the reload log line, the credentials gauge and `check-config`
+    /// read.
+    #[test]
+    fn a_store_counts_its_credentials_and_lists_them_by_username() {
+        let tenant = Arc::new(Tenant::new(TenantId::parse("a").unwrap(), vec!["a".into()]));
+        let credentials = ["carol", "alice", "bob"].map(|username| {
+            let verifier = Verifier::plaintext("pw");
+            Credential::new(
+                username.into(),
+                verifier,
+                tenant.clone(),
+                Scopes::default_set(),
+            )
+        });
+        let store = TenantStore::new(1, vec![tenant], credentials.into());
+        assert_eq!(store.credential_count(), 3);
+        let listed: Vec<_> = store
+            .credentials_sorted()
+            .iter()
+            .map(|c| c.username.as_str())
+            .collect();
+        assert_eq!(listed, ["alice", "bob", "carol"]);
+    }
+
     #[test]
     fn scopes_hold_exactly_what_was_given() {
         let s: Scopes = [Scope::LogsRead, Scope::MetricsRead].into_iter().collect();
         assert!(s.contains(Scope::LogsRead));
         assert!(!s.contains(Scope::LogsWrite));
+        assert_eq!(format!("{s:?}"), "[LogsRead, MetricsRead]");
+        let twice: Scopes = [Scope::LogsRead, Scope::LogsRead].into_iter().collect();
+        assert_eq!(twice.iter().collect::<Vec<_>>(), [Scope::LogsRead]);
         assert_eq!(Scopes::default_set().iter().count(), 6);
         for write in [Scope::RulesWrite, Scope::AlertsWrite, Scope::LogsDelete] {
             assert!(
