@@ -204,10 +204,6 @@ impl Verifier {
             }
         }
     }
-
-    pub fn is_plaintext(&self) -> bool {
-        matches!(self, Self::Plaintext { .. })
-    }
 }
 
 impl fmt::Debug for Verifier {
