@@ -11,7 +11,7 @@ use http::{Method, StatusCode};
 use serde_json::Value;
 use support::loki::LokiStandIn;
 use support::prometheus::PrometheusProcess;
-use support::{basic, cheap_hash, send, ProxyOptions, RunningProxy};
+use support::{basic, cheap_hash, get, send, ProxyOptions, RunningProxy};
 
 const FORM: (&str, &str) = ("content-type", "application/x-www-form-urlencoded");
 
@@ -248,26 +248,12 @@ async fn a_restricted_credentials_label_names_are_asked_for_its_streams_only() {
     }
     let before = loki.received().len();
     let not_a_selector = "query=%7Benv%3D%22prod%22%7D%20%7C%3D%20%22x%22";
-    let reply = send(
-        Method::GET,
-        &proxy.url(&format!("{labels}?{not_a_selector}")),
-        Some(&narrow),
-        &[],
-        "",
-    )
-    .await;
+    let reply = get(&proxy.url(&format!("{labels}?{not_a_selector}")), &narrow).await;
     assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text());
     assert!(reply.text().contains("label names"), "{}", reply.text());
     assert_eq!(loki.received().len(), before, "nothing forwarded");
 
-    let reply = send(
-        Method::GET,
-        &proxy.url(labels),
-        Some(&basic("alice", "alice-pw")),
-        &[],
-        "",
-    )
-    .await;
+    let reply = get(&proxy.url(labels), &basic("alice", "alice-pw")).await;
     assert_eq!(reply.status, StatusCode::OK);
     assert_eq!(loki.last().query, None, "an unrestricted request as sent");
 }
@@ -291,7 +277,7 @@ async fn a_restricted_credential_is_refused_where_loki_applies_no_label_policy()
         let get_as = |user: &'static str| {
             let credential = basic(user, &format!("{user}-pw"));
             let url = url.clone();
-            async move { send(Method::GET, &url, Some(&credential), &[], "").await }
+            async move { get(&url, &credential).await }
         };
         let before = loki.received().len();
         let reply = get_as("narrow").await;
@@ -318,14 +304,7 @@ async fn a_restricted_credential_never_reaches_what_a_selector_cannot_narrow() {
     let (loki, proxy) = behind_lbac(r#"{app="payments"}"#).await;
     for (path, sent) in [("/loki/api/v1/rules", 1), ("/prometheus/api/v1/alerts", 2)] {
         let url = proxy.url(path);
-        let narrow = send(
-            Method::GET,
-            &url,
-            Some(&basic("narrow", "narrow-pw")),
-            &[],
-            "",
-        )
-        .await;
+        let narrow = get(&url, &basic("narrow", "narrow-pw")).await;
         assert_eq!(narrow.status, StatusCode::FORBIDDEN, "{path}");
         assert!(
             narrow.text().contains("selector"),
@@ -333,14 +312,7 @@ async fn a_restricted_credential_never_reaches_what_a_selector_cannot_narrow() {
             narrow.text()
         );
         assert_eq!(loki.received().len(), sent - 1, "{path} reached Loki");
-        let alice = send(
-            Method::GET,
-            &url,
-            Some(&basic("alice", "alice-pw")),
-            &[],
-            "",
-        )
-        .await;
+        let alice = get(&url, &basic("alice", "alice-pw")).await;
         assert_eq!(alice.status, StatusCode::OK, "{path}");
         assert_eq!(loki.received().len(), sent, "{path}");
     }
@@ -361,25 +333,11 @@ async fn a_restricted_credential_never_reaches_the_tenants_alertmanager() {
     options.extra = Box::leak(alerts.into_boxed_str());
     let proxy = RunningProxy::start(options).await;
     let url = proxy.url("/api/v2/alerts");
-    let narrow = send(
-        Method::GET,
-        &url,
-        Some(&basic("narrow", "narrow-pw")),
-        &[],
-        "",
-    )
-    .await;
+    let narrow = get(&url, &basic("narrow", "narrow-pw")).await;
     assert_eq!(narrow.status, StatusCode::FORBIDDEN);
     assert!(narrow.text().contains("selector"), "{}", narrow.text());
     assert!(alertmanager.received().is_empty());
-    send(
-        Method::GET,
-        &url,
-        Some(&basic("alice", "alice-pw")),
-        &[],
-        "",
-    )
-    .await;
+    get(&url, &basic("alice", "alice-pw")).await;
     assert_eq!(
         alertmanager.received().len(),
         1,
@@ -395,24 +353,10 @@ async fn without_lbac_in_loki_a_restricted_credential_reads_no_logs() {
     options.tenants = Some(tenants(r#"{app="payments"}"#));
     let proxy = RunningProxy::start(options).await;
     let query = proxy.url("/loki/api/v1/query_range?query=%7Bapp%3D%22x%22%7D");
-    let refused = send(
-        Method::GET,
-        &query,
-        Some(&basic("narrow", "narrow-pw")),
-        &[],
-        "",
-    )
-    .await;
+    let refused = get(&query, &basic("narrow", "narrow-pw")).await;
     assert_eq!(refused.status, StatusCode::FORBIDDEN);
     assert!(loki.received().is_empty());
-    let alice = send(
-        Method::GET,
-        &query,
-        Some(&basic("alice", "alice-pw")),
-        &[],
-        "",
-    )
-    .await;
+    let alice = get(&query, &basic("alice", "alice-pw")).await;
     assert_eq!(alice.status, StatusCode::OK);
 }
 
@@ -450,9 +394,7 @@ async fn in_label_mode_a_selector_narrows_every_query_within_the_tenant() {
                 .append_pair("query", &q)
                 .finish();
             match method {
-                Method::GET => {
-                    send(Method::GET, &format!("{url}?{body}"), Some(&auth), &[], "").await
-                }
+                Method::GET => get(&format!("{url}?{body}"), &auth).await,
                 _ => send(Method::POST, &url, Some(&auth), &[FORM], body).await,
             }
         }
@@ -472,38 +414,17 @@ async fn in_label_mode_a_selector_narrows_every_query_within_the_tenant() {
         let outside = query(&narrow, method.clone(), r#"requests{namespace="team-a"}"#).await;
         assert!(namespaces(&outside).is_empty());
     }
-    let series = send(
-        Method::GET,
-        &proxy.url("/api/v1/series?match%5B%5D=requests"),
-        Some(&narrow),
-        &[],
-        "",
-    )
-    .await;
+    let series = get(&proxy.url("/api/v1/series?match%5B%5D=requests"), &narrow).await;
     assert_eq!(
         namespaces(&series),
         BTreeSet::from(["team-a-2".to_string()])
     );
     // The rule is labelled namespace=team-a: the tenant's, not the selector's.
-    let rules = send(
-        Method::GET,
-        &proxy.url("/api/v1/rules"),
-        Some(&narrow),
-        &[],
-        "",
-    )
-    .await;
+    let rules = get(&proxy.url("/api/v1/rules"), &narrow).await;
     assert_eq!(rules.status, StatusCode::OK);
     let groups: Vec<Value> = rules.json()["data"]["groups"].as_array().unwrap().clone();
     assert!(groups.is_empty(), "{groups:?}");
-    let rules = send(
-        Method::GET,
-        &proxy.url("/api/v1/rules"),
-        Some(&alice),
-        &[],
-        "",
-    )
-    .await;
+    let rules = get(&proxy.url("/api/v1/rules"), &alice).await;
     assert_eq!(rules.json()["data"]["groups"].as_array().unwrap().len(), 1);
 }
 
@@ -517,23 +438,17 @@ async fn a_header_mode_backend_never_sees_a_restricted_credential() {
         section,
     ))
     .await;
-    let reply = send(
-        Method::GET,
+    let reply = get(
         &proxy.url("/api/v1/query?query=up"),
-        Some(&basic("narrow", "narrow-pw")),
-        &[],
-        "",
+        &basic("narrow", "narrow-pw"),
     )
     .await;
     assert_eq!(reply.status, StatusCode::FORBIDDEN);
     assert!(reply.text().contains("selector"), "{}", reply.text());
     assert!(mimir.received().is_empty());
-    let unrestricted = send(
-        Method::GET,
+    let unrestricted = get(
         &proxy.url("/api/v1/query?query=up"),
-        Some(&basic("alice", "alice-pw")),
-        &[],
-        "",
+        &basic("alice", "alice-pw"),
     )
     .await;
     assert_eq!(unrestricted.status, StatusCode::OK);
