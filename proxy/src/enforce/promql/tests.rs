@@ -213,6 +213,11 @@ fn bounds_length_and_nesting_before_parsing() {
     assert!(enforce_query(&many_matchers, &one()).is_ok());
 }
 
+/// `up{job="xx…"}`, exactly `n` bytes long.
+fn query_of_length(n: usize) -> String {
+    format!(r#"up{{job="{}"}}"#, "x".repeat(n - 10))
+}
+
 #[test]
 fn the_bounds_are_inclusive() {
     let nested = |n: usize| format!("{}up{}", "(".repeat(n), ")".repeat(n));
@@ -225,11 +230,10 @@ fn the_bounds_are_inclusive() {
         check_bounds(&nested(MAX_NESTING_TOKENS + 1)),
         Err(EnforceError::TooComplex)
     );
-    let long = |n: usize| format!(r#"up{{job="{}"}}"#, "x".repeat(n - 10));
-    assert_eq!(long(MAX_QUERY_BYTES).len(), MAX_QUERY_BYTES);
-    assert_eq!(check_bounds(&long(MAX_QUERY_BYTES)), Ok(()));
+    assert_eq!(query_of_length(MAX_QUERY_BYTES).len(), MAX_QUERY_BYTES);
+    assert_eq!(check_bounds(&query_of_length(MAX_QUERY_BYTES)), Ok(()));
     assert_eq!(
-        check_bounds(&long(MAX_QUERY_BYTES + 1)),
+        check_bounds(&query_of_length(MAX_QUERY_BYTES + 1)),
         Err(EnforceError::TooLong)
     );
 }
@@ -473,11 +477,10 @@ fn a_memo_answers_from_what_it_holds() {
         memo.enforce_query(query, &two()).as_deref(),
         enforce_query(query, &two()).as_deref()
     );
-    let of_length = |n: usize| format!(r#"up{{job="{}"}}"#, "x".repeat(n - 10));
     let held = memo.entries.len();
-    memo.enforce_query(&of_length(4096), &one()).unwrap();
+    memo.enforce_query(&query_of_length(4096), &one()).unwrap();
     assert_eq!(memo.entries.len(), held + 1, "4096 bytes are memoised");
-    memo.enforce_query(&of_length(4097), &one()).unwrap();
+    memo.enforce_query(&query_of_length(4097), &one()).unwrap();
     assert_eq!(memo.entries.len(), held + 1, "4097 bytes are not");
 }
 
