@@ -33,6 +33,20 @@ enum Fault {
     CloseInBody,
     Stall,
     StallInBody,
+    /// A 200 whose body is exactly the 1 MiB a push's answer is read up to.
+    AnswerAtPushLimit,
+    /// The same, one byte longer.
+    AnswerOverPushLimit,
+}
+
+/// How much of a push's answer the proxy reads (docs/architecture.md).
+const PUSH_ANSWER_LIMIT: usize = 1024 * 1024;
+
+fn answer_of(length: usize) -> Vec<u8> {
+    let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {length}\r\nConnection: close\r\n\r\n");
+    let mut reply = head.into_bytes();
+    reply.resize(reply.len() + length, b'x');
+    reply
 }
 
 /// An upstream whose next connections misbehave as told.
@@ -54,9 +68,18 @@ impl FaultyUpstream {
                     // The request head (and a small body) arrive in one read.
                     let mut buf = vec![0; 64 * 1024];
                     let _ = stream.read(&mut buf).await;
+                    let long_answer;
                     let reply: &[u8] = match fault {
                         f if f == Fault::Healthy as u8 => {
                             b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}"
+                        }
+                        f if f == Fault::AnswerAtPushLimit as u8 => {
+                            long_answer = answer_of(PUSH_ANSWER_LIMIT);
+                            &long_answer
+                        }
+                        f if f == Fault::AnswerOverPushLimit as u8 => {
+                            long_answer = answer_of(PUSH_ANSWER_LIMIT + 1);
+                            &long_answer
                         }
                         f if f == Fault::CloseInHead as u8 => b"HTTP/1.1 200 OK\r\nContent-Le",
                         f if f == Fault::CloseInBody as u8 => {
@@ -178,6 +201,33 @@ async fn upstream_faults_get_the_documented_status_and_the_proxy_recovers() {
     assert_eq!(push(&proxy).await, StatusCode::GATEWAY_TIMEOUT);
     upstream.set(Fault::Healthy);
     assert_eq!(push(&proxy).await, StatusCode::OK);
+}
+
+/// A push's answer is read whole, up to 1 MiB: one that long reaches the
+/// sender as it came; a longer one is not an answer a push upstream gives,
+/// and becomes a 503 the sender retries (never a 2xx cut short).
+#[tokio::test]
+async fn a_push_answer_is_read_up_to_its_limit_and_refused_beyond() {
+    support::captured_logs();
+    let upstream = FaultyUpstream::start().await;
+    let proxy = RunningProxy::start(ProxyOptions::new(format!("http://{}", upstream.addr))).await;
+    let credential = basic("pusher-a", "pusher-pw");
+    let headers = [("content-type", "application/json")];
+
+    upstream.set(Fault::AnswerAtPushLimit);
+    let answer = send(
+        Method::POST,
+        &proxy.url(PUSH),
+        Some(&credential),
+        &headers,
+        PUSHED,
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(answer.body.len(), PUSH_ANSWER_LIMIT);
+
+    upstream.set(Fault::AnswerOverPushLimit);
+    assert_eq!(push(&proxy).await, StatusCode::SERVICE_UNAVAILABLE);
 }
 
 #[tokio::test]

@@ -825,8 +825,30 @@ async fn bodies_over_the_limit_are_413_whether_declared_or_streamed() {
     options.limits = "  max_body_bytes: 1024\n";
     let proxy = RunningProxy::start(options).await;
     let alice = basic("alice", "alice-pw");
+    // The limit itself is allowed: a body of exactly 1024 bytes lands.
+    let padding = 1024 - loki_push::json("").len();
+    let at_limit = loki_push::json(&"x".repeat(padding));
+    assert_eq!(at_limit.len(), 1024);
+    let landed = push(&proxy, &alice, &"x".repeat(padding)).await;
+    assert_eq!(landed.status, StatusCode::NO_CONTENT);
+    assert_eq!(loki.last().body, at_limit.as_bytes());
+
     let declared = push(&proxy, &alice, &"x".repeat(2048)).await;
     assert_eq!(declared.status, StatusCode::PAYLOAD_TOO_LARGE);
+
+    // Declared over the limit and held back for `100-continue` (as curl
+    // holds a large body): refused by its head, the body never asked for.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut client = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let head = format!(
+        "POST {PUSH} HTTP/1.1\r\nhost: proxy\r\nauthorization: {alice}\r\n\
+         content-type: application/json\r\ncontent-length: 2048\r\n\
+         expect: 100-continue\r\nconnection: close\r\n\r\n",
+    );
+    client.write_all(head.as_bytes()).await.unwrap();
+    let mut status_line = [0; 12];
+    client.read_exact(&mut status_line).await.unwrap();
+    assert_eq!(&status_line, b"HTTP/1.1 413");
 
     // A chunked body (no Content-Length) that grows past the limit.
     let chunks = futures_util::stream::iter((0..8).map(|_| {
