@@ -247,6 +247,18 @@ async fn silences_are_created_listed_and_expired_only_by_their_tenant() {
     )
     .await;
     assert_eq!(peek.status, StatusCode::FORBIDDEN);
+    // Its own, read by id (as Grafana opens a silence to edit it): shown.
+    let own = call(
+        &proxy,
+        "alice",
+        Method::GET,
+        &format!("/api/v2/silence/{a_id}"),
+        "",
+    )
+    .await;
+    assert_eq!(own.status, StatusCode::OK, "{}", own.text());
+    assert_eq!(own.json()["id"], a_id.as_str());
+    assert_eq!(own.json()["matchers"], matchers);
 
     // team-a can neither expire nor take over team-b's silence.
     let expire = call(
