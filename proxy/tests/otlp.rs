@@ -384,6 +384,33 @@ async fn otlp_metrics_in_label_mode_store_only_series_of_the_tenant() {
     assert!(metrics.contains(r#"tenant_proxy_requests_total{tenant="team-a",surface="metrics_otlp",status_class="2xx"} 2"#), "{metrics}");
 }
 
+/// A field the OTLP schema does not define (the request's field 31,
+/// holding `unread`) leaves with no check having read it: it is dropped,
+/// the series are stored without it, and the operator sees it counted.
+#[tokio::test]
+async fn otlp_fields_the_schema_does_not_define_are_dropped_and_counted() {
+    let (prometheus, proxy) = label_mode("").await;
+    let mut raw = metrics_request(&[]).encode_to_vec();
+    raw.extend_from_slice(&[0xfa, 0x01, 6]);
+    raw.extend_from_slice(b"unread");
+    let headers = [("content-type", "application/x-protobuf")];
+    let alice = basic("alice", "alice-pw");
+    let reply = post(&proxy, "/api/v1/otlp/v1/metrics", &alice, &headers, raw).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    let forwarded = prometheus.last().body;
+    assert!(!forwarded.windows(6).any(|w| w == b"unread"));
+    let series = prometheus.otlp_series();
+    assert!(!series.is_empty());
+    assert!(series
+        .iter()
+        .all(|s| s.get("k8s_namespace_name").map(String::as_str) == Some("team-a")));
+    let metrics = proxy.metrics().await;
+    assert!(
+        metrics.contains(r#"tenant_proxy_otlp_dropped_fields_total{tenant="team-a"} 1"#),
+        "{metrics}"
+    );
+}
+
 /// `otlp_forward_encoding: identity`: a relabelled gzip body goes out
 /// uncompressed (no `Content-Encoding`), relabelled all the same; a body
 /// already scoped goes out as it came, gzip and all.

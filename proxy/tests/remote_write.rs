@@ -658,6 +658,40 @@ async fn upstream_errors_reach_the_sender_so_it_retries_or_drops_correctly() {
     );
 }
 
+/// A field inside a series that 1.0 does not define (number 7, holding
+/// `unread`) leaves with no check having read it: it is dropped, the
+/// series lands without it, and the operator sees it counted.
+#[tokio::test]
+async fn fields_no_schema_defines_are_dropped_and_counted() {
+    let receiver = LokiStandIn::start().await;
+    let proxy = label_mode_proxy(&receiver.url(), "").await;
+    let mut series = time_series(&[("__name__", "up")], 1.0, now_ms()).encode_to_vec();
+    series.extend_from_slice(&[7 << 3 | 2, 6]);
+    series.extend_from_slice(b"unread");
+    let mut request = vec![1 << 3 | 2, series.len() as u8];
+    request.extend_from_slice(&series);
+    let body = snap::raw::Encoder::new().compress_vec(&request).unwrap();
+
+    let reply = push(&proxy, V1_HEADERS, body).await;
+    assert_eq!(reply.status, StatusCode::NO_CONTENT, "{}", reply.text());
+    let forwarded = snap::raw::Decoder::new()
+        .decompress_vec(&receiver.last().body)
+        .unwrap();
+    assert!(!forwarded.windows(6).any(|w| w == b"unread"));
+    let stored = WriteRequest::decode(forwarded.as_slice()).unwrap();
+    let labels: Vec<_> = stored.timeseries[0]
+        .labels
+        .iter()
+        .map(|l| (l.name.as_str(), l.value.as_str()))
+        .collect();
+    assert_eq!(labels, [("__name__", "up"), ("namespace", "team-a")]);
+    let metrics = proxy.metrics().await;
+    assert!(
+        metrics.contains(r#"tenant_proxy_remote_write_dropped_fields_total{tenant="team-a"} 1"#),
+        "{metrics}"
+    );
+}
+
 #[tokio::test]
 async fn header_mode_streams_the_push_untouched_with_the_tenant_header() {
     support::captured_logs();

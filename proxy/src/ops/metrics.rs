@@ -163,6 +163,7 @@ pub struct Metrics {
     pub otlp_received_bytes: Family<TenantLabels, Counter>,
     pub otlp_tenant_label: Family<TenantActionLabels, Counter>,
     pub otlp_decode_errors: Family<TenantLabels, Counter>,
+    pub otlp_dropped_fields: Family<TenantLabels, Counter>,
     pub rule_tenant_label: Family<TenantActionLabels, Counter>,
     pub trace_exports: Family<OutcomeLabels, Counter>,
     /// Live tails spliced to Loki now, and those closed because the
@@ -359,6 +360,12 @@ impl Default for Metrics {
             "OTLP metrics requests refused as undecodable, oversized or unsupported",
             otlp_decode_errors.clone(),
         );
+        let otlp_dropped_fields = Family::default();
+        registry.register(
+            "otlp_dropped_fields",
+            "Fields on the way to OTLP attributes that the schema does not define, removed before forwarding",
+            otlp_dropped_fields.clone(),
+        );
         let rule_tenant_label = Family::default();
         registry.register(
             "rule_tenant_label",
@@ -415,6 +422,7 @@ impl Default for Metrics {
             otlp_received_bytes,
             otlp_tenant_label,
             otlp_decode_errors,
+            otlp_dropped_fields,
             rule_tenant_label,
             trace_exports,
             live_tails,

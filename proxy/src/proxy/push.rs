@@ -178,6 +178,12 @@ fn rewrite_otlp(
         };
         metrics.otlp_tenant_label.get_or_create(&labels).inc_by(n);
     }
+    if stats.dropped_fields > 0 {
+        metrics
+            .otlp_dropped_fields
+            .get_or_create(&tenant_id)
+            .inc_by(stats.dropped_fields);
+    }
     Ok(body)
 }
 
