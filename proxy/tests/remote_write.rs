@@ -668,6 +668,8 @@ async fn fields_no_schema_defines_are_dropped_and_counted() {
     let mut series = time_series(&[("__name__", "up")], 1.0, now_ms()).encode_to_vec();
     series.extend_from_slice(&[7 << 3 | 2, 6]);
     series.extend_from_slice(b"unread");
+    // A length below 128 is one varint byte.
+    assert!(series.len() < 128);
     let mut request = vec![1 << 3 | 2, series.len() as u8];
     request.extend_from_slice(&series);
     let body = snap::raw::Encoder::new().compress_vec(&request).unwrap();
