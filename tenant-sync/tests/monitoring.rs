@@ -56,10 +56,12 @@ fn exported() -> BTreeSet<String> {
     let _ = p.remote_write_decode_errors.get_or_create(&tenant());
     let _ = p.remote_write_unconfirmed.get_or_create(&tenant());
     let _ = p.remote_write_tenant_label.get_or_create(&tenant_action());
+    let _ = p.remote_write_dropped_fields.get_or_create(&tenant());
     let _ = p.otlp_data_points.get_or_create(&tenant());
     let _ = p.otlp_received_bytes.get_or_create(&tenant());
     let _ = p.otlp_decode_errors.get_or_create(&tenant());
     let _ = p.otlp_tenant_label.get_or_create(&tenant_action());
+    let _ = p.otlp_dropped_fields.get_or_create(&tenant());
     let _ = p
         .trace_exports
         .get_or_create(&proxy::OutcomeLabels { outcome: "failed" });
@@ -146,15 +148,7 @@ fn alerts_and_dashboard_query_only_exported_metrics() {
             exprs.push(rule["expr"].as_str().unwrap().to_owned());
         }
     }
-    let dashboard: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(dir().join("tenant-proxy-dashboard.json")).unwrap(),
-    )
-    .unwrap();
-    for panel in dashboard["panels"].as_array().unwrap() {
-        for target in panel["targets"].as_array().unwrap() {
-            exprs.push(target["expr"].as_str().unwrap().to_owned());
-        }
-    }
+    exprs.extend(dashboard_exprs());
     assert!(exprs.len() >= 15);
     for expr in &exprs {
         for name in selected(expr) {
@@ -163,6 +157,49 @@ fn alerts_and_dashboard_query_only_exported_metrics() {
                 "{name} (in {expr}) is not exported"
             );
         }
+    }
+}
+
+/// The PromQL of every panel of the example dashboard.
+fn dashboard_exprs() -> Vec<String> {
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir().join("tenant-proxy-dashboard.json")).unwrap(),
+    )
+    .unwrap();
+    let mut exprs = Vec::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            exprs.push(target["expr"].as_str().unwrap().to_owned());
+        }
+    }
+    exprs
+}
+
+/// docs/remote-write.md and docs/otlp.md say "the example dashboard plots
+/// them" under their tables of metrics: each metric in those tables is one
+/// a panel selects.
+#[test]
+fn the_dashboard_plots_every_push_metric_the_docs_list() {
+    let plotted: BTreeSet<String> = dashboard_exprs().iter().flat_map(|e| selected(e)).collect();
+    let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs");
+    let mut listed = Vec::new();
+    for doc in ["remote-write.md", "otlp.md"] {
+        let text = std::fs::read_to_string(docs.join(doc)).unwrap();
+        assert!(text.contains("The example dashboard plots them"), "{doc}");
+        for row in text
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `tenant_proxy_"))
+        {
+            let name = row.split(['`', '{']).next().unwrap();
+            listed.push(format!("tenant_proxy_{name}"));
+        }
+    }
+    assert!(listed.len() >= 12, "{listed:?}");
+    for name in &listed {
+        assert!(
+            plotted.contains(name),
+            "{name} is listed but no panel plots it"
+        );
     }
 }
 
