@@ -390,11 +390,22 @@ async fn otlp_metrics_in_label_mode_store_only_series_of_the_tenant() {
 #[tokio::test]
 async fn otlp_fields_the_schema_does_not_define_are_dropped_and_counted() {
     let (prometheus, proxy) = label_mode("").await;
+    let headers = [("content-type", "application/x-protobuf")];
+    let alice = basic("alice", "alice-pw");
+    // A request with nothing to drop leaves no series of zero behind.
+    let clean = metrics_request(&[]).encode_to_vec();
+    let reply = post(&proxy, "/api/v1/otlp/v1/metrics", &alice, &headers, clean).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    let metrics = proxy.metrics().await;
+    assert!(metrics.contains("tenant_proxy_otlp_data_points_total{tenant=\"team-a\"}"));
+    assert!(
+        !metrics.contains("tenant_proxy_otlp_dropped_fields_total{"),
+        "{metrics}"
+    );
+
     let mut raw = metrics_request(&[]).encode_to_vec();
     raw.extend_from_slice(&[0xfa, 0x01, 6]);
     raw.extend_from_slice(b"unread");
-    let headers = [("content-type", "application/x-protobuf")];
-    let alice = basic("alice", "alice-pw");
     let reply = post(&proxy, "/api/v1/otlp/v1/metrics", &alice, &headers, raw).await;
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
     let forwarded = prometheus.last().body;

@@ -665,6 +665,20 @@ async fn upstream_errors_reach_the_sender_so_it_retries_or_drops_correctly() {
 async fn fields_no_schema_defines_are_dropped_and_counted() {
     let receiver = LokiStandIn::start().await;
     let proxy = label_mode_proxy(&receiver.url(), "").await;
+    // A push with nothing to drop leaves no series of zero behind: the
+    // count exists only for the tenants whose senders are newer.
+    let clean = v1_body(&[(&[("__name__", "up")], 1.0)]);
+    assert_eq!(
+        push(&proxy, V1_HEADERS, clean).await.status,
+        StatusCode::NO_CONTENT
+    );
+    let metrics = proxy.metrics().await;
+    assert!(metrics.contains("tenant_proxy_remote_write_series_total{tenant=\"team-a\"} 1"));
+    assert!(
+        !metrics.contains("tenant_proxy_remote_write_dropped_fields_total{"),
+        "{metrics}"
+    );
+
     let mut series = time_series(&[("__name__", "up")], 1.0, now_ms()).encode_to_vec();
     series.extend_from_slice(&[7 << 3 | 2, 6]);
     series.extend_from_slice(b"unread");
