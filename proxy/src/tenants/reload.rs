@@ -308,10 +308,112 @@ fn watch_directory(
 
 #[cfg(test)]
 mod tests {
-    use super::may_change_content;
+    use super::*;
     use notify::event::{
         AccessKind, AccessMode, CreateKind, EventKind, MetadataKind, ModifyKind, RenameMode,
     };
+
+    const FILE: &str = "tenants:\n  - id: team-a\n";
+
+    /// A reloader of `path` whose first load succeeded, and its tenants.
+    fn loaded(path: &Path) -> (Reloader, Arc<Tenants>) {
+        std::fs::write(path, FILE).unwrap();
+        let tenants = Arc::new(Tenants::default());
+        let mut reloader = Reloader::new(path.to_owned(), tenants.clone(), Arc::default());
+        reloader.load_initial().unwrap();
+        assert_eq!(tenants.subscribe().borrow().generation, 1);
+        (reloader, tenants)
+    }
+
+    fn generation(tenants: &Tenants) -> u64 {
+        tenants.subscribe().borrow().generation
+    }
+
+    #[test]
+    fn a_file_not_there_yet_starts_unready_and_an_unreadable_one_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let tenants = Arc::new(Tenants::default());
+        let path = dir.path().join("tenants.yaml");
+        let mut reloader = Reloader::new(path, tenants.clone(), Arc::default());
+        reloader.load_initial().unwrap();
+        assert!(!tenants.is_loaded());
+        // A directory where the file should be: reading it fails, and not
+        // as "not found".
+        let mut reloader = Reloader::new(dir.path().to_owned(), tenants, Arc::default());
+        let error = reloader.load_initial().unwrap_err();
+        assert_eq!(error.path, dir.path().display().to_string());
+    }
+
+    /// While the file is gone the last good generation stays in force;
+    /// when it returns it is loaded again, unchanged or not, so the log
+    /// says "tenants file loaded" after "disappeared".
+    #[tokio::test]
+    async fn a_file_that_disappears_keeps_its_tenants_and_loads_again_when_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tenants.yaml");
+        let (mut reloader, tenants) = loaded(&path);
+        reloader.check().await;
+        assert_eq!(generation(&tenants), 1, "unchanged content is skipped");
+
+        std::fs::remove_file(&path).unwrap();
+        reloader.check().await;
+        reloader.check().await;
+        assert!(tenants.is_loaded());
+        assert_eq!(generation(&tenants), 1);
+
+        std::fs::write(&path, FILE).unwrap();
+        reloader.check().await;
+        assert_eq!(generation(&tenants), 2);
+        assert_eq!(tenants.subscribe().borrow().last_error, None);
+    }
+
+    /// A file that is there but cannot be read did not disappear: once it
+    /// reads again with the content last loaded, nothing is reloaded.
+    #[tokio::test]
+    async fn a_file_that_cannot_be_read_for_a_while_is_not_a_new_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tenants.yaml");
+        let (mut reloader, tenants) = loaded(&path);
+        std::fs::remove_file(&path).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        reloader.check().await;
+        assert!(tenants.is_loaded());
+
+        std::fs::remove_dir(&path).unwrap();
+        std::fs::write(&path, FILE).unwrap();
+        reloader.check().await;
+        assert_eq!(generation(&tenants), 1);
+    }
+
+    /// With the poll an hour away, only the watch on the file's directory
+    /// can see it replaced (by rename, as tenant-sync and kubelet do).
+    #[tokio::test]
+    async fn a_file_replaced_by_rename_is_loaded_without_waiting_for_the_poll() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tenants.yaml");
+        std::fs::write(&path, FILE).unwrap();
+        let tenants = Arc::new(Tenants::default());
+        let reloader = Reloader::new(path.clone(), tenants.clone(), Arc::default());
+        let mut status = tenants.subscribe();
+        let (_stop, stop) = tokio::sync::oneshot::channel::<()>();
+        let (_recheck, recheck) = watch::channel(0);
+        let hour = Duration::from_secs(3600);
+        tokio::spawn(reloader.run(hour, async { stop.await.unwrap_or(()) }, recheck));
+        // The poll's first tick, which comes once the watch is set.
+        reaches(&mut status, 1).await;
+        let next = dir.path().join("next.yaml");
+        std::fs::write(&next, "tenants:\n  - id: team-b\n").unwrap();
+        std::fs::rename(&next, &path).unwrap();
+        reaches(&mut status, 2).await;
+    }
+
+    async fn reaches(status: &mut watch::Receiver<ReloadStatus>, generation: u64) {
+        let reached = status.wait_for(|s| s.generation == generation);
+        tokio::time::timeout(Duration::from_secs(30), reached)
+            .await
+            .unwrap_or_else(|_| panic!("generation {generation} within 30 s"))
+            .unwrap();
+    }
 
     #[test]
     fn reading_the_file_does_not_trigger_a_reload() {
