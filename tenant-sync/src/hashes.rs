@@ -165,7 +165,96 @@ fn hash_all<K: Send + Sync>(
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
+    use tenant_proxy::auth::password::Verifier;
+    use tenant_proxy::tenants::TenantId;
+
     use super::*;
+    use crate::index::{DesiredTenant, DesiredUser, SecretCredential};
+
+    /// One tenant, `shop`, with a Secret `s<i>` of plaintext password
+    /// `passwords[i]` each.
+    fn desired(passwords: &[&str]) -> Desired {
+        let users = passwords
+            .iter()
+            .enumerate()
+            .map(|(i, password)| DesiredUser {
+                source: secret(i),
+                credential: SecretCredential {
+                    username: format!("u{i}"),
+                    password: Password::Plain(password.to_string()),
+                    scopes: None,
+                    selector: None,
+                },
+            })
+            .collect();
+        let tenant = DesiredTenant {
+            namespaces: BTreeSet::from(["shop".to_owned()]),
+            limits: None,
+            users,
+        };
+        let mut desired = Desired::default();
+        desired
+            .tenants
+            .insert(TenantId::parse("shop").unwrap(), tenant);
+        desired
+    }
+
+    fn secret(i: usize) -> SecretKey {
+        ("shop".to_owned(), format!("s{i}"))
+    }
+
+    fn verifies(phc: &str, password: &str) -> bool {
+        Verifier::argon2id(phc).unwrap().verify(password)
+    }
+
+    /// A hash is made once per Secret and password: kept while both are,
+    /// made anew for a changed password, and the counts say which.
+    #[tokio::test]
+    async fn a_hash_is_made_once_and_reused_while_the_password_holds() {
+        let mut cache = HashCache::default();
+        let (first, stats) = cache.resolve(&desired(&["a", "b"]), None).await;
+        assert_eq!(
+            stats,
+            HashStats {
+                computed: 2,
+                reused: 0
+            }
+        );
+        assert!(first.pending.is_empty());
+        assert!(verifies(&first.hashes[&secret(0)], "a"));
+        assert!(verifies(&first.hashes[&secret(1)], "b"));
+
+        let (again, stats) = cache.resolve(&desired(&["a", "c"]), None).await;
+        assert_eq!(
+            stats,
+            HashStats {
+                computed: 1,
+                reused: 1
+            }
+        );
+        assert_eq!(again.hashes[&secret(0)], first.hashes[&secret(0)]);
+        assert!(verifies(&again.hashes[&secret(1)], "c"));
+        // The old password's hash is forgotten; the cache shows only its
+        // size, never a hash.
+        let shown = format!("{cache:?}");
+        assert_eq!(shown, "HashCache { entries: 2 }");
+    }
+
+    /// Given time enough, every new password is hashed in this sync: more
+    /// than the threads, which hash one each whatever the time.
+    #[tokio::test]
+    async fn within_the_time_given_every_new_password_is_hashed() {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let passwords: Vec<String> = (0..threads + 2).map(|i| format!("pw{i}")).collect();
+        let passwords: Vec<&str> = passwords.iter().map(String::as_str).collect();
+        let mut cache = HashCache::default();
+        let within = Some(Duration::from_secs(600));
+        let (resolved, stats) = cache.resolve(&desired(&passwords), within).await;
+        assert!(resolved.pending.is_empty(), "{:?}", resolved.pending);
+        assert_eq!(stats.computed, passwords.len() as u64);
+    }
 
     #[test]
     fn lists_are_taken_in_turn() {

@@ -180,3 +180,15 @@ fn why(reason: SkipReason) -> &'static str {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// Without `--pod-name`, the host's name (a pod's, in Kubernetes) is
+    /// the replica's name: the one its Events carry and by which the first
+    /// ready replica is chosen to publish them.
+    #[test]
+    fn the_instance_falls_back_to_the_kernels_host_name() {
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+        assert_eq!(super::host_name().as_deref(), Some(kernel.trim()));
+    }
+}
