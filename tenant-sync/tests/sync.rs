@@ -431,6 +431,9 @@ async fn a_skipped_secret_gets_one_event_saying_why_and_nothing_secret() {
             assert_eq!(e["metadata"]["namespace"], "team-b");
             assert!(e["series"].is_null(), "never sent twice: {e}");
             let regarding = &e["regarding"];
+            // Event lists may select on the object's apiVersion as well
+            // as its kind and name (`involvedObject.apiVersion`).
+            assert_eq!(regarding["apiVersion"], "v1");
             assert_eq!(regarding["kind"], "Secret");
             assert_eq!(regarding["namespace"], "team-b");
             let name = regarding["name"].as_str().unwrap();

@@ -334,6 +334,14 @@ fn invalid_secrets_are_skipped_with_a_reason_and_break_nothing_else() {
             json!({"username": b64("x")}),
             json!({}),
         ),
+        // Kubernetes keeps a key set to "": no password, as without one.
+        secret(
+            "a",
+            "empty-pass",
+            "2026-01-01T00:00:00Z",
+            json!({"username": b64("v"), "password": ""}),
+            json!({}),
+        ),
         secret(
             "a",
             "latin1-pass",
@@ -372,6 +380,7 @@ fn invalid_secrets_are_skipped_with_a_reason_and_break_nothing_else() {
             ("bad-hash", SkipReason::InvalidPasswordHash),
             ("bad-scopes", SkipReason::InvalidScopes),
             ("colon", SkipReason::InvalidUsername),
+            ("empty-pass", SkipReason::MissingPassword),
             ("latin1-pass", SkipReason::InvalidPassword),
             ("long-user", SkipReason::InvalidUsername),
             ("no-pass", SkipReason::MissingPassword),
@@ -447,7 +456,10 @@ fn secrets_of_another_type_are_skipped() {
 #[test]
 fn passwords_never_show_in_debug_output() {
     let entry = read_secret(&basic("a", "s", "u", "hunter2"), &conventions(None));
-    assert!(!format!("{entry:?}").contains("hunter2"));
+    let shown = format!("{entry:?}");
+    assert!(!shown.contains("hunter2"));
+    // Which kind of password it is still shows.
+    assert!(shown.contains("password: Plain(**REDACTED**)"), "{shown}");
 }
 
 #[test]
