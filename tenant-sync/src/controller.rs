@@ -98,17 +98,6 @@ pub enum SyncError {
     },
 }
 
-impl SyncError {
-    pub fn metric_label(&self) -> &'static str {
-        match self {
-            Self::Watch { .. } => "watch",
-            Self::StreamsEnded => "streams_ended",
-            Self::Render(_) => "render",
-            Self::Write { .. } => "write",
-        }
-    }
-}
-
 /// Readiness (the file on disk matches a complete picture of the cluster),
 /// and a count of writes others can wait on.
 #[derive(Debug)]
@@ -535,6 +524,54 @@ mod tests {
 
     fn key(name: &str) -> SecretKey {
         ("ns".to_owned(), name.to_owned())
+    }
+
+    fn syncer() -> Syncer {
+        let options = Options {
+            tenants_file: PathBuf::from("/nonexistent/tenants.yaml"),
+            conventions: Conventions {
+                tenant_label: None,
+                scopes_annotation: "tenant-proxy/scopes".into(),
+                usernames_name_their_tenant: false,
+                default_grantable: None,
+            },
+            secret_selector: "tenant-proxy/credentials=true".into(),
+            namespace_selector: None,
+            secret_namespaces: Vec::new(),
+            debounce: Duration::from_millis(50),
+            max_delay: Duration::from_secs(5),
+            resync_interval: Duration::from_secs(3600),
+            hashing_per_sync: HASHING_PER_SYNC,
+            once: false,
+            peer_service: None,
+            events: false,
+            instance: None,
+        };
+        Syncer::new(options, Arc::default(), Arc::default())
+    }
+
+    /// A resync (the clock's or SIGHUP's) before every initial list has
+    /// finished would write a file that leaves out the tenants not listed
+    /// yet; once synced it is due now, unless a sync already is.
+    #[test]
+    fn a_resync_waits_for_the_initial_lists_and_moves_no_sync_already_due() {
+        let mut syncer = syncer();
+        let mut due = None;
+        syncer.resync_due(&mut due);
+        assert_eq!(due, None, "nothing listed yet");
+        syncer.on_namespace(watcher::Event::Init);
+        syncer.on_namespace(watcher::Event::InitDone);
+        syncer.resync_due(&mut due);
+        assert_eq!(due, None, "Secrets still listing");
+        syncer.on_secret("", watcher::Event::Init);
+        syncer.on_secret("", watcher::Event::InitDone);
+        let before = Instant::now();
+        syncer.resync_due(&mut due);
+        assert!(due.is_some_and(|at| at >= before), "{due:?}");
+        let later = Instant::now() + Duration::from_secs(60);
+        let mut debounced = Some(later);
+        syncer.resync_due(&mut debounced);
+        assert_eq!(debounced, Some(later));
     }
 
     /// A Secret left out before is told it is in once its credential is in

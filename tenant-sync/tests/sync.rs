@@ -185,6 +185,11 @@ async fn a_flood_of_new_secrets_holds_back_no_other_change() {
         flooded < flood.len(),
         "team-b's credential came before all of team-flood's: {written:?}"
     );
+    assert_eq!(
+        sync.metrics.credentials.get(),
+        written.len() as i64,
+        "the credentials in the file, not those still hashing"
+    );
     for _ in 0..flood.len() {
         if flood.iter().all(|u| written.contains_key(u)) {
             break;
@@ -193,6 +198,30 @@ async fn a_flood_of_new_secrets_holds_back_no_other_change() {
     }
     assert!(flood.iter().all(|u| written.contains_key(u)), "{written:?}");
     assert!(sync.verifies("flood-0", "pw") && sync.verifies("push-b", "pw-b"));
+    sync.stop().await.unwrap();
+}
+
+/// However short the hashing time per sync, the first file waits for every
+/// hash: a first file that left some out would refuse those tenants until
+/// the next sync.
+#[tokio::test]
+async fn the_first_file_waits_for_every_hash() {
+    let api = cluster().await;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let users: Vec<String> = (0..2 * threads + 2).map(|i| format!("push-{i}")).collect();
+    for user in &users {
+        api.secret(
+            "team-b",
+            user,
+            &[("username", user), ("password", "pw")],
+            json!({}),
+        );
+    }
+    let mut sync = RunningSync::start(&api, |o| o.hashing_per_sync = Duration::ZERO);
+    let written = sync.next_write().await;
+    assert!(users.iter().all(|u| written.contains_key(u)), "{written:?}");
+    assert_eq!(written.len(), users.len() + 1, "{written:?}");
+    assert_eq!(sync.metrics.credentials.get(), written.len() as i64);
     sync.stop().await.unwrap();
 }
 
