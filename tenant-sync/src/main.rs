@@ -187,8 +187,37 @@ fn above_zero(text: &str) -> Result<Duration, String> {
 
 /// The namespace this pod runs in, from its service account.
 fn own_namespace() -> anyhow::Result<String> {
-    const FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
-    let namespace = std::fs::read_to_string(FILE)
-        .with_context(|| format!("--peer-namespace not given and {FILE} unreadable"))?;
+    namespace_in(std::path::Path::new(
+        "/var/run/secrets/kubernetes.io/serviceaccount/namespace",
+    ))
+}
+
+fn namespace_in(file: &std::path::Path) -> anyhow::Result<String> {
+    let namespace = std::fs::read_to_string(file).with_context(|| {
+        format!(
+            "--peer-namespace not given and {} unreadable",
+            file.display()
+        )
+    })?;
     Ok(namespace.trim().to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::namespace_in;
+
+    /// The service account's file, as a pod has it; without it, a clear
+    /// refusal naming the flag that would do instead.
+    #[test]
+    fn the_peer_namespace_defaults_to_the_pods_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("namespace");
+        std::fs::write(&file, "tenant-proxy\n").unwrap();
+        assert_eq!(namespace_in(&file).unwrap(), "tenant-proxy");
+        let missing = namespace_in(&dir.path().join("none")).unwrap_err();
+        assert!(
+            missing.to_string().contains("--peer-namespace not given"),
+            "{missing}"
+        );
+    }
 }

@@ -9,7 +9,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use support::apiserver::ApiServer;
+use support::apiserver::{ApiServer, Kind};
 use tenant_proxy::tenants::TenantStore;
 
 const BIN: &str = env!("CARGO_BIN_EXE_tenant-sync");
@@ -158,9 +158,23 @@ fn signal(child: &std::process::Child, name: &str) {
     assert!(sent.success());
 }
 
+/// One plain HTTP/1.1 GET to the admin listener: the whole reply.
+fn admin_get(admin: std::net::SocketAddr, path: &str) -> String {
+    let mut stream = std::net::TcpStream::connect(admin).unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).unwrap();
+    reply
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn serves_readiness_resyncs_on_sighup_and_stops_on_sigterm() {
-    let (_api, dir) = cluster().await;
+async fn serves_readiness_and_metrics_resyncs_on_sighup_and_stops_on_sigterm() {
+    let (api, dir) = cluster().await;
+    // Left out of the file: told with an Event, which the binary publishes
+    // unless `--no-events`.
+    api.secret("team-a", "unfinished", &[("username", "bob")], json!({}));
+    api.hold_lists(Kind::Secret);
     let admin = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -171,6 +185,15 @@ async fn serves_readiness_resyncs_on_sighup_and_stops_on_sigterm() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    // The admin listener is bound before the watches start.
+    api.wait_for_request("/api/v1/secrets?").await;
+    let unready = tokio::task::block_in_place(|| admin_get(admin, "/readyz"));
+    assert!(
+        unready.starts_with("HTTP/1.1 503") && unready.ends_with("initial sync not complete\n"),
+        "{unready}"
+    );
+    api.release();
+    api.wait_for_event_writes(1).await;
     let outcome = tokio::task::spawn_blocking(move || {
         let lines = log_lines(&mut child);
         // Ready once the first file is written: wait for that log line.
@@ -182,22 +205,26 @@ async fn serves_readiness_resyncs_on_sighup_and_stops_on_sigterm() {
         signal(&child, "HUP");
         wait_for_log(&lines, "tenants file written");
         let restored = std::fs::read_to_string(&file).unwrap();
-        let mut stream = std::net::TcpStream::connect(admin).unwrap();
-        stream
-            .write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .unwrap();
-        let mut reply = String::new();
-        stream.read_to_string(&mut reply).unwrap();
+        let ready = admin_get(admin, "/readyz");
+        let metrics = admin_get(admin, "/metrics");
         signal(&child, "TERM");
         let status = child.wait().unwrap();
         let rest: Vec<String> = lines.iter().collect();
-        (written == restored, reply, status, rest)
+        (written == restored, ready, metrics, status, rest)
     })
     .await
     .unwrap();
-    let (restored, reply, status, rest) = outcome;
+    let (restored, ready, metrics, status, rest) = outcome;
     assert!(restored, "the file as it was written first");
-    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
+    for line in [
+        "tenant_sync_writes_total 2",
+        "tenant_sync_credentials 1",
+        "tenant_sync_skipped_secrets{reason=\"missing_password\"} 1",
+        "tenant_sync_events_total{outcome=\"published\"} 1",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line}: {metrics}");
+    }
     assert!(status.success(), "exit after SIGTERM: {status}");
     assert!(
         rest.iter().any(|l| l.contains("tenant-sync stopped")),
