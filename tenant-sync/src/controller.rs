@@ -238,8 +238,8 @@ impl Syncer {
                         due = Some((now + self.options.debounce).min(deadline));
                     }
                 }
-                _ = resync.tick() => self.resync_due(&mut due),
-                _ = resync_asked => self.resync_due(&mut due),
+                _ = resync.tick() => resync_due(&self.index, &mut due),
+                _ = resync_asked => resync_due(&self.index, &mut due),
                 _ = wait => {
                     due = None;
                     pending_since = None;
@@ -261,14 +261,6 @@ impl Syncer {
                     }
                 }
             }
-        }
-    }
-
-    /// A resync, once the index holds the whole cluster, and unless a sync
-    /// is due anyway.
-    fn resync_due(&self, due: &mut Option<Instant>) {
-        if self.index.is_synced() && due.is_none() {
-            *due = Some(Instant::now());
         }
     }
 
@@ -433,6 +425,14 @@ impl Syncer {
     }
 }
 
+/// A resync, once the index holds the whole cluster, and unless a sync is
+/// due anyway.
+fn resync_due(index: &Index, due: &mut Option<Instant>) {
+    if index.is_synced() && due.is_none() {
+        *due = Some(Instant::now());
+    }
+}
+
 /// Of the Secrets left out before, those whose credential is in the file
 /// now (desired and hashed), and those still awaited: desired, but their
 /// password waits for its hash, so they are told later, not yet.
@@ -521,33 +521,10 @@ fn watch_streams(client: Client, options: &Options) -> BoxStream<'static, Change
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::index::tests::conventions;
 
     fn key(name: &str) -> SecretKey {
         ("ns".to_owned(), name.to_owned())
-    }
-
-    fn syncer() -> Syncer {
-        let options = Options {
-            tenants_file: PathBuf::from("/nonexistent/tenants.yaml"),
-            conventions: Conventions {
-                tenant_label: None,
-                scopes_annotation: "tenant-proxy/scopes".into(),
-                usernames_name_their_tenant: false,
-                default_grantable: None,
-            },
-            secret_selector: "tenant-proxy/credentials=true".into(),
-            namespace_selector: None,
-            secret_namespaces: Vec::new(),
-            debounce: Duration::from_millis(50),
-            max_delay: Duration::from_secs(5),
-            resync_interval: Duration::from_secs(3600),
-            hashing_per_sync: HASHING_PER_SYNC,
-            once: false,
-            peer_service: None,
-            events: false,
-            instance: None,
-        };
-        Syncer::new(options, Arc::default(), Arc::default())
     }
 
     /// A resync (the clock's or SIGHUP's) before every initial list has
@@ -555,22 +532,22 @@ mod tests {
     /// yet; once synced it is due now, unless a sync already is.
     #[test]
     fn a_resync_waits_for_the_initial_lists_and_moves_no_sync_already_due() {
-        let mut syncer = syncer();
+        let mut index = Index::new(conventions(None), &[String::new()]);
         let mut due = None;
-        syncer.resync_due(&mut due);
+        resync_due(&index, &mut due);
         assert_eq!(due, None, "nothing listed yet");
-        syncer.on_namespace(watcher::Event::Init);
-        syncer.on_namespace(watcher::Event::InitDone);
-        syncer.resync_due(&mut due);
+        index.namespace_event(watcher::Event::Init);
+        index.namespace_event(watcher::Event::InitDone);
+        resync_due(&index, &mut due);
         assert_eq!(due, None, "Secrets still listing");
-        syncer.on_secret("", watcher::Event::Init);
-        syncer.on_secret("", watcher::Event::InitDone);
+        index.secret_event("", watcher::Event::Init);
+        index.secret_event("", watcher::Event::InitDone);
         let before = Instant::now();
-        syncer.resync_due(&mut due);
+        resync_due(&index, &mut due);
         assert!(due.is_some_and(|at| at >= before), "{due:?}");
         let later = Instant::now() + Duration::from_secs(60);
         let mut debounced = Some(later);
-        syncer.resync_due(&mut debounced);
+        resync_due(&index, &mut debounced);
         assert_eq!(debounced, Some(later));
     }
 

@@ -587,4 +587,4 @@ impl Index {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

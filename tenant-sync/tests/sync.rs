@@ -144,6 +144,25 @@ async fn a_busy_cluster_still_gets_its_changes_written_within_the_max_delay() {
     sync.stop().await.unwrap();
 }
 
+/// `per_thread` Secrets per hashing thread and as many more, in
+/// `namespace`, each with its own username (`{prefix}-{n}`, password
+/// `pw`): more passwords than one sync without hashing time hashes.
+fn many_secrets(api: &ApiServer, namespace: &str, prefix: &str, per_thread: usize) -> Vec<String> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let users: Vec<String> = (0..per_thread * (threads + 1))
+        .map(|i| format!("{prefix}-{i}"))
+        .collect();
+    for user in &users {
+        api.secret(
+            namespace,
+            user,
+            &[("username", user), ("password", "pw")],
+            json!({}),
+        );
+    }
+    users
+}
+
 /// New passwords are hashed for a bounded time per sync, namespace by
 /// namespace in turn (here one per thread per sync): a namespace that adds
 /// many Secrets at once holds back neither another tenant's revocation nor
@@ -154,16 +173,7 @@ async fn a_flood_of_new_secrets_holds_back_no_other_change() {
     api.namespace("team-flood", json!({}));
     let mut sync = RunningSync::start(&api, |o| o.hashing_per_sync = Duration::ZERO);
     assert_eq!(sync.next_write().await, map(&[("grafana-a", "team-a")]));
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let flood: Vec<String> = (0..4 * threads + 4).map(|i| format!("flood-{i}")).collect();
-    for user in &flood {
-        api.secret(
-            "team-flood",
-            user,
-            &[("username", user), ("password", "pw")],
-            json!({}),
-        );
-    }
+    let flood = many_secrets(&api, "team-flood", "flood", 4);
     api.delete(Kind::Secret, "team-a/grafana");
     api.secret(
         "team-b",
@@ -207,16 +217,7 @@ async fn a_flood_of_new_secrets_holds_back_no_other_change() {
 #[tokio::test]
 async fn the_first_file_waits_for_every_hash() {
     let api = cluster().await;
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let users: Vec<String> = (0..2 * threads + 2).map(|i| format!("push-{i}")).collect();
-    for user in &users {
-        api.secret(
-            "team-b",
-            user,
-            &[("username", user), ("password", "pw")],
-            json!({}),
-        );
-    }
+    let users = many_secrets(&api, "team-b", "push", 2);
     let mut sync = RunningSync::start(&api, |o| o.hashing_per_sync = Duration::ZERO);
     let written = sync.next_write().await;
     assert!(users.iter().all(|u| written.contains_key(u)), "{written:?}");

@@ -10,7 +10,7 @@ fn b64_bytes(bytes: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
-fn conventions(tenant_label: Option<&str>) -> Conventions {
+pub(crate) fn conventions(tenant_label: Option<&str>) -> Conventions {
     Conventions {
         tenant_label: tenant_label.map(str::to_owned),
         scopes_annotation: "tenant-proxy/scopes".into(),
