@@ -196,3 +196,76 @@ pub mod readings {
         format!("{{{}}}", inner.join(", "))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::readings::only_owned_series;
+    use super::{v2, Label, TimeSeries, WriteRequest};
+    use prost::Message;
+
+    fn v1_body(labels: &[(&str, &str)]) -> Vec<u8> {
+        let labels = labels
+            .iter()
+            .map(|(name, value)| Label {
+                name: (*name).into(),
+                value: (*value).into(),
+            })
+            .collect();
+        WriteRequest {
+            timeseries: vec![TimeSeries {
+                labels,
+                ..TimeSeries::default()
+            }],
+            metadata: Vec::new(),
+        }
+        .encode_to_vec()
+    }
+
+    /// `up{namespace=value}` as 2.0 writes it: references into the symbols.
+    fn v2_body(value: &str) -> Vec<u8> {
+        v2::Request {
+            symbols: ["", "__name__", "up", "namespace", value]
+                .map(String::from)
+                .to_vec(),
+            timeseries: vec![v2::TimeSeries {
+                labels_refs: vec![1, 2, 3, 4],
+                ..v2::TimeSeries::default()
+            }],
+        }
+        .encode_to_vec()
+    }
+
+    /// The oracle the remote-write tests and fuzz target rest on can fail:
+    /// a series with a foreign value, none, or two, under either reading.
+    #[test]
+    fn the_oracle_refuses_every_series_not_carrying_one_owned_value() {
+        let owned = ["team-a".to_owned()];
+        let check = |body: &[u8]| only_owned_series(body, "namespace", &owned);
+        assert_eq!(
+            check(&v1_body(&[("__name__", "up"), ("namespace", "team-a")])),
+            Ok(())
+        );
+        assert_eq!(check(&v2_body("team-a")), Ok(()));
+        let refused = [
+            (
+                v1_body(&[("namespace", "team-b")]),
+                "read as 1.0: series {namespace=\"team-b\"}",
+            ),
+            (
+                v1_body(&[("__name__", "up")]),
+                "read as 1.0: series {__name__=\"up\"}",
+            ),
+            (
+                v1_body(&[("namespace", "team-a"), ("namespace", "team-a")]),
+                "read as 1.0: series {namespace=\"team-a\", namespace=\"team-a\"}",
+            ),
+            (
+                v2_body("team-b"),
+                "read as 2.0: series {__name__=\"up\", namespace=\"team-b\"}",
+            ),
+        ];
+        for (body, why) in refused {
+            assert_eq!(check(&body), Err(why.to_owned()));
+        }
+    }
+}

@@ -170,6 +170,22 @@ mod tests {
             Err(OtlpError::TooLarge { limit })
         );
         assert_eq!(out.len(), (1 << 20) + 1);
+        // So it does in a buffer kept from a larger limit: the spare room
+        // is given back first, not filled.
+        let mut kept = Vec::with_capacity(8 << 20);
+        let limit = 1000;
+        assert_eq!(
+            inflate_members(&bomb, limit, &mut kept),
+            Err(OtlpError::TooLarge { limit })
+        );
+        assert_eq!(kept.len(), 1001);
+        // And in a bomb that comes as a later member.
+        let later = [member(&[1u8; 600]), bomb].concat();
+        assert_eq!(
+            inflate_members(&later, limit, &mut kept),
+            Err(OtlpError::TooLarge { limit })
+        );
+        assert_eq!(kept.len(), 1001);
     }
 
     #[test]
