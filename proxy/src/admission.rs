@@ -587,6 +587,48 @@ mod tests {
         assert!(a.admit(&empty(), "team-b", Kind::Push).is_ok());
     }
 
+    /// With limits on both kinds and nothing else, the shortcut for a
+    /// config without limits is not taken: each kind has its own.
+    #[test]
+    fn limits_on_both_kinds_are_both_enforced() {
+        let config = TenantLimitsConfig {
+            default: TenantLimits {
+                query: rate(1.0, 1),
+                push: rate(1.0, 1),
+            },
+            ..Default::default()
+        };
+        let a = Admission::new(0, config);
+        for kind in [Kind::Query, Kind::Push] {
+            assert!(a.admit(&empty(), "team-a", kind).is_ok(), "{kind:?}");
+            assert!(
+                matches!(a.admit(&empty(), "team-a", kind), Err(Refusal::Rate(_))),
+                "{kind:?}"
+            );
+        }
+    }
+
+    /// Tokens come back at the rate, up to the capacity; a balance of
+    /// exactly nothing admits no push.
+    #[test]
+    fn a_bucket_refills_at_its_rate_and_admits_only_a_positive_balance() {
+        let mut bucket = Bucket::new(2.0, 4.0);
+        let start = bucket.at;
+        assert_eq!(bucket.take(4.0, start), Ok(()));
+        assert_eq!(bucket.take(1.0, start), Err(Duration::from_millis(500)));
+        let later = start + Duration::from_secs(1);
+        assert_eq!(bucket.take(2.0, later), Ok(()), "two back after a second");
+        assert!(bucket.take(1.0, later).is_err());
+        bucket.refill(later + Duration::from_secs(60));
+        assert_eq!(bucket.tokens, 4.0, "never past the capacity");
+
+        let mut bytes = Bucket::new(1000.0, 1000.0);
+        let start = bytes.at;
+        bytes.charge(1000.0, start);
+        assert!(bytes.check(start).is_err(), "nothing left");
+        assert_eq!(bytes.check(start + Duration::from_millis(1)), Ok(()));
+    }
+
     #[test]
     fn the_global_limit_counts_every_request() {
         let a = Admission::new(1, TenantLimitsConfig::default());
