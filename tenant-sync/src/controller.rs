@@ -335,6 +335,9 @@ impl Syncer {
         self.status.synced_once.store(true, Ordering::Release);
         let desired_users: usize = desired.tenants.values().map(|t| t.users.len()).sum();
         let credentials = desired_users - resolved.pending.len();
+        // The gauges describe the file before a write is announced.
+        self.metrics.tenants.set(desired.tenants.len() as i64);
+        self.metrics.credentials.set(credentials as i64);
         if changed {
             self.metrics.writes.inc();
             self.status.writes.send_modify(|n| *n += 1);
@@ -346,8 +349,6 @@ impl Syncer {
                 "tenants file written"
             );
         }
-        self.metrics.tenants.set(desired.tenants.len() as i64);
-        self.metrics.credentials.set(credentials as i64);
         self.report_skipped(&desired, &resolved.pending);
         report_invalid(
             &mut self.last_invalid_limits,

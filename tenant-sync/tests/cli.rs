@@ -158,6 +158,8 @@ fn signal(child: &std::process::Child, name: &str) {
     assert!(sent.success());
 }
 
+const PUBLISHED: &str = "tenant_sync_events_total{outcome=\"published\"} 1";
+
 /// One plain HTTP/1.1 GET to the admin listener: the whole reply.
 fn admin_get(admin: std::net::SocketAddr, path: &str) -> String {
     let mut stream = std::net::TcpStream::connect(admin).unwrap();
@@ -206,7 +208,14 @@ async fn serves_readiness_and_metrics_resyncs_on_sighup_and_stops_on_sigterm() {
         wait_for_log(&lines, "tenants file written");
         let restored = std::fs::read_to_string(&file).unwrap();
         let ready = admin_get(admin, "/readyz");
-        let metrics = admin_get(admin, "/metrics");
+        // The Event's count follows the API server's answer, on a task of
+        // its own: read until it is there (10 s at most).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut metrics = admin_get(admin, "/metrics");
+        while !metrics.contains(PUBLISHED) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+            metrics = admin_get(admin, "/metrics");
+        }
         signal(&child, "TERM");
         let status = child.wait().unwrap();
         let rest: Vec<String> = lines.iter().collect();
@@ -221,7 +230,7 @@ async fn serves_readiness_and_metrics_resyncs_on_sighup_and_stops_on_sigterm() {
         "tenant_sync_writes_total 2",
         "tenant_sync_credentials 1",
         "tenant_sync_skipped_secrets{reason=\"missing_password\"} 1",
-        "tenant_sync_events_total{outcome=\"published\"} 1",
+        PUBLISHED,
     ] {
         assert!(metrics.lines().any(|l| l == line), "{line}: {metrics}");
     }
