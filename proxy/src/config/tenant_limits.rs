@@ -173,3 +173,64 @@ impl RequestLimits {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(requests_per_second: f64, burst: u32, concurrency: u32, bytes: u64) -> RequestLimits {
+        RequestLimits {
+            requests_per_second,
+            burst,
+            concurrency,
+            bytes_per_second: bytes,
+        }
+    }
+
+    #[test]
+    fn the_strictest_takes_the_smallest_set_value_per_field_and_zero_yields() {
+        let a = limits(5.0, 0, 3, 100);
+        let b = limits(0.0, 8, 4, 50);
+        let expected = limits(5.0, 8, 3, 50);
+        assert_eq!(a.strictest(b), expected);
+        assert_eq!(b.strictest(a), expected, "in either order");
+        assert_eq!(a.strictest(a), a);
+        let unlimited = RequestLimits::default();
+        assert_eq!(a.strictest(unlimited), a, "0 sets nothing");
+        assert_eq!(unlimited.strictest(a), a);
+    }
+
+    #[test]
+    fn the_strictest_override_keeps_a_kind_only_one_side_sets() {
+        let query = limits(5.0, 0, 0, 0);
+        let push = limits(0.0, 0, 2, 10);
+        let only_query = TenantLimitsOverride {
+            query: Some(query),
+            push: None,
+        };
+        let both = TenantLimitsOverride {
+            query: Some(limits(1.0, 0, 0, 0)),
+            push: Some(push),
+        };
+        let merged = only_query.strictest(both);
+        assert_eq!(merged.query, Some(limits(1.0, 0, 0, 0)));
+        assert_eq!(merged.push, Some(push), "set on one side only");
+        assert_eq!(both.strictest(only_query), merged);
+        let none = TenantLimitsOverride::default();
+        assert_eq!(none.strictest(none), none);
+        assert_eq!(none.strictest(only_query), only_query);
+    }
+
+    #[test]
+    fn a_share_divides_rates_and_rounds_counts_up_without_reaching_zero() {
+        let whole = limits(30.0, 10, 1, 1_000);
+        assert_eq!(whole.share(4), limits(7.5, 3, 1, 250));
+        assert_eq!(whole.share(3), limits(10.0, 4, 1, 334));
+        assert_eq!(whole.share(0), whole, "an unknown count counts as one");
+        assert_eq!(
+            RequestLimits::default().share(3),
+            RequestLimits::default(),
+            "unlimited stays unlimited"
+        );
+    }
+}

@@ -424,3 +424,58 @@ fn a_zero_interval_or_timeout_is_refused_by_name() {
         assert_eq!(error, format!("{name} must be above zero"));
     }
 }
+
+#[test]
+fn tenant_limits_are_validated_by_name_in_the_default_and_every_override() {
+    let config = |limits: &str| format!("{MINIMAL}tenant_limits:\n{limits}");
+    let c = Config::parse(&config(
+        "  default:\n    query: {requests_per_second: 5.5, burst: 7}\n    push: {bytes_per_second: 1024}\n\
+         \x20 overrides:\n    team-a:\n      push: {concurrency: 3}\n  scope: global\n",
+    ))
+    .unwrap();
+    assert_eq!(c.tenant_limits.default.query.requests_per_second, 5.5);
+    assert_eq!(c.tenant_limits.default.query.burst, 7);
+    assert_eq!(c.tenant_limits.default.push.bytes_per_second, 1024);
+    assert_eq!(
+        c.tenant_limits.overrides["team-a"]
+            .push
+            .unwrap()
+            .concurrency,
+        3
+    );
+    assert_eq!(c.tenant_limits.scope, LimitScope::Global);
+    assert_eq!(
+        Config::parse(MINIMAL).unwrap().tenant_limits.scope,
+        LimitScope::Replica,
+        "each replica enforces the whole limit unless told otherwise"
+    );
+    for (limits, error) in [
+        (
+            "  default:\n    query: {bytes_per_second: 1}\n",
+            "tenant_limits.default.query.bytes_per_second applies to push only",
+        ),
+        (
+            "  default:\n    push: {requests_per_second: -1}\n",
+            "tenant_limits.default.push.requests_per_second must be 0 or more",
+        ),
+        (
+            "  default:\n    query: {requests_per_second: .nan}\n",
+            "tenant_limits.default.query.requests_per_second must be 0 or more",
+        ),
+        (
+            "  default:\n    push: {requests_per_second: .inf}\n",
+            "tenant_limits.default.push.requests_per_second must be 0 or more",
+        ),
+        (
+            "  overrides:\n    team-a:\n      query: {bytes_per_second: 1}\n",
+            "tenant_limits.overrides.team-a.query.bytes_per_second applies to push only",
+        ),
+        (
+            "  overrides:\n    team-a:\n      push: {requests_per_second: -0.5}\n",
+            "tenant_limits.overrides.team-a.push.requests_per_second must be 0 or more",
+        ),
+    ] {
+        let err = Config::parse(&config(limits)).unwrap_err();
+        assert!(err.contains(error), "{limits}: {err}");
+    }
+}
