@@ -893,6 +893,18 @@ async fn pushes_go_to_the_push_upstream_when_one_is_set() {
         queries.received().is_empty(),
         "no push reached the query upstream"
     );
+    // And reads still go to the query upstream, never to the push one.
+    let pushed = pushes.received().len();
+    let alice = basic("alice", "alice-pw");
+    support::get(&proxy.url("/api/v1/query?query=up"), &alice).await;
+    let seen = queries.last();
+    assert_eq!(seen.path, "/prometheus/api/v1/query");
+    assert_eq!(seen.org_ids(), ["team-a"]);
+    assert_eq!(
+        pushes.received().len(),
+        pushed,
+        "no read at the push upstream"
+    );
 }
 
 // Several threads: stopping an agent blocks one while the proxy serves its flush.

@@ -128,3 +128,64 @@ where
         Err(e) => Err(ReadError::Broken(e.to_string())),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::stream;
+    use http_body_util::StreamBody;
+
+    fn chunks(
+        parts: Vec<Result<&'static [u8], BoxError>>,
+    ) -> impl hyper::body::Body<Data = Bytes, Error = BoxError> + Unpin {
+        StreamBody::new(stream::iter(
+            parts
+                .into_iter()
+                .map(|part| part.map(|bytes| Frame::data(Bytes::from_static(bytes)))),
+        ))
+    }
+
+    #[tokio::test]
+    async fn a_body_is_read_whole_up_to_its_limit_and_refused_beyond() {
+        let body = || chunks(vec![Ok(b"abc"), Ok(b"def")]);
+        assert_eq!(read_bounded(body(), 6).await.unwrap(), &b"abcdef"[..]);
+        assert_eq!(
+            read_bounded(body(), 5).await,
+            Err(ReadError::TooLarge { limit: 5 })
+        );
+    }
+
+    #[tokio::test]
+    async fn a_broken_body_is_told_apart_from_a_large_or_slow_one() {
+        let broken = chunks(vec![Ok(b"abc"), Err("connection reset".into())]);
+        assert_eq!(
+            read_bounded(broken, 100).await,
+            Err(ReadError::Broken("connection reset".into()))
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_guarded_body_that_stops_arriving_times_out_and_an_empty_one_never_does() {
+        let stalled = StreamBody::new(stream::pending::<Result<Frame<Bytes>, BoxError>>());
+        let guarded_stalled = guarded(stalled, Duration::from_secs(5), None);
+        // Time is paused and jumps to the next timer: a body without its
+        // deadline fails here rather than hanging the test.
+        let read =
+            tokio::time::timeout(Duration::from_secs(60), read_bounded(guarded_stalled, 100));
+        assert_eq!(read.await, Ok(Err(ReadError::Timeout)));
+        let arrived = guarded(chunks(vec![Ok(b"abc")]), Duration::from_secs(5), None);
+        assert_eq!(read_bounded(arrived, 100).await.unwrap(), &b"abc"[..]);
+        let nothing = guarded(Empty::<Bytes>::new(), Duration::ZERO, None);
+        assert!(hyper::body::Body::is_end_stream(&nothing));
+        assert_eq!(read_bounded(nothing, 100).await.unwrap(), &b""[..]);
+    }
+
+    #[tokio::test]
+    async fn a_guarded_body_keeps_the_inner_bodys_length_and_end() {
+        let inner = full("abc");
+        let guarded = guarded(inner, Duration::from_secs(5), None);
+        assert_eq!(hyper::body::Body::size_hint(&guarded).exact(), Some(3));
+        assert!(!hyper::body::Body::is_end_stream(&guarded));
+        assert_eq!(read_bounded(guarded, 3).await.unwrap(), &b"abc"[..]);
+    }
+}
