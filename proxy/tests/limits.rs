@@ -4,12 +4,14 @@
 
 mod support;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Method, StatusCode};
 use support::loki::LokiStandIn;
 use support::{basic, get, send, ProxyOptions, RunningProxy};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::Notify;
 
 const QUERY: &str = "/loki/api/v1/query_range?query=%7Bapp%3D%22x%22%7D&limit=10";
 const PUSH: &str = "/loki/api/v1/push";
@@ -121,6 +123,82 @@ async fn concurrent_queries_beyond_the_tenant_limit_get_429_until_one_finishes()
     assert_eq!(get(&proxy.url(QUERY), &alice).await.status, StatusCode::OK);
 }
 
+/// An upstream whose first answer comes in two halves: the head and the
+/// first half at once, the rest once `rest` is notified. Later answers
+/// come whole.
+async fn first_answer_held_halfway(answer: &'static str) -> (String, Arc<Notify>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let rest = Arc::new(Notify::new());
+    let release = rest.clone();
+    tokio::spawn(async move {
+        let mut first = true;
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let hold = std::mem::take(&mut first).then(|| release.clone());
+            tokio::spawn(async move {
+                // The request head arrives in one read.
+                let _ = stream.read(&mut [0; 16 * 1024]).await;
+                let (half, rest) = answer.split_at(answer.len() / 2);
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\
+                     Content-Length: {}\r\nConnection: close\r\n\r\n{half}",
+                    answer.len()
+                );
+                let _ = stream.write_all(head.as_bytes()).await;
+                if let Some(release) = hold {
+                    release.notified().await;
+                }
+                let _ = stream.write_all(rest.as_bytes()).await;
+            });
+        }
+    });
+    (url, rest)
+}
+
+#[tokio::test]
+async fn a_query_holds_its_concurrency_slot_until_its_answer_is_sent() {
+    support::captured_logs();
+    const ANSWER: &str = r#"{"status":"success","data":{"result":[]}}"#;
+    let (upstream, rest) = first_answer_held_halfway(ANSWER).await;
+    let mut options = ProxyOptions::new(upstream);
+    options.extra = "tenant_limits:\n  default:\n    query: {concurrency: 1}\n";
+    let proxy = RunningProxy::start(options).await;
+    let alice = basic("alice", "alice-pw");
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Empty<bytes::Bytes>>();
+    let request = http::Request::get(proxy.url(QUERY))
+        .header("authorization", &alice)
+        .body(http_body_util::Empty::new())
+        .unwrap();
+    let first = client.request(request).await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK, "the head is through");
+    assert_eq!(
+        get(&proxy.url(QUERY), &alice).await.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "the answer still being sent holds the only slot"
+    );
+    rest.notify_one();
+    use http_body_util::BodyExt;
+    let body = first.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, ANSWER.as_bytes(), "the answer arrives whole");
+    // The slot frees once the proxy is done with the body, which it may
+    // notice just after the client has read its end.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let next = get(&proxy.url(QUERY), &alice).await;
+        if next.status == StatusCode::OK {
+            assert_eq!(next.text(), ANSWER, "and so does the next");
+            break;
+        }
+        assert_eq!(next.status, StatusCode::TOO_MANY_REQUESTS);
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the slot was released"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test]
 async fn a_live_tail_counts_against_concurrency_while_it_streams() {
     use futures_util::StreamExt;
@@ -228,6 +306,34 @@ async fn a_body_that_does_not_arrive_in_time_gets_408_and_nothing_reaches_loki()
     assert!(read.is_ok(), "the proxy answered and closed");
     assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
     assert!(loki.received().is_empty());
+}
+
+#[tokio::test]
+async fn a_push_streamed_to_loki_that_stops_mid_body_gets_408_and_loki_never_gets_it_whole() {
+    let (loki, proxy) = start("  body_read_timeout: 300ms\n", "").await;
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    // A push is streamed to Loki as it arrives: Loki has the head and the
+    // first bytes when the client stops sending.
+    let promised = 200;
+    let head = format!(
+        "POST {PUSH} HTTP/1.1\r\nHost: x\r\nAuthorization: {}\r\n\
+         Content-Type: application/json\r\nContent-Length: {promised}\r\n\r\n{{\"streams\":[",
+        basic("alice", "alice-pw")
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut reply = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut reply)).await;
+    let reply = String::from_utf8_lossy(&reply);
+    assert!(read.is_ok(), "the proxy answered and closed");
+    assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
+    // The stand-in records a request once its body ends, here cut short.
+    loki.wait_for_requests(1).await;
+    let received = loki.received();
+    assert_eq!(received[0].path, PUSH, "the push was streamed");
+    assert!(
+        received.iter().all(|r| r.body.len() < promised),
+        "Loki never read a whole body"
+    );
 }
 
 /// `two_tenants()` with limits on team-a's and team-b's queries (a burst of
