@@ -289,21 +289,33 @@ async fn the_global_limit_answers_503_with_retry_after() {
     );
 }
 
-#[tokio::test]
-async fn a_body_that_does_not_arrive_in_time_gets_408_and_nothing_reaches_loki() {
-    let (loki, proxy) = start("  body_read_timeout: 300ms\n", "").await;
+/// What the proxy answers a client that promises `promised` bytes of body,
+/// sends `sent`, then nothing; the proxy must answer and close.
+async fn stopped_mid_body(
+    proxy: &RunningProxy,
+    path: &str,
+    content_type: &str,
+    promised: usize,
+    sent: &str,
+) -> String {
     let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
-    // Promises 100 bytes, sends 10, then nothing.
     let head = format!(
-        "POST /loki/api/v1/query_range HTTP/1.1\r\nHost: x\r\nAuthorization: {}\r\n\
-         Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 100\r\n\r\nquery=%7Ba",
+        "POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: {}\r\n\
+         Content-Type: {content_type}\r\nContent-Length: {promised}\r\n\r\n{sent}",
         basic("alice", "alice-pw")
     );
     stream.write_all(head.as_bytes()).await.unwrap();
     let mut reply = Vec::new();
     let read = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut reply)).await;
-    let reply = String::from_utf8_lossy(&reply);
     assert!(read.is_ok(), "the proxy answered and closed");
+    String::from_utf8_lossy(&reply).into_owned()
+}
+
+#[tokio::test]
+async fn a_body_that_does_not_arrive_in_time_gets_408_and_nothing_reaches_loki() {
+    let (loki, proxy) = start("  body_read_timeout: 300ms\n", "").await;
+    let form = "application/x-www-form-urlencoded";
+    let reply = stopped_mid_body(&proxy, "/loki/api/v1/query_range", form, 100, "query=%7Ba").await;
     assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
     assert!(loki.received().is_empty());
 }
@@ -311,20 +323,11 @@ async fn a_body_that_does_not_arrive_in_time_gets_408_and_nothing_reaches_loki()
 #[tokio::test]
 async fn a_push_streamed_to_loki_that_stops_mid_body_gets_408_and_loki_never_gets_it_whole() {
     let (loki, proxy) = start("  body_read_timeout: 300ms\n", "").await;
-    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
     // A push is streamed to Loki as it arrives: Loki has the head and the
     // first bytes when the client stops sending.
     let promised = 200;
-    let head = format!(
-        "POST {PUSH} HTTP/1.1\r\nHost: x\r\nAuthorization: {}\r\n\
-         Content-Type: application/json\r\nContent-Length: {promised}\r\n\r\n{{\"streams\":[",
-        basic("alice", "alice-pw")
-    );
-    stream.write_all(head.as_bytes()).await.unwrap();
-    let mut reply = Vec::new();
-    let read = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut reply)).await;
-    let reply = String::from_utf8_lossy(&reply);
-    assert!(read.is_ok(), "the proxy answered and closed");
+    let json = "application/json";
+    let reply = stopped_mid_body(&proxy, PUSH, json, promised, r#"{"streams":["#).await;
     assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
     // The stand-in records a request once its body ends, here cut short.
     loki.wait_for_requests(1).await;
