@@ -633,6 +633,36 @@ async fn a_live_tail_is_told_the_proxy_is_going_away_at_shutdown() {
     proxy.join().await;
 }
 
+/// A tail whose handshake is not a WebSocket one (`Upgrade` alone, or
+/// another protocol) is passed on without `Upgrade` and `Connection`,
+/// both the proxy's own: Loki refuses it, nothing is upgraded.
+#[tokio::test]
+async fn a_tail_without_both_handshake_headers_is_passed_on_as_a_plain_request() {
+    let (loki, proxy) = setup().await;
+    let alice = basic("alice", "alice-pw");
+    let key = ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==");
+    let version = ("sec-websocket-version", "13");
+    for (headers, refusal) in [
+        (
+            vec![("upgrade", "websocket"), key, version],
+            "'upgrade' token not found in 'Connection' header",
+        ),
+        (
+            vec![("connection", "upgrade"), ("upgrade", "h2c"), key, version],
+            "'upgrade' token not found in 'Connection' header",
+        ),
+    ] {
+        let url = proxy.url("/loki/api/v1/tail?query=%7Bapp%3D%22x%22%7D");
+        let reply = send(Method::GET, &url, Some(&alice), &headers, "").await;
+        assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{headers:?}");
+        assert!(reply.text().contains(refusal), "{}", reply.text());
+        let seen = loki.last();
+        assert!(seen.headers.get("upgrade").is_none(), "{headers:?}");
+        assert!(seen.headers.get("connection").is_none(), "{headers:?}");
+        assert_eq!(seen.org_ids(), ["team-a"]);
+    }
+}
+
 #[tokio::test]
 async fn tail_without_upgrade_or_read_scope_is_refused() {
     let (loki, proxy) = setup().await;

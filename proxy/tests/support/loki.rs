@@ -344,6 +344,9 @@ async fn handle(
         });
     }
     if path.ends_with("/tail") {
+        if let Err((status, refusal)) = websocket_handshake(&parts.method, &parts.headers) {
+            return Ok(reply(status, refusal));
+        }
         return Ok(accept_websocket(&parts.headers, upgrade, tenant));
     }
     let labels = path == "/loki/api/v1/labels" || path.starts_with("/loki/api/v1/label/");
@@ -641,6 +644,54 @@ fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
+/// Refuses a tail that is not a WebSocket handshake the way Loki's tail
+/// handler does (gorilla/websocket's `Upgrader.Upgrade`, v1.5: each header
+/// read as a comma-separated token list, case-insensitively; Loki allows
+/// any `Origin`). The proxy must pass the handshake on whole, or not at all.
+fn websocket_handshake(
+    method: &Method,
+    headers: &HeaderMap,
+) -> Result<(), (StatusCode, &'static str)> {
+    let lists = |name: &str, token: &str| {
+        headers.get_all(name).iter().any(|value| {
+            value.to_str().is_ok_and(|value| {
+                value
+                    .split(',')
+                    .any(|t| t.trim().eq_ignore_ascii_case(token))
+            })
+        })
+    };
+    let bad = StatusCode::BAD_REQUEST;
+    if method != Method::GET {
+        return Err((
+            StatusCode::METHOD_NOT_ALLOWED,
+            "websocket: not a websocket handshake: request method is not GET",
+        ));
+    }
+    if !lists("connection", "upgrade") {
+        return Err((bad, "websocket: not a websocket handshake: 'upgrade' token not found in 'Connection' header"));
+    }
+    if !lists("upgrade", "websocket") {
+        return Err((
+            bad,
+            "websocket: not a websocket handshake: 'websocket' token not found in 'Upgrade' header",
+        ));
+    }
+    if !lists("sec-websocket-version", "13") {
+        return Err((
+            bad,
+            "websocket: unsupported version: 13 not found in 'Sec-Websocket-Version' header",
+        ));
+    }
+    if header_str(headers, "sec-websocket-key").is_none_or(str::is_empty) {
+        return Err((
+            bad,
+            "websocket: not a websocket handshake: `Sec-Websocket-Key' header is missing or blank",
+        ));
+    }
+    Ok(())
+}
+
 /// Answers 101 and then: sends `tenant=<id>`, echoes each text message as
 /// `echo:<text>`, and completes the close handshake.
 fn accept_websocket(
@@ -648,9 +699,7 @@ fn accept_websocket(
     upgrade: hyper::upgrade::OnUpgrade,
     tenant: String,
 ) -> Response<Full<Bytes>> {
-    let Some(key) = headers.get("sec-websocket-key") else {
-        return reply(StatusCode::BAD_REQUEST, "not a websocket request");
-    };
+    let key = &headers["sec-websocket-key"];
     let accept = derive_accept_key(key.as_bytes());
     tokio::spawn(async move {
         let upgraded = upgrade.await.expect("client upgraded");
