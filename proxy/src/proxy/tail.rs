@@ -322,13 +322,16 @@ mod tests {
     /// Revoked while the server's frame was half relayed, with some of it
     /// read from the server and not yet taken by the client: the client
     /// gets the rest of that frame, then the close frame, and nothing of
-    /// the server's next frame.
+    /// the server's next frame. The rest takes more than one read.
     #[tokio::test]
     async fn a_tail_revoked_mid_frame_ends_that_frame_before_closing() {
+        // The server's bytes are read 64 at most at a time.
         let (mut server, mut from_upstream) = tokio::io::duplex(64);
         // The client takes 4 bytes at a time: the relay's writes stall.
         let (mut to_client, mut client) = tokio::io::duplex(4);
-        let first = text_frame("{\"streams\":[\"a long line\"]}");
+        let line = "a long line ".repeat(9);
+        let first = text_frame(&format!("{{\"streams\":[\"{line}\"]}}"));
+        assert!(first.len() > 9 + 64, "the rest does not fit one read");
         let (head, rest) = first.split_at(9);
         server.write_all(head).await.unwrap();
 
@@ -346,20 +349,25 @@ mod tests {
         assert_eq!(down.pending, 4..9, "read from the server, not yet written");
         assert!(!frames.at_boundary(), "revoked mid-frame");
 
-        // The rest of the frame and the next one arrive together.
+        // The rest of the frame and the next one are sent together.
         let next = text_frame("next");
-        server.write_all(&[rest, &next].concat()).await.unwrap();
+        let sent_after = [rest, &next].concat();
         let mut after = Vec::new();
-        let (closed, read) = tokio::join!(
-            end_stream(
-                Close::CredentialRevoked,
-                &mut down,
-                &mut from_upstream,
-                &mut to_client,
-                &mut frames
-            ),
-            client.read_to_end(&mut after),
-        );
+        let ended = tokio::time::timeout(Duration::from_secs(10), async {
+            tokio::join!(
+                end_stream(
+                    Close::CredentialRevoked,
+                    &mut down,
+                    &mut from_upstream,
+                    &mut to_client,
+                    &mut frames
+                ),
+                client.read_to_end(&mut after),
+                server.write_all(&sent_after),
+            )
+        });
+        let (closed, read, sent) = ended.await.expect("the stream to the client ended");
+        sent.unwrap();
         closed.unwrap();
         read.unwrap();
         assert_eq!(
