@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use http::{Method, StatusCode};
 use support::loki::LokiStandIn;
-use support::{basic, get, send, ProxyOptions, RunningProxy};
+use support::{basic, eventually, get, send, ProxyOptions, RunningProxy};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Notify;
 
@@ -183,20 +183,20 @@ async fn a_query_holds_its_concurrency_slot_until_its_answer_is_sent() {
     assert_eq!(body, ANSWER.as_bytes(), "the answer arrives whole");
     // The slot frees once the proxy is done with the body, which it may
     // notice just after the client has read its end.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let next = get(&proxy.url(QUERY), &alice).await;
-        if next.status == StatusCode::OK {
-            assert_eq!(next.text(), ANSWER, "and so does the next");
-            break;
-        }
-        assert_eq!(next.status, StatusCode::TOO_MANY_REQUESTS);
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the slot was released"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(
+        "the slot is released",
+        Duration::from_secs(10),
+        async || {
+            let next = get(&proxy.url(QUERY), &alice).await;
+            if next.status == StatusCode::OK {
+                assert_eq!(next.text(), ANSWER, "and so does the next");
+                return true;
+            }
+            assert_eq!(next.status, StatusCode::TOO_MANY_REQUESTS);
+            false
+        },
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -226,14 +226,12 @@ async fn a_live_tail_counts_against_concurrency_while_it_streams() {
     );
     drop(tail);
     // The slot frees when the proxy notices the closed stream.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while get(&proxy.url(QUERY), &alice).await.status != StatusCode::OK {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the slot was released"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(
+        "the slot is released",
+        Duration::from_secs(10),
+        async || get(&proxy.url(QUERY), &alice).await.status == StatusCode::OK,
+    )
+    .await;
 }
 
 #[tokio::test]
