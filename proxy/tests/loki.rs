@@ -615,6 +615,49 @@ async fn a_live_tail_ends_when_its_credential_is_removed() {
     assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
 }
 
+/// A tail Loki ended itself (its close frame sent, the client's reply not
+/// yet come) gets no second close frame when its credential goes (RFC
+/// 6455 §5.5.1: one close frame from each side): the proxy drops it.
+#[tokio::test]
+async fn a_tail_loki_ended_gets_no_second_close_frame_when_revoked() {
+    use tokio::io::AsyncReadExt;
+    let (_loki, mut proxy) = setup().await;
+    let initial = support::two_tenants();
+    assert_eq!(proxy.rewrite_tenants(&initial).await.last_error, None);
+    let (mut ws, _) = open_tail(proxy.addr, "reader-a", "reader-pw", &[])
+        .await
+        .unwrap();
+    assert_eq!(
+        ws.next().await.unwrap().unwrap(),
+        Message::text("tenant=team-a")
+    );
+    ws.send(Message::text("end")).await.unwrap();
+    expect_close(&mut ws, CloseCode::Error, "tail ended").await;
+
+    // tungstenite replies on its next read or write, so the tail is still
+    // open: the stand-in waits for that reply.
+    let without_reader = support::tenants_yaml(&[support::TenantSpec {
+        id: "team-a",
+        users: &[("alice", "alice-pw", None)],
+    }]);
+    assert_eq!(
+        proxy.rewrite_tenants(&without_reader).await.last_error,
+        None
+    );
+    // What follows Loki's close frame, read past tungstenite: nothing.
+    let mut rest = Vec::new();
+    let ended = tokio::time::timeout(Duration::from_secs(10), ws.get_mut().read_to_end(&mut rest))
+        .await
+        .expect("the proxy drops the tail");
+    assert!(ended.is_ok(), "{ended:?}");
+    assert!(rest.is_empty(), "a second close frame: {rest:?}");
+    let metrics = proxy.metrics().await;
+    assert!(
+        metrics.contains("tenant_proxy_live_tails_revoked_total 1\n"),
+        "ended by the revocation, not by Loki: {metrics}"
+    );
+}
+
 /// A tail outlives its HTTP connection's drain: at shutdown its client is
 /// told the proxy is going away, and reconnects to another replica.
 #[tokio::test]

@@ -24,7 +24,8 @@ use opentelemetry_proto::tonic::collector::logs::v1::ExportLogsServiceRequest;
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use tokio::net::TcpListener;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
-use tokio_tungstenite::tungstenite::protocol::Role;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
@@ -693,7 +694,12 @@ fn websocket_handshake(
 }
 
 /// Answers 101 and then: sends `tenant=<id>`, echoes each text message as
-/// `echo:<text>`, and completes the close handshake.
+/// `echo:<text>`, and completes the close handshake. The text `end` makes
+/// it end the tail itself, as Loki's tail handler does when its tail fails
+/// (`pkg/querier/tail/http.go`, v3: a close frame, 1011 with the error's
+/// text). Loki then closes its tailer and the connection; the stand-in
+/// waits for the client's reply instead, which stretches that window so
+/// that a test can act within it.
 fn accept_websocket(
     headers: &HeaderMap,
     upgrade: hyper::upgrade::OnUpgrade,
@@ -710,10 +716,21 @@ fn accept_websocket(
             .unwrap();
         // Polling on after a Close frame lets tungstenite send its reply.
         while let Some(Ok(message)) = ws.next().await {
-            if let Message::Text(text) = message {
-                ws.send(Message::text(format!("echo:{text}")))
-                    .await
-                    .unwrap();
+            match message {
+                Message::Text(text) if text.as_str() == "end" => {
+                    let ended = CloseFrame {
+                        code: CloseCode::Error,
+                        reason: "tail ended".into(),
+                    };
+                    // Fails once the client has gone: nothing to tell.
+                    let _ = ws.close(Some(ended)).await;
+                }
+                Message::Text(text) => {
+                    ws.send(Message::text(format!("echo:{text}")))
+                        .await
+                        .unwrap();
+                }
+                _ => {}
             }
         }
     });
