@@ -240,6 +240,25 @@ mod tests {
             let (standard, fast) = both(|| any_access_event(&path, &user, status, duration, offset));
             proptest::prop_assert_eq!(fast, standard);
         }
+
+        /// What needs escaping and what does not, in any order and number:
+        /// escaped as serde_json escapes it. The quick look for anything
+        /// to escape must miss nothing, not even a string of control
+        /// characters and spaces alone: a newline or quote passed through
+        /// would let a tenant's path write a line, or fields, of its own.
+        #[test]
+        fn strings_are_escaped_as_serde_json_escapes_them(
+            chars in proptest::collection::vec(
+                proptest::sample::select(vec!['"', '\\', '\n', '\u{1}', '\u{1f}', ' ', 'a', '\u{7f}', 'é']),
+                0..8,
+            ),
+        ) {
+            let text: String = chars.into_iter().collect();
+            let mut escaped = String::new();
+            Escaped(&mut escaped).push(&text);
+            let quoted = serde_json::to_string(&text).unwrap();
+            proptest::prop_assert_eq!(escaped.as_str(), &quoted[1..quoted.len() - 1]);
+        }
     }
 
     #[test]
