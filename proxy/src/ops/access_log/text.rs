@@ -214,6 +214,8 @@ mod tests {
         let error = std::io::Error::other("broken");
         let (standard, fast) = both(false, || {
             tracing::info!(target: TARGET, status = 200u16, "with a message");
+            tracing::info!(target: TARGET, "a message alone");
+            tracing::info!(target: TARGET, status = 200u16, log.file = "from-log.rs");
             tracing::info!(target: TARGET, r#type = "raw", status = 200u16);
             tracing::info!(target: TARGET, status = 200u16, error = &error as &dyn std::error::Error);
             tracing::info!(listen = "127.0.0.1:1", "serving");
