@@ -147,9 +147,13 @@ mod test_support {
     }
 
     /// Paths and durations an access line must write as the standard
-    /// format does: escapes, the empty path, floats of every kind.
-    pub const CASES: [(&str, f64); 8] = [
+    /// format does: escapes (among them a path of nothing but backslashes,
+    /// or of control characters and a space), the empty path, floats of
+    /// every kind.
+    pub const CASES: [(&str, f64); 10] = [
         ("/loki/api/v1/query_range", 1.234),
+        ("\\\\", 1.0),
+        ("\n \u{1}", 1.0),
         (
             "/a \"quoted\" \\ path\n\t\r\u{8}\u{c}\u{1}\u{1f}\u{7f}é\u{301}",
             1.0,
