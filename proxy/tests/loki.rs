@@ -517,6 +517,17 @@ async fn open_tail(
     tokio_tungstenite::connect_async(request).await
 }
 
+/// A tail of team-a's opened as `user`, its first message (the stand-in's
+/// `tenant=team-a`) read: both sides have switched.
+async fn streaming_tail(addr: std::net::SocketAddr, user: &str, password: &str) -> Tail {
+    let (mut ws, _) = open_tail(addr, user, password, &[]).await.unwrap();
+    assert_eq!(
+        ws.next().await.unwrap().unwrap(),
+        Message::text("tenant=team-a")
+    );
+    ws
+}
+
 /// The next message of a tail the proxy ends: a close frame with `code`
 /// and `reason`, within 10 s.
 async fn expect_close<S>(ws: &mut S, code: CloseCode, reason: &str)
@@ -560,6 +571,19 @@ async fn live_tail_websocket_streams_both_ways_and_closes() {
     assert!(!seen.headers.contains_key("authorization"));
 }
 
+/// Reloads the tenants of `support::two_tenants` without reader-a: its
+/// credential, and so its tails, are gone.
+async fn remove_reader_a(proxy: &mut RunningProxy) {
+    let without_reader = support::tenants_yaml(&[support::TenantSpec {
+        id: "team-a",
+        users: &[("alice", "alice-pw", None)],
+    }]);
+    assert_eq!(
+        proxy.rewrite_tenants(&without_reader).await.last_error,
+        None
+    );
+}
+
 /// A tail streams for as long as Loki lets it (an hour by default): a
 /// reload that removes its credential ends it, where one that leaves the
 /// credential as it was does not.
@@ -596,14 +620,7 @@ async fn a_live_tail_ends_when_its_credential_is_removed() {
         "an unchanged credential keeps its tail"
     );
 
-    let without_reader = support::tenants_yaml(&[support::TenantSpec {
-        id: "team-a",
-        users: &[("alice", "alice-pw", None)],
-    }]);
-    assert_eq!(
-        proxy.rewrite_tenants(&without_reader).await.last_error,
-        None
-    );
+    remove_reader_a(&mut proxy).await;
     // Told why, in a close frame a client reports, rather than cut off.
     expect_close(&mut ws, CloseCode::Policy, "credential revoked").await;
     let metrics = proxy.metrics().await;
@@ -624,26 +641,13 @@ async fn a_tail_loki_ended_gets_no_second_close_frame_when_revoked() {
     let (_loki, mut proxy) = setup().await;
     let initial = support::two_tenants();
     assert_eq!(proxy.rewrite_tenants(&initial).await.last_error, None);
-    let (mut ws, _) = open_tail(proxy.addr, "reader-a", "reader-pw", &[])
-        .await
-        .unwrap();
-    assert_eq!(
-        ws.next().await.unwrap().unwrap(),
-        Message::text("tenant=team-a")
-    );
+    let mut ws = streaming_tail(proxy.addr, "reader-a", "reader-pw").await;
     ws.send(Message::text("end")).await.unwrap();
     expect_close(&mut ws, CloseCode::Error, "tail ended").await;
 
     // tungstenite replies on its next read or write, so the tail is still
     // open: the stand-in waits for that reply.
-    let without_reader = support::tenants_yaml(&[support::TenantSpec {
-        id: "team-a",
-        users: &[("alice", "alice-pw", None)],
-    }]);
-    assert_eq!(
-        proxy.rewrite_tenants(&without_reader).await.last_error,
-        None
-    );
+    remove_reader_a(&mut proxy).await;
     // What follows Loki's close frame, read past tungstenite: nothing.
     let mut rest = Vec::new();
     let ended = tokio::time::timeout(Duration::from_secs(10), ws.get_mut().read_to_end(&mut rest))
@@ -663,13 +667,7 @@ async fn a_tail_loki_ended_gets_no_second_close_frame_when_revoked() {
 #[tokio::test]
 async fn a_live_tail_is_told_the_proxy_is_going_away_at_shutdown() {
     let (_loki, mut proxy) = setup().await;
-    let (mut ws, _) = open_tail(proxy.addr, "alice", "alice-pw", &[])
-        .await
-        .unwrap();
-    assert_eq!(
-        ws.next().await.unwrap().unwrap(),
-        Message::text("tenant=team-a")
-    );
+    let mut ws = streaming_tail(proxy.addr, "alice", "alice-pw").await;
 
     proxy.trigger_shutdown();
     expect_close(&mut ws, CloseCode::Away, "proxy shutting down").await;
