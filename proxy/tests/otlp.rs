@@ -382,6 +382,12 @@ async fn otlp_metrics_in_label_mode_store_only_series_of_the_tenant() {
         "{metrics}"
     );
     assert!(metrics.contains(r#"tenant_proxy_requests_total{tenant="team-a",surface="metrics_otlp",status_class="2xx"} 2"#), "{metrics}");
+    // Both reached Prometheus, and were timed under their surface.
+    assert!(
+        metrics
+            .contains(r#"tenant_proxy_upstream_duration_seconds_count{surface="metrics_otlp"} 2"#),
+        "{metrics}"
+    );
 }
 
 /// A field the OTLP schema does not define (the request's field 31,

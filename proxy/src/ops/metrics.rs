@@ -547,4 +547,32 @@ mod tests {
             assert!(text.contains(series), "{series} in\n{text}");
         }
     }
+
+    #[test]
+    fn upstream_durations_are_observed_under_their_own_surface() {
+        let metrics = Metrics::default();
+        metrics.upstream_duration.observe("metrics_push", 0.0015);
+        metrics.upstream_duration.observe("metrics_push", 3.0);
+        metrics.upstream_duration.observe("logs_query", 0.0005);
+        // Not in `SURFACES`: the slow way, still under its own name.
+        metrics.upstream_duration.observe("unlisted", 0.25);
+        let text = metrics.encode();
+        for series in [
+            r#"tenant_proxy_upstream_duration_seconds_count{surface="metrics_push"} 2"#,
+            r#"tenant_proxy_upstream_duration_seconds_sum{surface="metrics_push"} 3.0015"#,
+            r#"tenant_proxy_upstream_duration_seconds_bucket{le="0.002",surface="metrics_push"} 1"#,
+            r#"tenant_proxy_upstream_duration_seconds_bucket{le="4.096",surface="metrics_push"} 2"#,
+            r#"tenant_proxy_upstream_duration_seconds_count{surface="logs_query"} 1"#,
+            r#"tenant_proxy_upstream_duration_seconds_bucket{le="0.001",surface="logs_query"} 1"#,
+            r#"tenant_proxy_upstream_duration_seconds_count{surface="unlisted"} 1"#,
+        ] {
+            assert!(text.contains(series), "{series} in\n{text}");
+        }
+        assert_eq!(
+            text.matches("tenant_proxy_upstream_duration_seconds_count{")
+                .count(),
+            3,
+            "no other surface observed: {text}"
+        );
+    }
 }
