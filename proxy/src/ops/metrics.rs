@@ -535,16 +535,39 @@ mod tests {
             metrics.count_request(Some(("team-a", &a)), "logs_query", "2xx");
         }
         metrics.count_request(Some(("team-a", &a)), "logs_query", "5xx");
+        metrics.count_request(Some(("team-a", &a)), "metrics_query", "2xx");
         metrics.count_request(Some(("team-b", &b)), "logs_query", "2xx");
         metrics.count_request(None, "none", "4xx");
         let text = metrics.encode();
         for series in [
             r#"tenant_proxy_requests_total{tenant="team-a",surface="logs_query",status_class="2xx"} 3"#,
             r#"tenant_proxy_requests_total{tenant="team-a",surface="logs_query",status_class="5xx"} 1"#,
+            r#"tenant_proxy_requests_total{tenant="team-a",surface="metrics_query",status_class="2xx"} 1"#,
             r#"tenant_proxy_requests_total{tenant="team-b",surface="logs_query",status_class="2xx"} 1"#,
             r#"tenant_proxy_requests_total{tenant="",surface="none",status_class="4xx"} 1"#,
         ] {
             assert!(text.contains(series), "{series} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn statuses_are_counted_by_their_class() {
+        for (status, class) in [
+            (100, "1xx"),
+            (101, "1xx"),
+            (199, "1xx"),
+            (200, "2xx"),
+            (299, "2xx"),
+            (300, "3xx"),
+            (399, "3xx"),
+            (400, "4xx"),
+            (499, "4xx"),
+            (500, "5xx"),
+            (599, "5xx"),
+            (999, "5xx"),
+        ] {
+            let status = http::StatusCode::from_u16(status).unwrap();
+            assert_eq!(status_class(status), class, "{status}");
         }
     }
 
