@@ -778,6 +778,12 @@ async fn corrupt_tenants_file_keeps_the_last_good_generation() {
     let (_loki, mut proxy) = setup().await;
     let alice = basic("alice", "alice-pw");
     assert_eq!(get(&proxy.url(QUERY), &alice).await.status, StatusCode::OK);
+    let metrics = proxy.metrics().await;
+    assert!(
+        metrics.contains("tenant_proxy_tenants_reload_failures_total 0"),
+        "the first load is no failure: {metrics}"
+    );
+    assert!(metrics.contains("tenant_proxy_tenants_last_reload_success 1"));
     let status = proxy.rewrite_tenants("tenants: [ {id: \n").await;
     assert!(status.last_error.is_some());
     assert_eq!(status.generation, 1);
