@@ -213,7 +213,7 @@ mod tests {
         pool.park(&loki, links.link(1));
         pool.park(&loki, links.link(2));
         pool.park(&prometheus, links.link(3));
-        // Every link has been parked at least no time at all.
+        // With no idle time allowed, every parked link has expired.
         assert_eq!(taken(&pool, &loki, Duration::ZERO), None);
         let mut closed = links.closed();
         closed.sort_unstable();
