@@ -10,6 +10,7 @@ use http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
 use prometheus_client::metrics::counter::Counter;
 use tenant_proxy::http::body;
+use tenant_proxy::upstream::answer::AnswerError;
 use tenant_proxy::upstream::{self, HttpClient, Reuse, UpstreamError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -27,7 +28,7 @@ enum Seen {
     ClosedByUpstream(usize),
 }
 
-/// When the upstream closes a connection.
+/// When the upstream closes a connection, or how it fails one.
 #[derive(Clone)]
 enum Close {
     Never,
@@ -37,6 +38,12 @@ enum Close {
     /// On reading a connection's second request, unanswered: an idle
     /// timeout that fired as the request arrived.
     AtSecondRequest,
+    /// On reading a connection's second request, resets it (an RST, as
+    /// a restarted upstream or a middlebox sends).
+    ResetAtSecondRequest,
+    /// Answers a connection's second request with a head no HTTP/1.1
+    /// reader accepts, and keeps the connection open.
+    GarbledSecondAnswer,
 }
 
 /// Answers every request with `answer`, closing connections as `close`
@@ -79,10 +86,26 @@ async fn upstream(
                         let head: Vec<u8> = buffer.drain(..end + 4).collect();
                         let _ = seen.send(Seen::Request(n, String::from_utf8(head).unwrap()));
                         requests += 1;
-                        if let (Close::AtSecondRequest, 2) = (&close, requests) {
-                            drop(stream);
-                            let _ = seen.send(Seen::ClosedByUpstream(n));
-                            return;
+                        match (&close, requests) {
+                            (Close::AtSecondRequest, 2) => {
+                                drop(stream);
+                                let _ = seen.send(Seen::ClosedByUpstream(n));
+                                return;
+                            }
+                            (Close::ResetAtSecondRequest, 2) => {
+                                stream.set_zero_linger().unwrap();
+                                drop(stream);
+                                let _ = seen.send(Seen::ClosedByUpstream(n));
+                                return;
+                            }
+                            (Close::GarbledSecondAnswer, 2) => {
+                                stream
+                                    .write_all(b"HTTP/1.1 200 OK\r\nbad header\r\n\r\n")
+                                    .await
+                                    .unwrap();
+                                continue;
+                            }
+                            _ => {}
                         }
                         stream.write_all(answer.as_bytes()).await.unwrap();
                         if let Close::AfterAnswer = close {
@@ -440,4 +463,59 @@ async fn a_push_or_a_request_on_a_busy_connection_is_not_sent_again() {
         assert_eq!(connections(&drain(events)) + connections(&seen), 1);
     }
     assert_eq!((replays.get(), not_yet_replays.get()), (0, 0));
+}
+
+/// A reset is a close too: a safe request whose parked connection the
+/// upstream resets as the request arrives is sent again on a new one, read
+/// by hand (a GET) or through hyper (an OPTIONS).
+#[tokio::test]
+async fn a_safe_request_meeting_a_reset_is_sent_again_on_a_new_connection() {
+    for method in [Method::GET, Method::OPTIONS] {
+        let (addr, mut events) = upstream(HELLO, Close::ResetAtSecondRequest).await;
+        let (client, replays) = client_replaying_after(Duration::ZERO);
+        for _ in 0..2 {
+            assert_eq!(
+                get(&client, addr, method.clone()).await,
+                (StatusCode::OK, "hello".into()),
+                "{method}"
+            );
+        }
+        let seen = events_until(&mut events, |e| matches!(e, Seen::Request(2, _))).await;
+        assert!(
+            seen.contains(&Seen::ClosedByUpstream(1)),
+            "{method}: {seen:?}"
+        );
+        assert_eq!(connections(&seen), 2, "{method}: {seen:?}");
+        assert_eq!(replays.get(), 1, "{method}");
+    }
+}
+
+/// Only a close before any answer is sent again: an answer the proxy
+/// cannot read is the upstream's answer, and the caller gets the failure
+/// (a 502) after the one request.
+#[tokio::test]
+async fn a_request_answered_with_garbage_is_not_sent_again() {
+    let (addr, mut events) = upstream(HELLO, Close::GarbledSecondAnswer).await;
+    let (client, replays) = client_replaying_after(Duration::ZERO);
+    assert_eq!(
+        get(&client, addr, Method::GET).await,
+        (StatusCode::OK, "hello".into())
+    );
+    let request = Request::get(format!("http://{addr}/")).body(body::empty());
+    let failed = exchange(&client, request.unwrap()).await;
+    match failed {
+        Err(e @ UpstreamError::Plain(_)) => {
+            assert_eq!(e.to_string(), AnswerError::MalformedHead.to_string());
+        }
+        other => panic!("{other:?}"),
+    }
+    // The proxy closes the connection it could not read; nothing else
+    // reached the upstream.
+    let seen = events_until(&mut events, |e| *e == Seen::ClosedByProxy(1)).await;
+    let requests = seen
+        .iter()
+        .filter(|e| matches!(e, Seen::Request(..)))
+        .count();
+    assert_eq!((connections(&seen), requests), (1, 2), "{seen:?}");
+    assert_eq!(replays.get(), 0);
 }
