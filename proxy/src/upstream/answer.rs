@@ -25,8 +25,9 @@ const MAX_HEADERS: usize = 100;
 const MAX_INFORMATIONAL: usize = 8;
 /// A chunk's size line, extensions included.
 const MAX_CHUNK_LINE: usize = 4 * 1024;
-/// All trailer fields together (read and dropped), in bytes and in
-/// fields: half of hyper's limits (16 KiB, 100 fields).
+/// All trailer fields together (read and dropped), in bytes (their line
+/// ends included) and in fields: half of hyper's limits (16 KiB, 100
+/// fields).
 const MAX_TRAILER_BYTES: usize = 8 * 1024;
 const MAX_TRAILERS: usize = 50;
 
@@ -185,7 +186,9 @@ impl AnswerReader {
                     self.state = State::Chunked(Chunk::Size);
                 }
                 State::Chunked(Chunk::Trailers { seen, fields }) => {
-                    let room = MAX_TRAILER_BYTES.saturating_sub(seen);
+                    // A field's line end counts; the blank line that
+                    // ends the trailers does not.
+                    let room = MAX_TRAILER_BYTES.saturating_sub(seen + 2);
                     let Some(line) = take_line(buf, room, closed)? else {
                         return Ok(None);
                     };

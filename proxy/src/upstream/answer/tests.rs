@@ -211,6 +211,79 @@ fn what_is_not_fully_understood_is_refused() {
     assert_eq!(whole(long.as_bytes()).map(|_| ()), Err(HeadTooLarge));
 }
 
+/// Each limit lets through what reaches it and refuses one byte or one
+/// field more: a head of 64 KiB, a chunk's size line of 4 KiB, trailers of
+/// 8 KiB or 50 fields (numbers, not the constants, so that the limits
+/// themselves are pinned).
+#[test]
+fn every_limit_is_reached_and_not_passed() {
+    /// A head of exactly `size` bytes, its blank line included.
+    fn head_of(size: usize) -> Vec<u8> {
+        let start = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nx: ";
+        let mut head = start.to_vec();
+        head.resize(size - 4, b'a');
+        head.extend_from_slice(b"\r\n\r\n");
+        head
+    }
+    assert!(whole(&head_of(64 * 1024)).is_ok());
+    assert_eq!(
+        whole(&head_of(64 * 1024 + 1)).map(|_| ()),
+        Err(AnswerError::HeadTooLarge)
+    );
+    // 64 KiB of a head not yet ended: refused without waiting for more.
+    let mut unended = BytesMut::from(&head_of(64 * 1024 + 1)[..64 * 1024]);
+    assert_eq!(
+        AnswerReader::new().next(&mut unended, false),
+        Err(AnswerError::HeadTooLarge)
+    );
+
+    /// A chunked answer of one empty-bodied chunk whose size line is
+    /// `size` bytes (extensions fill it), then `trailers`.
+    fn chunked(size_line: usize, trailers: &[u8]) -> Vec<u8> {
+        let mut answer = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n1;e=".to_vec();
+        answer.resize(answer.len() + size_line - 4, b'x');
+        answer.extend_from_slice(b"\r\nA\r\n0\r\n");
+        answer.extend_from_slice(trailers);
+        answer.extend_from_slice(b"\r\n");
+        answer
+    }
+    assert_eq!(whole(&chunked(4 * 1024, b"")).unwrap().1, b"A");
+    assert_eq!(
+        whole(&chunked(4 * 1024 + 1, b"")).map(|_| ()),
+        Err(AnswerError::BadChunk)
+    );
+
+    /// `fields` trailer fields of `bytes` bytes in all, line ends included.
+    fn trailers(fields: usize, bytes: usize) -> Vec<u8> {
+        let mut lines = Vec::new();
+        for i in 0..fields {
+            let line = format!("t{i}: ");
+            let room = bytes / fields - line.len() - 2 + usize::from(i == 0) * (bytes % fields);
+            lines.extend_from_slice(line.as_bytes());
+            lines.resize(lines.len() + room, b'v');
+            lines.extend_from_slice(b"\r\n");
+        }
+        assert_eq!(lines.len(), bytes);
+        lines
+    }
+    for (fields, bytes, read) in [
+        (2, 8 * 1024, true),
+        (2, 8 * 1024 + 1, false),
+        (50, 50 * 8, true),
+        (51, 51 * 8, false),
+    ] {
+        let answer = whole(&chunked(4, &trailers(fields, bytes)));
+        match read {
+            true => assert_eq!(answer.unwrap().1, b"A", "{fields} fields, {bytes} bytes"),
+            false => assert_eq!(
+                answer.map(|_| ()),
+                Err(AnswerError::BadChunk),
+                "{fields} fields, {bytes} bytes"
+            ),
+        }
+    }
+}
+
 proptest! {
     /// However the bytes arrive, the reading is the same.
     #[test]
