@@ -431,26 +431,36 @@ async fn a_safe_request_meeting_an_idle_close_is_sent_again_on_a_new_connection(
 }
 
 /// What cannot be sent again safely is not: a request with a body (a
-/// push), or any request on a connection reused too soon to have been
-/// closed as idle. The caller gets the failure (a 502 or 503).
+/// push) or a method that writes (a silence's deletion, bodiless), or any
+/// request on a connection reused too soon to have been closed as idle.
+/// The caller gets the failure (a 502 or 503).
 #[tokio::test]
 async fn a_push_or_a_request_on_a_busy_connection_is_not_sent_again() {
-    let post = |addr: SocketAddr| {
+    let push = |addr: SocketAddr| {
         Request::post(format!("http://{addr}/loki/api/v1/push"))
             .header("content-length", "5")
             .body(body::full(bytes::Bytes::from_static(b"lines")))
             .unwrap()
     };
-    let (addr, mut events) = upstream(HELLO, Close::AtSecondRequest).await;
+    let delete = |addr: SocketAddr| {
+        Request::delete(format!("http://{addr}/api/v2/silence/1"))
+            .body(body::empty())
+            .unwrap()
+    };
     let (replaying, replays) = client_replaying_after(Duration::ZERO);
-    assert_eq!(
-        exchange(&replaying, post(addr)).await.unwrap(),
-        (StatusCode::OK, "hello".into())
-    );
-    let failed = exchange(&replaying, post(addr)).await;
-    assert!(matches!(failed, Err(UpstreamError::Http(_))), "{failed:?}");
+    let mut upstreams = Vec::new();
+    for request in [push, delete] {
+        let (addr, events) = upstream(HELLO, Close::AtSecondRequest).await;
+        assert_eq!(
+            exchange(&replaying, request(addr)).await.unwrap(),
+            (StatusCode::OK, "hello".into())
+        );
+        let failed = exchange(&replaying, request(addr)).await;
+        assert!(matches!(failed, Err(UpstreamError::Http(_))), "{failed:?}");
+        upstreams.push(events);
+    }
 
-    let (busy_addr, mut busy_events) = upstream(HELLO, Close::AtSecondRequest).await;
+    let (busy_addr, busy_events) = upstream(HELLO, Close::AtSecondRequest).await;
     let (not_yet, not_yet_replays) = client_replaying_after(Duration::from_secs(3600));
     assert_eq!(
         get(&not_yet, busy_addr, Method::OPTIONS).await,
@@ -462,7 +472,8 @@ async fn a_push_or_a_request_on_a_busy_connection_is_not_sent_again() {
     let failed = exchange(&not_yet, request.unwrap()).await;
     assert!(matches!(failed, Err(UpstreamError::Http(_))), "{failed:?}");
 
-    for events in [&mut events, &mut busy_events] {
+    upstreams.push(busy_events);
+    for events in &mut upstreams {
         let seen = events_until(events, |e| *e == Seen::ClosedByUpstream(1)).await;
         let requests = seen
             .iter()
