@@ -547,3 +547,24 @@ async fn a_request_answered_with_garbage_is_not_sent_again() {
         assert_eq!(replays.get(), 0, "{method}");
     }
 }
+
+/// A connection parked past `limits.upstream_idle_timeout` is closed by
+/// the proxy with no request to notice it, for GETs (read by hand) and
+/// other requests (through hyper) alike: an upstream that went quiet does
+/// not keep sockets open.
+#[tokio::test]
+async fn a_connection_parked_past_the_idle_timeout_is_closed_unasked() {
+    for method in [Method::GET, Method::OPTIONS] {
+        let (addr, mut events) = upstream(HELLO, Close::Never).await;
+        let reuse = Reuse::new(Duration::from_millis(30), Counter::default());
+        let client = upstream::client(None, reuse).unwrap();
+        assert_eq!(
+            get(&client, addr, method.clone()).await,
+            (StatusCode::OK, "hello".into())
+        );
+        let closed = events_until(&mut events, |e| *e == Seen::ClosedByProxy(1));
+        tokio::time::timeout(Duration::from_secs(10), closed)
+            .await
+            .unwrap_or_else(|_| panic!("{method}: the idle connection was left open"));
+    }
+}
