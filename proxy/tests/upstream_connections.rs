@@ -46,8 +46,8 @@ enum Close {
     GarbledSecondAnswer,
 }
 
-/// Answers every request with `answer`, closing connections as `close`
-/// says. Requests carry no body.
+/// Answers every request with `answer`, closing or failing connections as
+/// `close` says. Requests carry no body.
 async fn upstream(
     answer: &'static str,
     close: Close,

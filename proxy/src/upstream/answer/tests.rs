@@ -237,8 +237,8 @@ fn every_limit_is_reached_and_not_passed() {
         Err(AnswerError::HeadTooLarge)
     );
 
-    /// A chunked answer of one empty-bodied chunk whose size line is
-    /// `size` bytes (extensions fill it), then `trailers`.
+    /// A chunked answer of one chunk (`A`) whose size line is `size_line`
+    /// bytes (extensions fill it), then `trailers`.
     fn chunked(size_line: usize, trailers: &[u8]) -> Vec<u8> {
         let mut answer = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n1;e=".to_vec();
         answer.resize(answer.len() + size_line - 4, b'x');
@@ -258,9 +258,9 @@ fn every_limit_is_reached_and_not_passed() {
         let mut lines = Vec::new();
         for i in 0..fields {
             let line = format!("t{i}: ");
-            let room = bytes / fields - line.len() - 2 + usize::from(i == 0) * (bytes % fields);
+            let value = bytes / fields - line.len() - 2 + usize::from(i == 0) * (bytes % fields);
             lines.extend_from_slice(line.as_bytes());
-            lines.resize(lines.len() + room, b'v');
+            lines.resize(lines.len() + value, b'v');
             lines.extend_from_slice(b"\r\n");
         }
         assert_eq!(lines.len(), bytes);
