@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
+use hyper::body::Body as _;
 use prometheus_client::metrics::counter::Counter;
 use tenant_proxy::http::body;
 use tenant_proxy::upstream::answer::AnswerError;
@@ -566,5 +567,34 @@ async fn a_connection_parked_past_the_idle_timeout_is_closed_unasked() {
         tokio::time::timeout(Duration::from_secs(10), closed)
             .await
             .unwrap_or_else(|_| panic!("{method}: the idle connection was left open"));
+    }
+}
+
+/// A server that knows an answer's length (hyper's, from
+/// `Content-Length`) stops reading at its last byte and never asks for
+/// the end, and never reads a 204's body at all. The connection must be
+/// free for the next request all the same.
+#[tokio::test]
+async fn an_answer_read_to_its_length_frees_its_connection_unasked() {
+    for (answer, length) in [(HELLO, 5), ("HTTP/1.1 204 No Content\r\n\r\n", 0)] {
+        for method in [Method::GET, Method::OPTIONS] {
+            let (addr, mut events) = upstream(answer, Close::Never).await;
+            let client = client();
+            for _ in 0..3 {
+                let request = Request::builder()
+                    .method(method.clone())
+                    .uri(format!("http://{addr}/"))
+                    .body(body::empty());
+                let mut body = client.request(request.unwrap()).await.unwrap().into_body();
+                let mut read = 0;
+                while read < length {
+                    let frame = body.frame().await.unwrap().unwrap();
+                    read += frame.into_data().unwrap().len();
+                }
+                assert!(body.is_end_stream(), "{method} {answer:?}");
+            }
+            let seen = drain(&mut events);
+            assert_eq!(connections(&seen), 1, "{method} {answer:?}: {seen:?}");
+        }
     }
 }
