@@ -211,10 +211,11 @@ fn what_is_not_fully_understood_is_refused() {
     assert_eq!(whole(long.as_bytes()).map(|_| ()), Err(HeadTooLarge));
 }
 
-/// Each limit lets through what reaches it and refuses one byte or one
-/// field more: a head of 64 KiB, a chunk's size line of 4 KiB, trailers of
-/// 8 KiB or 50 fields (numbers, not the constants, so that the limits
-/// themselves are pinned).
+/// Each limit lets through what reaches it and refuses one byte, field or
+/// digit more: a head of 64 KiB, a chunk's size line of 4 KiB, a chunk
+/// size of 15 hex digits, a length of 18 digits, trailers of 8 KiB or 50
+/// fields (numbers, not the constants, so that the limits themselves are
+/// pinned).
 #[test]
 fn every_limit_is_reached_and_not_passed() {
     /// A head of exactly `size` bytes, its blank line included.
@@ -266,6 +267,34 @@ fn every_limit_is_reached_and_not_passed() {
         assert_eq!(lines.len(), bytes);
         lines
     }
+    // Numbers: a chunk size of 15 hex digits and a length of 18 decimal
+    // ones are read (then the body is missing); one digit more is refused.
+    for (answer, refusal) in [
+        (
+            &b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nfffffffffffffff\r\n"[..],
+            AnswerError::ClosedEarly,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0fffffffffffffff\r\n",
+            AnswerError::BadChunk,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 999999999999999999\r\n\r\n",
+            AnswerError::ClosedEarly,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 0999999999999999999\r\n\r\n",
+            AnswerError::BadContentLength,
+        ),
+    ] {
+        assert_eq!(
+            whole(answer).map(|_| ()),
+            Err(refusal),
+            "{}",
+            String::from_utf8_lossy(answer)
+        );
+    }
+
     for (fields, bytes, read) in [
         (2, 8 * 1024, true),
         (2, 8 * 1024 + 1, false),
