@@ -254,19 +254,6 @@ fn every_limit_is_reached_and_not_passed() {
         Err(AnswerError::BadChunk)
     );
 
-    /// `fields` trailer fields of `bytes` bytes in all, line ends included.
-    fn trailers(fields: usize, bytes: usize) -> Vec<u8> {
-        let mut lines = Vec::new();
-        for i in 0..fields {
-            let line = format!("t{i}: ");
-            let value = bytes / fields - line.len() - 2 + usize::from(i == 0) * (bytes % fields);
-            lines.extend_from_slice(line.as_bytes());
-            lines.resize(lines.len() + value, b'v');
-            lines.extend_from_slice(b"\r\n");
-        }
-        assert_eq!(lines.len(), bytes);
-        lines
-    }
     // Numbers: a chunk size of 15 hex digits and a length of 18 decimal
     // ones are read (then the body is missing); one digit more is refused.
     for (answer, refusal) in [
@@ -295,6 +282,19 @@ fn every_limit_is_reached_and_not_passed() {
         );
     }
 
+    /// `fields` trailer fields of `bytes` bytes in all, line ends included.
+    fn trailers(fields: usize, bytes: usize) -> Vec<u8> {
+        let mut lines = Vec::new();
+        for i in 0..fields {
+            let line = format!("t{i}: ");
+            let value = bytes / fields - line.len() - 2 + usize::from(i == 0) * (bytes % fields);
+            lines.extend_from_slice(line.as_bytes());
+            lines.resize(lines.len() + value, b'v');
+            lines.extend_from_slice(b"\r\n");
+        }
+        assert_eq!(lines.len(), bytes);
+        lines
+    }
     for (fields, bytes, read) in [
         (2, 8 * 1024, true),
         (2, 8 * 1024 + 1, false),
