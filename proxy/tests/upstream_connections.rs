@@ -88,13 +88,10 @@ async fn upstream(
                         let _ = seen.send(Seen::Request(n, String::from_utf8(head).unwrap()));
                         requests += 1;
                         match (&close, requests) {
-                            (Close::AtSecondRequest, 2) => {
-                                drop(stream);
-                                let _ = seen.send(Seen::ClosedByUpstream(n));
-                                return;
-                            }
-                            (Close::ResetAtSecondRequest, 2) => {
-                                stream.set_zero_linger().unwrap();
+                            (Close::AtSecondRequest | Close::ResetAtSecondRequest, 2) => {
+                                if let Close::ResetAtSecondRequest = close {
+                                    stream.set_zero_linger().unwrap();
+                                }
                                 drop(stream);
                                 let _ = seen.send(Seen::ClosedByUpstream(n));
                                 return;
@@ -140,15 +137,19 @@ fn client_replaying_after(replay_after_idle: Duration) -> (HttpClient, Counter) 
     (upstream::client(None, reuse).unwrap(), replays)
 }
 
-async fn get(client: &HttpClient, addr: SocketAddr, method: Method) -> (StatusCode, String) {
-    let request = Request::builder()
+/// A bodiless Loki query to `addr`, sent with `method`.
+fn query(addr: SocketAddr, method: Method) -> Request<body::ProxyBody> {
+    Request::builder()
         .method(method)
         .uri(format!(
             "http://{addr}/loki/api/v1/query_range?query=%7Bapp%3D%22a%22%7D"
         ))
         .body(body::empty())
-        .unwrap();
-    exchange(client, request).await.unwrap()
+        .unwrap()
+}
+
+async fn get(client: &HttpClient, addr: SocketAddr, method: Method) -> (StatusCode, String) {
+    exchange(client, query(addr, method)).await.unwrap()
 }
 
 /// The answer's status and body.
@@ -524,11 +525,7 @@ async fn a_request_answered_with_garbage_is_not_sent_again() {
             get(&client, addr, method.clone()).await,
             (StatusCode::OK, "hello".into())
         );
-        let request = Request::builder()
-            .method(method.clone())
-            .uri(format!("http://{addr}/"))
-            .body(body::empty());
-        match exchange(&client, request.unwrap()).await {
+        match exchange(&client, query(addr, method.clone())).await {
             Err(e @ UpstreamError::Plain(_)) if method == Method::GET => {
                 assert_eq!(e.to_string(), AnswerError::MalformedHead.to_string());
             }
@@ -581,11 +578,8 @@ async fn an_answer_read_to_its_length_frees_its_connection_unasked() {
             let (addr, mut events) = upstream(answer, Close::Never).await;
             let client = client();
             for _ in 0..3 {
-                let request = Request::builder()
-                    .method(method.clone())
-                    .uri(format!("http://{addr}/"))
-                    .body(body::empty());
-                let mut body = client.request(request.unwrap()).await.unwrap().into_body();
+                let request = query(addr, method.clone());
+                let mut body = client.request(request).await.unwrap().into_body();
                 let mut read = 0;
                 while read < length {
                     let frame = body.frame().await.unwrap().unwrap();
