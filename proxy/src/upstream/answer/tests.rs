@@ -60,6 +60,14 @@ fn answers_framed_by_length_or_chunks_are_read_whole_and_reusable() {
         ok("hello")
     );
     assert_eq!(body_and_reuse(CHUNKED), ok("hello world"));
+    // Tabs are blanks, not control characters.
+    assert_eq!(
+        body_and_reuse(
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n\
+            5\t;e=\tv\r\nhello\r\n0\r\nx-t:\ta\tb\r\n\r\n"
+        ),
+        ok("hello")
+    );
     assert_eq!(
         body_and_reuse(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}"),
         ok("{}")
@@ -112,7 +120,7 @@ fn a_connection_is_reused_only_when_the_answer_allows_it_and_ends_the_bytes() {
 #[test]
 fn what_is_not_fully_understood_is_refused() {
     use AnswerError::*;
-    let cases: [(&[u8], AnswerError); 23] = [
+    let cases: [(&[u8], AnswerError); 30] = [
         (
             b"HTTP/1.1 200 OK\r\ncontent-length: \r\n\r\n",
             BadContentLength,
@@ -193,6 +201,39 @@ fn what_is_not_fully_understood_is_refused() {
             b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\nhello\r\n0\r\n\r\n",
             BadChunk,
         ),
+        // A bare LF ends no line: not after an extension, not in a
+        // trailer, not as the whole line.
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5;e=v\nhello\r\n0\r\n\r\n",
+            BadChunk,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0\r\nx-t: 1\n\r\n",
+            BadChunk,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n\n5\r\nhello\r\n0\r\n\r\n",
+            BadChunk,
+        ),
+        // After a chunk's size: blanks, then nothing or `;` only.
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5x\r\nhello\r\n0\r\n\r\n",
+            BadChunk,
+        ),
+        // Control characters: in an extension, in a trailer's value.
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5;e=\x01\r\nhello\r\n0\r\n\r\n",
+            BadChunk,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0\r\nx-t: a\x7fb\r\n\r\n",
+            BadChunk,
+        ),
+        // A trailer without a name.
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0\r\n: 1\r\n\r\n",
+            BadChunk,
+        ),
     ];
     for (input, refusal) in cases {
         assert_eq!(
@@ -248,7 +289,12 @@ fn every_limit_is_reached_and_not_passed() {
         answer.extend_from_slice(b"\r\n");
         answer
     }
-    assert_eq!(whole(&chunked(4 * 1024, b"")).unwrap().1, b"A");
+    let longest = chunked(4 * 1024, b"");
+    assert_eq!(whole(&longest).unwrap().1, b"A");
+    // Arriving without its line end, or with only its CR, the longest
+    // line is waited for, not refused.
+    let cr = longest.windows(5).position(|w| w == b"\r\nA\r\n").unwrap();
+    assert_eq!(read(&longest, &[cr, cr + 1]).unwrap().1, b"A");
     assert_eq!(
         whole(&chunked(4 * 1024 + 1, b"")).map(|_| ()),
         Err(AnswerError::BadChunk)
