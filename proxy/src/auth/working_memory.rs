@@ -41,6 +41,8 @@ struct Pool {
     spare: Vec<Vec<Block>>,
     /// Blocks allocated: spare and in use.
     allocated: usize,
+    /// Hashes waiting for room.
+    waiting: usize,
     last_returned: Instant,
 }
 
@@ -53,6 +55,7 @@ impl WorkingMemory {
             state: Mutex::new(Pool {
                 spare: Vec::new(),
                 allocated: 0,
+                waiting: 0,
                 last_returned: Instant::now(),
             }),
             returned: Condvar::new(),
@@ -97,11 +100,13 @@ impl WorkingMemory {
             if now >= deadline {
                 return Err(OverBudget);
             }
+            pool.waiting += 1;
             pool = self
                 .returned
                 .wait_timeout(pool, deadline - now)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
+            pool.waiting -= 1;
         }
     }
 
@@ -126,6 +131,11 @@ impl WorkingMemory {
     /// Blocks allocated, spare and in use.
     pub fn allocated_blocks(&self) -> usize {
         self.lock().allocated
+    }
+
+    /// Hashes waiting for a buffer to come back.
+    pub fn waiting(&self) -> usize {
+        self.lock().waiting
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Pool> {
@@ -156,6 +166,18 @@ mod tests {
         assert_eq!(memory.with(101, |_| ()), Err(OverBudget), "never fits");
         memory.release_if_idle(Duration::ZERO);
         assert_eq!(memory.allocated_blocks(), 0);
+    }
+
+    /// Spares are freed only for room the budget lacks: a hash that fits
+    /// beside them exactly leaves them.
+    #[test]
+    fn a_spare_is_kept_when_a_larger_hash_fits_beside_it() {
+        let memory = WorkingMemory::new(100 * KIB, Duration::ZERO);
+        memory.with(40, |_| ()).unwrap();
+        memory.with(60, |b| assert_eq!(b.len(), 60)).unwrap();
+        assert_eq!(memory.allocated_blocks(), 100, "the 40 kept beside the 60");
+        memory.with(40, |_| ()).unwrap();
+        assert_eq!(memory.allocated_blocks(), 100, "and reused");
     }
 
     #[test]
@@ -196,6 +218,12 @@ mod tests {
             let memory = memory.clone();
             std::thread::spawn(move || memory.with(60, |b| b.len()))
         };
+        // The buffer comes back only once the waiter waits for it.
+        let give_up = Instant::now() + Duration::from_secs(30);
+        while memory.waiting() == 0 && !waiter.is_finished() && Instant::now() < give_up {
+            std::thread::yield_now();
+        }
+        assert_eq!(memory.waiting(), 1, "the hash without room waits");
         finish.send(()).unwrap();
         assert_eq!(waiter.join().unwrap(), Ok(60));
         holder.join().unwrap();
