@@ -280,3 +280,138 @@ pub struct RpcStatus {
     #[prost(string, tag = "2")]
     pub message: String,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::admission::Refusal;
+
+    fn cause() -> Box<dyn std::error::Error + Send + Sync> {
+        "refused".into()
+    }
+
+    /// What a client acts on, for every error: the status (retry on 429
+    /// and 5xx, drop on 4xx), the Prometheus/Loki `errorType`, the
+    /// `Retry-After` in seconds, and the gRPC code an OTLP sender reads.
+    #[tokio::test]
+    async fn every_error_answers_with_its_status_type_wait_and_grpc_code() {
+        let wait = |secs: u64| Duration::from_millis(secs * 1000 - 500);
+        let cases: Vec<(ProxyError, u16, &str, Option<&str>, i32)> = vec![
+            (ProxyError::Unauthenticated, 401, "unauthorized", None, 16),
+            (
+                ProxyError::AuthThrottled {
+                    retry_after: wait(7),
+                },
+                429,
+                "unavailable",
+                Some("7"),
+                8,
+            ),
+            (
+                ProxyError::MissingScope(Scope::LogsWrite),
+                403,
+                "forbidden",
+                None,
+                7,
+            ),
+            (
+                ProxyError::SelectorNotEnforceable,
+                403,
+                "forbidden",
+                None,
+                7,
+            ),
+            (ProxyError::Foreign("x".into()), 403, "forbidden", None, 7),
+            (ProxyError::RouteNotFound, 404, "not_found", None, 5),
+            (
+                ProxyError::MethodNotAllowed {
+                    allow: vec![Method::GET],
+                },
+                405,
+                "bad_data",
+                None,
+                12,
+            ),
+            (ProxyError::BadPath("x"), 400, "bad_data", None, 3),
+            (ProxyError::BadData("x".into()), 400, "bad_data", None, 3),
+            (
+                ProxyError::BodyTooLarge { limit: 1 },
+                413,
+                "bad_data",
+                None,
+                3,
+            ),
+            (ProxyError::BodyTimeout, 408, "bad_data", None, 4),
+            (
+                ProxyError::TenantLimited(Refusal::Rate(wait(3))),
+                429,
+                "unavailable",
+                Some("3"),
+                8,
+            ),
+            (
+                ProxyError::TenantLimited(Refusal::Concurrency),
+                429,
+                "unavailable",
+                Some("1"),
+                8,
+            ),
+            (ProxyError::Overloaded, 503, "unavailable", Some("1"), 14),
+            (
+                ProxyError::UnsupportedMediaType("x".into()),
+                415,
+                "bad_data",
+                None,
+                3,
+            ),
+            (ProxyError::RemoteWriteUnconfirmed, 415, "bad_data", None, 3),
+            (
+                ProxyError::TenantsNotLoaded,
+                503,
+                "unavailable",
+                Some("5"),
+                14,
+            ),
+            (ProxyError::VerifierBusy, 503, "unavailable", Some("5"), 14),
+            (
+                ProxyError::UpstreamUnavailable(cause()),
+                502,
+                "upstream",
+                None,
+                14,
+            ),
+            (
+                ProxyError::UpstreamUnavailable(cause()).on_push_path(),
+                503,
+                "upstream",
+                Some("5"),
+                14,
+            ),
+            (ProxyError::UpstreamTimeout, 504, "upstream", None, 4),
+            (ProxyError::Internal("x".into()), 500, "internal", None, 13),
+            (
+                ProxyError::Internal("x".into()).on_push_path(),
+                503,
+                "internal",
+                Some("5"),
+                14,
+            ),
+        ];
+        for (error, status, error_type, retry_after, grpc) in cases {
+            let name = format!("{error:?}");
+            let (code, message) = (error.grpc_code(), error.to_string());
+            let response = error.into_response();
+            assert_eq!(response.status().as_u16(), status, "{name}");
+            let header = |name| response.headers().get(name).map(|v| v.to_str().unwrap());
+            assert_eq!(header(header::RETRY_AFTER), retry_after, "{name}");
+            assert_eq!(code, grpc, "{name}");
+            let body = http_body_util::BodyExt::collect(response.into_body())
+                .await
+                .unwrap()
+                .to_bytes();
+            let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(body["errorType"], error_type, "{name}");
+            assert_eq!(body["error"], message, "{name}");
+        }
+    }
+}
