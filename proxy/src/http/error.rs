@@ -402,8 +402,8 @@ mod tests {
             let (code, message) = (error.grpc_code(), error.to_string());
             let response = error.into_response();
             assert_eq!(response.status().as_u16(), status, "{name}");
-            let header = |name| response.headers().get(name).map(|v| v.to_str().unwrap());
-            assert_eq!(header(header::RETRY_AFTER), retry_after, "{name}");
+            let wait = response.headers().get(header::RETRY_AFTER);
+            assert_eq!(wait.map(|v| v.to_str().unwrap()), retry_after, "{name}");
             assert_eq!(code, grpc, "{name}");
             let body = http_body_util::BodyExt::collect(response.into_body())
                 .await

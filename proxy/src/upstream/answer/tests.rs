@@ -37,6 +37,16 @@ fn whole(input: &[u8]) -> Result<(Head, Vec<u8>, bool), AnswerError> {
     read(input, &[])
 }
 
+/// The reader refuses `input`, read whole, with `refusal`.
+fn assert_refused(input: &[u8], refusal: AnswerError) {
+    assert_eq!(
+        whole(input).map(|_| ()),
+        Err(refusal),
+        "{}",
+        String::from_utf8_lossy(input)
+    );
+}
+
 fn body_and_reuse(input: &[u8]) -> (StatusCode, String, bool) {
     let (head, body, reusable) = whole(input).unwrap();
     (head.status, String::from_utf8(body).unwrap(), reusable)
@@ -236,20 +246,15 @@ fn what_is_not_fully_understood_is_refused() {
         ),
     ];
     for (input, refusal) in cases {
-        assert_eq!(
-            whole(input).map(|_| ()),
-            Err(refusal),
-            "{}",
-            String::from_utf8_lossy(input)
-        );
+        assert_refused(input, refusal);
     }
     let informational = b"HTTP/1.1 100 Continue\r\n\r\n".repeat(MAX_INFORMATIONAL + 1);
-    assert_eq!(whole(&informational).map(|_| ()), Err(UnexpectedStatus));
+    assert_refused(&informational, UnexpectedStatus);
     let long = format!(
         "HTTP/1.1 200 OK\r\nx: {}\r\n\r\n",
         "a".repeat(MAX_HEAD_BYTES)
     );
-    assert_eq!(whole(long.as_bytes()).map(|_| ()), Err(HeadTooLarge));
+    assert_refused(long.as_bytes(), HeadTooLarge);
 }
 
 /// Each limit lets through what reaches it and refuses one byte, field or
@@ -268,10 +273,7 @@ fn every_limit_is_reached_and_not_passed() {
         head
     }
     assert!(whole(&head_of(64 * 1024)).is_ok());
-    assert_eq!(
-        whole(&head_of(64 * 1024 + 1)).map(|_| ()),
-        Err(AnswerError::HeadTooLarge)
-    );
+    assert_refused(&head_of(64 * 1024 + 1), AnswerError::HeadTooLarge);
     // 64 KiB of a head not yet ended: refused without waiting for more.
     let mut unended = BytesMut::from(&head_of(64 * 1024 + 1)[..64 * 1024]);
     assert_eq!(
@@ -295,10 +297,7 @@ fn every_limit_is_reached_and_not_passed() {
     // line is waited for, not refused.
     let cr = longest.windows(5).position(|w| w == b"\r\nA\r\n").unwrap();
     assert_eq!(read(&longest, &[cr, cr + 1]).unwrap().1, b"A");
-    assert_eq!(
-        whole(&chunked(4 * 1024 + 1, b"")).map(|_| ()),
-        Err(AnswerError::BadChunk)
-    );
+    assert_refused(&chunked(4 * 1024 + 1, b""), AnswerError::BadChunk);
 
     // Numbers: a chunk size of 15 hex digits and a length of 18 decimal
     // ones are read (then the body is missing); one digit more is refused.
@@ -320,12 +319,7 @@ fn every_limit_is_reached_and_not_passed() {
             AnswerError::BadContentLength,
         ),
     ] {
-        assert_eq!(
-            whole(answer).map(|_| ()),
-            Err(refusal),
-            "{}",
-            String::from_utf8_lossy(answer)
-        );
+        assert_refused(answer, refusal);
     }
 
     /// `fields` trailer fields of `bytes` bytes in all, line ends included.
