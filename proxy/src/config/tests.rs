@@ -32,6 +32,33 @@ fn a_request_head_is_bounded_both_ways() {
 }
 
 #[test]
+fn a_request_head_holds_at_least_32_fields() {
+    let err = Config::parse(&format!("{MINIMAL}limits:\n  max_header_count: 31\n")).unwrap_err();
+    assert!(
+        err.contains("limits.max_header_count must be at least 32"),
+        "{err}"
+    );
+    let c = Config::parse(&format!("{MINIMAL}limits:\n  max_header_count: 32\n")).unwrap();
+    assert_eq!(c.limits.max_header_count, 32);
+}
+
+/// Tenants must not reach `/metrics` and `/readyz`: one address for both
+/// listeners is refused, but port 0 twice (two ports the system picks, as
+/// the tests run it) is two listeners.
+#[test]
+fn the_admin_listener_is_apart_from_the_tenants_one() {
+    let same = MINIMAL.replace("127.0.0.1:8081", "127.0.0.1:8080");
+    let err = Config::parse(&same).unwrap_err();
+    assert!(
+        err.contains("`listen` and `admin_listen` must differ"),
+        "{err}"
+    );
+    let picked = MINIMAL.replace(":8080", ":0").replace(":8081", ":0");
+    let c = Config::parse(&picked).unwrap();
+    assert_eq!((c.listen.port(), c.admin_listen.port()), (0, 0));
+}
+
+#[test]
 fn a_listener_takes_at_least_one_connection() {
     let err = Config::parse(&format!("{MINIMAL}limits:\n  max_connections: 0\n")).unwrap_err();
     assert!(
@@ -183,6 +210,33 @@ proptest::proptest! {
         let built = upstream.uri_for(&path, query.as_deref()).unwrap();
         proptest::prop_assert_eq!(reused.to_string(), built.to_string());
     }
+}
+
+/// The point of `uri_reusing`: the received path and query are shared,
+/// not copied and validated again, when nothing about them changes.
+#[test]
+fn an_unchanged_path_and_query_are_shared_not_rebuilt() {
+    let upstream = Upstream::parse("http://u:1").unwrap();
+    let received: Uri = "/loki/api/v1/query_range?query=x".parse().unwrap();
+    let sent = received.path_and_query().unwrap().as_str();
+    let reused = upstream
+        .uri_reusing("/loki/api/v1/query_range", Some("query=x"), &received)
+        .unwrap();
+    assert_eq!(
+        reused.to_string(),
+        "http://u:1/loki/api/v1/query_range?query=x"
+    );
+    assert_eq!(
+        reused.path_and_query().unwrap().as_str().as_ptr(),
+        sent.as_ptr()
+    );
+    let rewritten = upstream
+        .uri_reusing("/loki/api/v1/query_range", Some("query=y"), &received)
+        .unwrap();
+    assert_ne!(
+        rewritten.path_and_query().unwrap().as_str().as_ptr(),
+        sent.as_ptr()
+    );
 }
 
 #[test]
@@ -478,4 +532,81 @@ fn tenant_limits_are_validated_by_name_in_the_default_and_every_override() {
         let err = Config::parse(&config(limits)).unwrap_err();
         assert!(err.contains(error), "{limits}: {err}");
     }
+}
+
+/// docs/configuration.md's table of keys gives each default; writing
+/// every one explicitly must change nothing, so the table and the code
+/// cannot drift apart.
+#[test]
+fn every_documented_default_is_the_default() {
+    use serde_yaml_ng::{Mapping, Value};
+    let docs = include_str!("../../../docs/configuration.md");
+    let table = docs
+        .split_once("## Keys")
+        .and_then(|(_, rest)| rest.split_once("\n#"))
+        .expect("the Keys section")
+        .0;
+    let rows: Vec<(&str, &str)> = table
+        .lines()
+        .filter_map(|row| {
+            let mut cells = row.strip_prefix("| `")?.split(" | ");
+            Some((cells.next()?.strip_suffix('`')?, cells.next()?))
+        })
+        .collect();
+    let keys: Vec<&str> = rows.iter().map(|(key, _)| *key).collect();
+    // Every section present, so that each of its defaults applies.
+    let base = "listen: 127.0.0.1:8080\nadmin_listen: 127.0.0.1:8081\ntenants_file: t.yaml\n\
+                logs: {upstream: 'http://loki:3100'}\nmetrics: {upstream: 'http://prom:9090'}\n\
+                tls: {cert_file: c.pem, key_file: k.pem}\n\
+                tracing: {otlp_endpoint: 'http://otel:4318/v1/traces'}\n";
+    let mut explicit: Value = serde_yaml_ng::from_str(base).unwrap();
+    let mut written = Vec::new();
+    for (key, default) in rows {
+        // A literal in backquotes, not a prose default ("absent", "number
+        // of CPUs") nor another key's value (`metrics.upstream`).
+        let Some(literal) = default
+            .strip_prefix('`')
+            .and_then(|d| d.split_once('`'))
+            .map(|(literal, _)| literal)
+        else {
+            continue;
+        };
+        if keys.contains(&literal) || key.contains(['`', '{']) {
+            continue;
+        }
+        let mut section = &mut explicit;
+        let mut path = key.split('.').peekable();
+        while let Some(name) = path.next() {
+            let map = section.as_mapping_mut().expect("a section is a map");
+            if path.peek().is_none() {
+                map.insert(name.into(), serde_yaml_ng::from_str(literal).unwrap());
+                break;
+            }
+            section = map
+                .entry(name.into())
+                .or_insert_with(|| Value::Mapping(Mapping::new()));
+        }
+        written.push(key);
+    }
+    for key in [
+        "tenants_poll_interval",
+        "metrics.label",
+        "metrics.header",
+        "limits.max_decompressed_bytes",
+        "limits.upstream_idle_timeout",
+        "auth.verification_memory_bytes",
+        "trusted_proxies",
+        "tracing.sample_ratio",
+    ] {
+        assert!(written.contains(&key), "{key} not read from the table");
+    }
+    assert_eq!(written.len(), 32, "{written:?}");
+    let defaults = Config::parse(base).unwrap();
+    let explicit = Config::parse(&serde_yaml_ng::to_string(&explicit).unwrap()).unwrap();
+    assert_eq!(format!("{explicit:#?}"), format!("{defaults:#?}"));
+    assert_eq!(
+        defaults.auth.max_concurrent_verifications,
+        std::thread::available_parallelism().unwrap().get(),
+        "the number of CPUs"
+    );
 }
