@@ -36,3 +36,44 @@ impl AuthFailure {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The metric's `reason` values are the ones docs/configuration.md
+    /// lists; only a throttled login or a busy verifier tells the client
+    /// more than 401 (when to come back).
+    #[test]
+    fn each_failure_has_its_reason_and_its_answer() {
+        const WAIT: Duration = Duration::from_secs(7);
+        type Answer = fn(&ProxyError) -> bool;
+        let unauthenticated: Answer = |e| matches!(e, ProxyError::Unauthenticated);
+        let rows: [(AuthFailure, &str, Answer); 6] = [
+            (AuthFailure::MissingHeader, "missing", unauthenticated),
+            (AuthFailure::MalformedHeader, "malformed", unauthenticated),
+            (AuthFailure::UnknownUser, "unknown_user", unauthenticated),
+            (
+                AuthFailure::WrongPassword,
+                "wrong_password",
+                unauthenticated,
+            ),
+            (
+                AuthFailure::Throttled(WAIT),
+                "throttled",
+                |e| matches!(e, ProxyError::AuthThrottled { retry_after } if *retry_after == WAIT),
+            ),
+            (AuthFailure::VerifierBusy, "verifier_busy", |e| {
+                matches!(e, ProxyError::VerifierBusy)
+            }),
+        ];
+        for (failure, reason, answered_as_it_should) in rows {
+            assert_eq!(failure.reason(), reason);
+            let error = failure.into_error();
+            assert!(
+                answered_as_it_should(&error),
+                "{failure:?} answered {error:?}"
+            );
+        }
+    }
+}
