@@ -161,19 +161,28 @@ mod tests {
     async fn a_reused_timer_fires_at_its_new_deadline_not_its_old_one() {
         let start = tokio::time::Instant::now();
         let first = ReusedSleep::until(Wait::Upstream, start + Duration::from_secs(1));
-        first.await;
+        let beside = ReusedSleep::until(Wait::Upstream, start + Duration::from_secs(1));
+        tokio::join!(first, beside);
         assert_eq!(start.elapsed(), Duration::from_secs(1));
-        // The spare comes back for the next timer, which must wait its own
-        // time: from now, 5 s, not the 1 s the spare was made for.
-        let before = SPARE.with(|spare| spare.borrow()[Wait::Upstream as usize].len());
+        // A spare comes back for the next timer, which must wait its own
+        // time: from now, 5 s, not the 1 s the spare was made for. (The
+        // other spare stays: only another runtime's are thrown away.)
+        let spare = SPARE.with(|spare| {
+            let spares = &spare.borrow()[Wait::Upstream as usize];
+            let (_, last) = spares.last().expect("the first timers kept");
+            (spares.len(), &**last as *const Sleep)
+        });
+        assert_eq!(spare.0, 2);
         let second = ReusedSleep::until(
             Wait::Upstream,
             tokio::time::Instant::now() + Duration::from_secs(5),
         );
         assert_eq!(
             SPARE.with(|spare| spare.borrow()[Wait::Upstream as usize].len()),
-            before - 1
+            spare.0 - 1
         );
+        let reused = second.sleep.as_ref().expect("a timer");
+        assert_eq!(&**reused as *const Sleep, spare.1, "the same timer");
         second.await;
         assert_eq!(start.elapsed(), Duration::from_secs(6));
     }
@@ -190,6 +199,32 @@ mod tests {
         let later = ReusedSleep::until(Wait::Upstream, start + Duration::from_secs(3));
         later.await;
         assert_eq!(start.elapsed(), Duration::from_secs(3));
+    }
+
+    /// hyper's request-head clock: each sleep waits its own duration, and a
+    /// reset moves it to its new deadline.
+    #[tokio::test(start_paused = true)]
+    async fn hypers_timer_waits_its_duration_and_moves_when_reset() {
+        use hyper::rt::Timer;
+        let start = tokio::time::Instant::now();
+        ReusingTimer.sleep(Duration::from_secs(2)).await;
+        assert_eq!(start.elapsed(), Duration::from_secs(2));
+        let mut sleep = ReusingTimer.sleep_until(ReusingTimer.now() + Duration::from_secs(1));
+        ReusingTimer.reset(&mut sleep, ReusingTimer.now() + Duration::from_secs(3));
+        sleep.await;
+        assert_eq!(start.elapsed(), Duration::from_secs(5));
+    }
+
+    /// A burst's timers are kept only up to the bound.
+    #[tokio::test(start_paused = true)]
+    async fn at_most_max_spare_timers_are_kept() {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+        let burst: Vec<_> = (0..MAX_SPARE + 1)
+            .map(|_| ReusedSleep::until(Wait::RequestHead, deadline))
+            .collect();
+        drop(burst);
+        let kept = SPARE.with(|spare| spare.borrow()[Wait::RequestHead as usize].len());
+        assert_eq!(kept, MAX_SPARE);
     }
 
     #[test]
