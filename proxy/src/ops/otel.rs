@@ -226,10 +226,12 @@ impl UpstreamSpan {
     }
 }
 
-/// The method as span name and attribute: any other is `_OTHER`, as the
-/// HTTP semantic conventions say, so clients cannot mint span names.
+/// The method as span name and attribute: the nine the HTTP semantic
+/// conventions know, any other `_OTHER`, so clients cannot mint span names.
 fn known_method(method: &Method) -> &'static str {
     match *method {
+        Method::CONNECT => "CONNECT",
+        Method::TRACE => "TRACE",
         Method::GET => "GET",
         Method::POST => "POST",
         Method::PUT => "PUT",
@@ -295,5 +297,29 @@ impl HttpClient for CollectorClient {
             answered
         });
         Box::pin(async move { sent.await? })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Span names hold one of the methods the conventions name, never a
+    /// client's own word.
+    #[test]
+    fn a_method_is_named_only_when_the_conventions_know_it() {
+        let known = [
+            "CONNECT", "DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT", "TRACE",
+        ];
+        for name in known {
+            assert_eq!(
+                known_method(&Method::from_bytes(name.as_bytes()).unwrap()),
+                name
+            );
+        }
+        for other in ["PROPFIND", "QUERY", "get"] {
+            let method = Method::from_bytes(other.as_bytes()).unwrap();
+            assert_eq!(known_method(&method), "_OTHER", "{other}");
+        }
     }
 }
