@@ -317,7 +317,7 @@ mod tests {
                 name
             );
         }
-        for other in ["PROPFIND", "QUERY", "get"] {
+        for other in ["PROPFIND", "PURGE", "get"] {
             let method = Method::from_bytes(other.as_bytes()).unwrap();
             assert_eq!(known_method(&method), "_OTHER", "{other}");
         }
