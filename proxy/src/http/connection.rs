@@ -290,32 +290,81 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn the_stop_signal_is_polled_only_when_it_wakes_the_task() {
+    /// A stop signal fired by hand, counting its polls, that wakes the
+    /// task the way it is told to: timers and channels wake by reference
+    /// or by value, and `StopWaker` must pass on either.
+    #[derive(Clone, Default)]
+    struct Signal(Arc<std::sync::Mutex<SignalState>>);
+
+    #[derive(Default)]
+    struct SignalState {
+        polls: usize,
+        fired: bool,
+        waker: Option<Waker>,
+    }
+
+    impl Signal {
+        fn wait(&self) -> impl Future<Output = ()> {
+            let signal = self.0.clone();
+            std::future::poll_fn(move |cx| {
+                let mut state = signal.lock().unwrap();
+                state.polls += 1;
+                if state.fired {
+                    return Poll::Ready(());
+                }
+                state.waker = Some(cx.waker().clone());
+                Poll::Pending
+            })
+        }
+
+        fn fire(&self, wake: fn(Waker)) {
+            let waker = {
+                let mut state = self.0.lock().unwrap();
+                state.fired = true;
+                state.waker.take().expect("the signal was polled")
+            };
+            wake(waker);
+        }
+
+        fn polls(&self) -> usize {
+            self.0.lock().unwrap().polls
+        }
+    }
+
+    /// A busy connection told to stop by a signal that wakes with `wake`.
+    async fn busy_then_stopped(wake: fn(Waker)) {
         let (idle, is_idle) = tokio::sync::oneshot::channel();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let stop_polls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let counted = stop_polls.clone();
-        let mut stopped = stopped;
-        let stop_signal = std::future::poll_fn(move |cx| {
-            counted.fetch_add(1, Ordering::Relaxed);
-            Pin::new(&mut stopped).poll(cx).map(|_| ())
-        });
+        let signal = Signal::default();
         let busy = Busy {
             wakes: 100,
             polls: 0,
             idle: Some(idle),
             told: false,
         };
-        let served = tokio::spawn(until_stopped(busy, stop_signal, |busy| {
+        let served = tokio::spawn(until_stopped(busy, signal.wait(), |busy| {
             busy.get_mut().told = true
         }));
         is_idle.await.unwrap();
-        assert_eq!(stop_polls.load(Ordering::Relaxed), 1, "once, at the start");
-        stop.send(()).unwrap();
+        assert_eq!(signal.polls(), 1, "once, at the start");
+        signal.fire(wake);
+        // On the paused clock, a task never woken meets this bound at once.
+        let polls = tokio::time::timeout(Duration::from_secs(3600), served)
+            .await
+            .expect("the signal woke the task")
+            .unwrap();
         // Polled 101 times before the signal, then once to finish.
-        assert_eq!(served.await.unwrap(), 102);
-        assert_eq!(stop_polls.load(Ordering::Relaxed), 2);
+        assert_eq!(polls, 102);
+        assert_eq!(signal.polls(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_stop_signal_is_polled_only_when_it_wakes_the_task() {
+        busy_then_stopped(|waker| waker.wake_by_ref()).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stop_signal_waking_by_value_stops_it_too() {
+        busy_then_stopped(Waker::wake).await;
     }
 
     #[tokio::test(start_paused = true)]
@@ -377,5 +426,112 @@ mod tests {
         let (_crowding, crowded) = watch::channel(false);
         tokio::join!(quiet.for_a_whole(PERIOD, crowded), traffic);
         assert_eq!(started.elapsed(), Duration::from_secs(90));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_end_of_the_stream_is_no_byte_moved() {
+        let (mut marked, quiet, client) = pair();
+        drop(client);
+        let started = Instant::now();
+        assert_eq!(marked.read(&mut [0; 1]).await.unwrap(), 0, "the end");
+        let (_crowding, crowded) = watch::channel(false);
+        quiet.for_a_whole(PERIOD, crowded).await;
+        assert_eq!(started.elapsed(), PERIOD);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bytes_written_vectored_count_too() {
+        let (mut marked, quiet, mut client) = pair();
+        let started = Instant::now();
+        let traffic = async {
+            // Out at 20 s, seen by the look at 30 s: quiet at 60 s.
+            tokio::time::sleep(Duration::from_secs(20)).await;
+            let slices = [io::IoSlice::new(b""), io::IoSlice::new(b"yz")];
+            assert_eq!(marked.write_vectored(&slices).await.unwrap(), 2);
+            let mut two = [0; 2];
+            client.read_exact(&mut two).await.unwrap();
+            assert_eq!(&two, b"yz");
+        };
+        let (_crowding, crowded) = watch::channel(false);
+        tokio::join!(quiet.for_a_whole(PERIOD, crowded), traffic);
+        assert_eq!(started.elapsed(), Duration::from_secs(60));
+    }
+
+    /// hyper writes vectored only when the stream says it can.
+    #[test]
+    fn whether_writes_are_vectored_is_the_streams_answer() {
+        let (duplex, _) = tokio::io::duplex(64);
+        assert!(Marked::new(duplex).0.is_write_vectored(), "as DuplexStream");
+        assert!(!Marked::new(Unvectored).0.is_write_vectored());
+    }
+
+    /// A stream that does not write vectored (tokio's own all do).
+    struct Unvectored;
+
+    impl AsyncWrite for Unvectored {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            Poll::Ready(Ok(buf.len()))
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// What the stream under it does, a marked stream does: flushing what
+    /// it holds, shutting down.
+    #[tokio::test(start_paused = true)]
+    async fn flush_and_shutdown_reach_the_stream_underneath() {
+        let (server, mut client) = tokio::io::duplex(64);
+        let (mut marked, _quiet) = Marked::new(tokio::io::BufWriter::new(server));
+        let hour = Duration::from_secs(3600);
+        let mut one = [0; 1];
+        marked.write_all(b"x").await.unwrap();
+        marked.flush().await.unwrap();
+        tokio::time::timeout(hour, client.read_exact(&mut one))
+            .await
+            .expect("flushed")
+            .unwrap();
+        marked.shutdown().await.unwrap();
+        let end = tokio::time::timeout(hour, client.read(&mut one)).await;
+        assert_eq!(end.expect("shut down").unwrap(), 0);
+    }
+
+    /// The server's own stack, on a loopback socket: bytes both ways, and
+    /// vectored writes offered to hyper as TCP offers them.
+    #[tokio::test]
+    async fn a_plain_transport_carries_bytes_both_ways() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (accepted, _) = listener.accept().await.unwrap();
+        let (mut server, _quiet) = Marked::new(Transport::Plain(accepted));
+        assert!(server.is_write_vectored(), "as TCP is");
+        client.write_all(b"ping").await.unwrap();
+        let mut four = [0; 4];
+        server.read_exact(&mut four).await.unwrap();
+        assert_eq!(&four, b"ping");
+        let slices = [io::IoSlice::new(b"po"), io::IoSlice::new(b"ng")];
+        // Four bytes into an empty socket buffer: written whole.
+        assert_eq!(server.write_vectored(&slices).await.unwrap(), 4);
+        server.write_all(b"!").await.unwrap();
+        server.flush().await.unwrap();
+        server.shutdown().await.unwrap();
+        let mut answer = Vec::new();
+        // A bound, not a wait: the end arrives at once unless shutdown is lost.
+        tokio::time::timeout(Duration::from_secs(30), client.read_to_end(&mut answer))
+            .await
+            .expect("the end of the stream")
+            .unwrap();
+        assert_eq!(answer, b"pong!");
     }
 }
