@@ -314,3 +314,66 @@ impl Drop for Held {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use futures_util::FutureExt;
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_waits_for_its_trigger() {
+        let (trigger, triggered) = tokio::sync::oneshot::channel::<()>();
+        let shutdown = Shutdown::new(async move {
+            let _ = triggered.await;
+        });
+        let hour = Duration::from_secs(3600);
+        let early = tokio::time::timeout(hour, shutdown.clone().wait()).await;
+        assert!(early.is_err(), "no shutdown before the trigger");
+        trigger.send(()).unwrap();
+        tokio::time::timeout(hour, shutdown.wait())
+            .await
+            .expect("shutdown once triggered");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_warning_is_due_at_first_then_once_a_minute() {
+        let mut warning = EveryMinute::default();
+        assert!(warning.due(), "the first time");
+        tokio::time::advance(Duration::from_secs(59)).await;
+        assert!(!warning.due(), "within the minute");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(warning.due(), "a minute after the last");
+        assert!(!warning.due(), "counted from then");
+    }
+
+    #[tokio::test]
+    async fn a_listener_is_full_without_a_slot_and_has_room_at_a_tenth_free() {
+        let open = Gauge::default();
+        let slots = Slots::new(20, Some(open.clone()));
+        let mut crowded = slots.crowded();
+        let mut held: Vec<Held> = (0..20)
+            .map(|_| slots.hold(slots.try_reserve().expect("a free slot")))
+            .collect();
+        assert_eq!(open.get(), 20);
+        assert!(
+            !crowded.has_changed().unwrap(),
+            "full only when one is refused"
+        );
+        assert!(slots.try_reserve().is_none());
+        assert!(crowded.has_changed().unwrap() && *crowded.borrow_and_update());
+        assert!(slots.try_reserve().is_none());
+        assert!(!crowded.has_changed().unwrap(), "told once");
+        assert!(slots.reserve().now_or_never().is_none(), "waits while full");
+        // Two of twenty is a tenth: still full with one free.
+        held.pop();
+        assert_eq!(open.get(), 19);
+        assert!(!crowded.has_changed().unwrap(), "one free is not room");
+        held.pop();
+        assert!(crowded.has_changed().unwrap() && !*crowded.borrow_and_update());
+        held.pop();
+        assert!(!crowded.has_changed().unwrap(), "told once");
+        assert_eq!(open.get(), 17);
+        assert!(slots.reserve().await.is_some(), "a free slot at once");
+    }
+}
