@@ -209,4 +209,133 @@ mod tests {
             "and at the tick"
         );
     }
+
+    /// A self-signed certificate and its key, written where `config` says.
+    fn write_self_signed(config: &TlsConfig, name: &str) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let params = rcgen::CertificateParams::new(vec![name.to_string()]).unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        std::fs::write(&config.cert_file, cert.pem()).unwrap();
+        std::fs::write(&config.key_file, key.serialize_pem()).unwrap();
+    }
+
+    fn config_in(dir: &Path) -> TlsConfig {
+        TlsConfig {
+            cert_file: dir.join("tls.crt"),
+            key_file: dir.join("tls.key"),
+            client_ca_file: None,
+            reload_interval: Duration::from_secs(3600),
+        }
+    }
+
+    #[test]
+    fn a_certificate_and_key_load_offering_http2_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = config_in(dir.path());
+        write_self_signed(&config, "proxy.test");
+        let server = load(&config).unwrap();
+        assert_eq!(server.alpn_protocols, [&b"h2"[..], b"http/1.1"]);
+        // Its own certificate as the client CA: a bundle with a root in it.
+        config.client_ca_file = Some(config.cert_file.clone());
+        load(&config).expect("a client CA bundle with a root");
+    }
+
+    #[test]
+    fn each_file_that_cannot_serve_is_named_in_the_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = config_in(dir.path());
+        write_self_signed(&config, "proxy.test");
+        let cert_file = config.cert_file.display().to_string();
+        let key_file = config.key_file.display().to_string();
+
+        config.client_ca_file = Some(dir.path().join("missing-ca.crt"));
+        let error = load(&config).unwrap_err();
+        assert!(error.starts_with(&format!(
+            "{}: ",
+            dir.path().join("missing-ca.crt").display()
+        )));
+        config.client_ca_file = None;
+
+        std::fs::write(&config.key_file, "").unwrap();
+        assert!(load(&config)
+            .unwrap_err()
+            .starts_with(&format!("{key_file}: ")));
+
+        std::fs::write(&config.cert_file, "").unwrap();
+        assert_eq!(
+            load(&config).unwrap_err(),
+            format!("{cert_file}: no certificate")
+        );
+    }
+
+    #[test]
+    fn a_changed_certificate_is_reloaded_and_a_broken_one_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = config_in(dir.path());
+        write_self_signed(&config, "first.test");
+        let metrics = Arc::new(Metrics::default());
+        let mut reloader = TlsReloader::new(config.clone(), metrics.clone()).unwrap();
+        let current = reloader.current();
+        let reloads = reloader.reloads();
+        let first = current.load_full();
+
+        reloader.check();
+        assert!(Arc::ptr_eq(&first, &current.load_full()), "unchanged files");
+        assert_eq!(*reloads.borrow(), 0);
+
+        write_self_signed(&config, "second.test");
+        reloader.check();
+        let second = current.load_full();
+        assert!(!Arc::ptr_eq(&first, &second), "a new certificate in force");
+        assert_eq!(*reloads.borrow(), 1);
+
+        std::fs::write(&config.cert_file, "not a certificate").unwrap();
+        reloader.check();
+        reloader.check();
+        assert!(
+            Arc::ptr_eq(&second, &current.load_full()),
+            "the last good one stays"
+        );
+        assert_eq!(*reloads.borrow(), 1);
+        assert_eq!(
+            metrics.tls_reload_failures.get(),
+            1,
+            "counted once per change"
+        );
+
+        write_self_signed(&config, "third.test");
+        reloader.check();
+        assert_eq!(*reloads.borrow(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_running_reloader_checks_when_asked_and_stops_at_shutdown() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = config_in(dir.path());
+        write_self_signed(&config, "first.test");
+        let reloader = TlsReloader::new(config.clone(), Arc::new(Metrics::default())).unwrap();
+        let mut reloads = reloader.reloads();
+        let (recheck, (stop, stopped)) = (Recheck::default(), tokio::sync::oneshot::channel());
+        let running = tokio::spawn(reloader.run(
+            config.reload_interval,
+            async move {
+                let _ = stopped.await;
+            },
+            recheck.subscribe(),
+        ));
+        write_self_signed(&config, "second.test");
+        recheck.now();
+        // On the paused clock, a check that never came meets this bound at once.
+        let hour = Duration::from_secs(3600);
+        tokio::time::timeout(hour / 2, reloads.changed())
+            .await
+            .expect("reloaded when asked")
+            .unwrap();
+        assert_eq!(*reloads.borrow(), 1);
+        stop.send(()).unwrap();
+        tokio::time::timeout(hour, running)
+            .await
+            .expect("stopped at shutdown")
+            .unwrap();
+    }
 }
