@@ -525,6 +525,21 @@ async fn connections_beyond_the_cap_per_address_are_closed_on_arrival() {
         logs.contains("further ones from it are closed on arrival") && logs.contains("127.0.0.1"),
         "{logs}"
     );
+    // The admin listener's clients are the platform's probes and scraper:
+    // the same address opens more there than its cap, each answered.
+    let mut probes = Vec::new();
+    for _ in 0..3 {
+        let mut probe = tokio::net::TcpStream::connect(proxy.admin_addr)
+            .await
+            .unwrap();
+        probe
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: p\r\n\r\n")
+            .await
+            .unwrap();
+        let head = answered(&mut probe, Duration::from_secs(10)).await.unwrap();
+        assert!(head.starts_with("HTTP/1.1 200"), "admin: {head}");
+        probes.push(probe);
+    }
 
     // One ends; once the proxy has seen it go (the gauge, which drops after
     // the address's count), the address may open another.

@@ -6,7 +6,6 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use http::{header, HeaderValue, Request, Response, StatusCode};
-use hyper::body::Incoming;
 use tokio::net::TcpListener;
 
 use crate::config::Limits;
@@ -69,9 +68,10 @@ pub async fn serve(
     .await;
 }
 
-async fn handle(
+/// Answers by the path alone: no admin request carries a body to read.
+async fn handle<B>(
     state: Arc<dyn AdminState>,
-    request: Request<Incoming>,
+    request: Request<B>,
 ) -> Result<Response<ProxyBody>, Infallible> {
     let (status, content_type, text) = match request.uri().path() {
         "/metrics" => (StatusCode::OK, OPENMETRICS, state.metrics()),
@@ -96,4 +96,79 @@ async fn handle(
         .headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::BodyExt;
+
+    use super::*;
+
+    /// A state whose readiness the test sets.
+    struct Fixed {
+        ready: bool,
+    }
+
+    impl AdminState for Fixed {
+        fn metrics(&self) -> String {
+            "up 1\n# EOF\n".to_owned()
+        }
+
+        fn readiness(&self) -> Result<(), &'static str> {
+            if self.ready {
+                Ok(())
+            } else {
+                Err("not yet")
+            }
+        }
+    }
+
+    /// Status, content type and text of the answer to `GET path`.
+    async fn answer(ready: bool, path: &str) -> (StatusCode, String, String) {
+        let request = Request::get(path).body(()).unwrap();
+        let response = handle(Arc::new(Fixed { ready }), request).await.unwrap();
+        let content_type = response.headers()[header::CONTENT_TYPE].to_str().unwrap();
+        let content_type = content_type.to_owned();
+        let status = response.status();
+        let text = response.into_body().collect().await.unwrap().to_bytes();
+        (
+            status,
+            content_type,
+            String::from_utf8(text.to_vec()).unwrap(),
+        )
+    }
+
+    fn text(status: StatusCode, text: &str) -> (StatusCode, String, String) {
+        (status, "text/plain".to_owned(), text.to_owned())
+    }
+
+    #[tokio::test]
+    async fn each_admin_path_has_its_answer() {
+        // The liveness probe of both containers (deploy/): alive even
+        // while not ready.
+        assert_eq!(
+            answer(false, "/healthz").await,
+            text(StatusCode::OK, "ok\n")
+        );
+        assert_eq!(
+            answer(true, "/readyz").await,
+            text(StatusCode::OK, "ready\n")
+        );
+        assert_eq!(
+            answer(false, "/readyz").await,
+            text(StatusCode::SERVICE_UNAVAILABLE, "not yet\n")
+        );
+        assert_eq!(
+            answer(true, "/metrics").await,
+            (
+                StatusCode::OK,
+                OPENMETRICS.to_owned(),
+                "up 1\n# EOF\n".to_owned()
+            )
+        );
+        assert_eq!(
+            answer(true, "/metrics/").await,
+            text(StatusCode::NOT_FOUND, "not found\n")
+        );
+    }
 }
