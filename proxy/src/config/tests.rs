@@ -31,15 +31,22 @@ fn a_request_head_is_bounded_both_ways() {
     }
 }
 
+/// `section.key` below `least` is refused, naming the key and its floor;
+/// `least` itself is taken.
+fn assert_at_least(section: &str, key: &str, least: u64, read: fn(&Config) -> u64) {
+    let below = format!("{MINIMAL}{section}:\n  {key}: {}\n", least - 1);
+    let err = Config::parse(&below).unwrap_err();
+    let floor = format!("{section}.{key} must be at least {least}");
+    assert!(err.contains(&floor), "{err}");
+    let at = Config::parse(&format!("{MINIMAL}{section}:\n  {key}: {least}\n")).unwrap();
+    assert_eq!(read(&at), least, "{section}.{key}");
+}
+
 #[test]
 fn a_request_head_holds_at_least_32_fields() {
-    let err = Config::parse(&format!("{MINIMAL}limits:\n  max_header_count: 31\n")).unwrap_err();
-    assert!(
-        err.contains("limits.max_header_count must be at least 32"),
-        "{err}"
-    );
-    let c = Config::parse(&format!("{MINIMAL}limits:\n  max_header_count: 32\n")).unwrap();
-    assert_eq!(c.limits.max_header_count, 32);
+    assert_at_least("limits", "max_header_count", 32, |c| {
+        c.limits.max_header_count as u64
+    });
 }
 
 /// Tenants must not reach `/metrics` and `/readyz`: one address for both
@@ -60,31 +67,17 @@ fn the_admin_listener_is_apart_from_the_tenants_one() {
 
 #[test]
 fn a_listener_takes_at_least_one_connection() {
-    let err = Config::parse(&format!("{MINIMAL}limits:\n  max_connections: 0\n")).unwrap_err();
-    assert!(
-        err.contains("limits.max_connections must be at least 1"),
-        "{err}"
-    );
-    let c = Config::parse(&format!("{MINIMAL}limits:\n  max_connections: 1\n")).unwrap();
-    assert_eq!(c.limits.max_connections, 1);
+    assert_at_least("limits", "max_connections", 1, |c| {
+        c.limits.max_connections as u64
+    });
     let c = Config::parse(&format!(
         "{MINIMAL}limits:\n  max_connections_per_address: 64\n"
     ))
     .unwrap();
     assert_eq!(c.limits.max_connections_per_address, 64);
-    let err = Config::parse(&format!(
-        "{MINIMAL}auth:\n  verification_memory_bytes: 67108863\n"
-    ))
-    .unwrap_err();
-    assert!(
-        err.contains("auth.verification_memory_bytes must be at least 67108864"),
-        "{err}"
-    );
-    let c = Config::parse(&format!(
-        "{MINIMAL}auth:\n  verification_memory_bytes: 67108864\n"
-    ))
-    .unwrap();
-    assert_eq!(c.auth.verification_memory_bytes, 64 << 20);
+    assert_at_least("auth", "verification_memory_bytes", 64 << 20, |c| {
+        c.auth.verification_memory_bytes
+    });
 }
 
 #[test]
