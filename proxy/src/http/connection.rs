@@ -536,4 +536,84 @@ mod tests {
             .unwrap();
         assert_eq!(answer, b"pong!");
     }
+
+    /// A server's TLS configuration for `localhost`, signed by a CA of its
+    /// own, and a client's trusting that CA.
+    fn tls_configs() -> (rustls::ServerConfig, rustls::ClientConfig) {
+        use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
+        let key = KeyPair::generate().unwrap();
+        let leaf = CertificateParams::new(vec!["localhost".to_string()])
+            .unwrap()
+            .signed_by(&key, &ca)
+            .unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let server = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![leaf.der().clone()],
+                rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
+            )
+            .unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(ca.der().clone()).unwrap();
+        let client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        (server, client)
+    }
+
+    /// What a TLS transport took while the socket was full waits in
+    /// rustls, and goes out on flush, not only with the next write or the
+    /// shutdown: hyper flushes an answer and then waits for the next
+    /// request, so an answer's tail would otherwise wait with it.
+    #[tokio::test]
+    async fn a_tls_transport_flushes_what_a_full_socket_held_back() {
+        use futures_util::FutureExt;
+        let (server_config, client_config) = tls_configs();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (client, accepted) = tokio::join!(
+            TcpStream::connect(listener.local_addr().unwrap()),
+            listener.accept()
+        );
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let (server, client) = tokio::join!(
+            tokio_rustls::TlsAcceptor::from(Arc::new(server_config)).accept(accepted.unwrap().0),
+            tokio_rustls::TlsConnector::from(Arc::new(client_config))
+                .connect(name, client.unwrap())
+        );
+        let mut server = Transport::Tls(Box::new(server.unwrap()));
+        let mut client = client.unwrap();
+        // Written until nothing more is taken: the sockets' buffers are
+        // full, and what rustls took last is still in its own.
+        let chunk = [7; 16 * 1024];
+        let mut sent = 0;
+        while let Some(written) = server.write(&chunk).now_or_never() {
+            let written = written.unwrap();
+            assert!(written > 0, "a write takes bytes or waits");
+            sent += written;
+            assert!(sent < 1 << 30, "a socket takes less than a GiB unread");
+        }
+        let read = tokio::spawn(async move {
+            let mut received = vec![0; sent];
+            client.read_exact(&mut received).await.map(|_| received)
+        });
+        // No write and no shutdown follow: the flush alone must send it.
+        server.flush().await.unwrap();
+        // A bound, not a wait: with the flush done, every byte is in the
+        // socket and read at once.
+        let received = tokio::time::timeout(Duration::from_secs(30), read)
+            .await
+            .expect("every byte written reaches the client after the flush")
+            .unwrap()
+            .unwrap();
+        assert!(received.iter().all(|&b| b == 7));
+        drop(server); // open until the client has read
+    }
 }
