@@ -507,15 +507,21 @@ mod tests {
         assert_eq!(end.expect("shut down").unwrap(), 0);
     }
 
+    /// A TCP connection on loopback: the client's end and the accepted one.
+    async fn loopback() -> (TcpStream, TcpStream) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (accepted, _) = listener.accept().await.unwrap();
+        (client, accepted)
+    }
+
     /// The server's own stack, on a loopback socket: bytes both ways, and
     /// vectored writes offered to hyper as TCP offers them.
     #[tokio::test]
     async fn a_plain_transport_carries_bytes_both_ways() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let mut client = TcpStream::connect(listener.local_addr().unwrap())
-            .await
-            .unwrap();
-        let (accepted, _) = listener.accept().await.unwrap();
+        let (mut client, accepted) = loopback().await;
         let (mut server, _quiet) = Marked::new(Transport::Plain(accepted));
         assert!(server.is_write_vectored(), "as TCP is");
         client.write_all(b"ping").await.unwrap();
@@ -577,16 +583,11 @@ mod tests {
     async fn a_tls_transport_flushes_what_a_full_socket_held_back() {
         use futures_util::FutureExt;
         let (server_config, client_config) = tls_configs();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let (client, accepted) = tokio::join!(
-            TcpStream::connect(listener.local_addr().unwrap()),
-            listener.accept()
-        );
+        let (client, accepted) = loopback().await;
         let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
         let (server, client) = tokio::join!(
-            tokio_rustls::TlsAcceptor::from(Arc::new(server_config)).accept(accepted.unwrap().0),
-            tokio_rustls::TlsConnector::from(Arc::new(client_config))
-                .connect(name, client.unwrap())
+            tokio_rustls::TlsAcceptor::from(Arc::new(server_config)).accept(accepted),
+            tokio_rustls::TlsConnector::from(Arc::new(client_config)).connect(name, client)
         );
         let mut server = Transport::Tls(Box::new(server.unwrap()));
         let mut client = client.unwrap();
