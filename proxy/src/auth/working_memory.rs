@@ -118,14 +118,19 @@ impl WorkingMemory {
         self.returned.notify_all();
     }
 
-    /// Frees the spare buffers if none has been given back for `idle`.
-    pub fn release_if_idle(&self, idle: Duration) {
+    /// Frees the spare buffers if none has been given back for `idle`, and
+    /// answers how long until that will next be so (never zero unless
+    /// `idle` is).
+    pub fn release_if_idle(&self, idle: Duration) -> Duration {
         let mut pool = self.lock();
-        if pool.last_returned.elapsed() >= idle {
-            let spare: usize = pool.spare.iter().map(Vec::len).sum();
-            pool.allocated -= spare;
-            pool.spare = Vec::new();
+        let since = pool.last_returned.elapsed();
+        if since < idle {
+            return idle - since;
         }
+        let spare: usize = pool.spare.iter().map(Vec::len).sum();
+        pool.allocated -= spare;
+        pool.spare = Vec::new();
+        idle
     }
 
     /// Blocks allocated, spare and in use.
@@ -184,8 +189,13 @@ mod tests {
     fn spares_are_kept_until_idle() {
         let memory = WorkingMemory::new(100 * KIB, Duration::ZERO);
         memory.with(40, |_| ()).unwrap();
-        memory.release_if_idle(Duration::from_secs(3600));
+        let hour = Duration::from_secs(3600);
+        let until_idle = memory.release_if_idle(hour);
         assert_eq!(memory.allocated_blocks(), 40);
+        assert!(
+            until_idle <= hour && until_idle > hour - Duration::from_secs(60),
+            "ask again when the hour since the buffer came back is over: {until_idle:?}"
+        );
     }
 
     /// A thread using `blocks` of `memory` until told to finish.
