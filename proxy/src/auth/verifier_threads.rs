@@ -87,23 +87,35 @@ mod tests {
         threads.run(job).expect("queue has room").await.unwrap()
     }
 
-    #[tokio::test]
-    async fn working_memory_is_kept_through_a_burst_and_freed_when_idle() {
-        let idle = Duration::from_millis(100);
+    const IDLE: Duration = Duration::from_millis(100);
+
+    /// `count` threads that free idle memory after [`IDLE`], and the memory
+    /// they share, after one login.
+    async fn after_one_login(count: usize) -> (VerifierThreads, Arc<WorkingMemory>) {
         let memory = Arc::new(WorkingMemory::new(64 << 20, Duration::ZERO));
-        let threads = VerifierThreads::new(1, idle, memory.clone());
+        let threads = VerifierThreads::new(count, IDLE, memory.clone());
         let hash = password::hash_password("pw").unwrap();
         let verifier = password::Verifier::argon2id(&hash).unwrap();
         let verified = run(&threads, move |memory| verifier.verify_in("pw", memory)).await;
         assert_eq!(verified, Ok(true));
+        assert_eq!(
+            memory.allocated_blocks(),
+            19 * 1024,
+            "19 MiB of 1 KiB blocks after a hash"
+        );
+        (threads, memory)
+    }
+
+    #[tokio::test]
+    async fn working_memory_is_kept_through_a_burst_and_freed_when_idle() {
+        let (threads, memory) = after_one_login(1).await;
         let held = memory.allocated_blocks();
-        assert_eq!(held, 19 * 1024, "19 MiB of 1 KiB blocks after a hash");
         // The next job comes before the idle period ends: still there.
         run(&threads, |_| ()).await;
         assert_eq!(memory.allocated_blocks(), held);
         // The release is what this test is about, and it is timed by
         // design: wait past it.
-        tokio::time::sleep(idle * 3).await;
+        tokio::time::sleep(IDLE * 3).await;
         run(&threads, |_| ()).await;
         assert_eq!(memory.allocated_blocks(), 0);
     }
@@ -114,14 +126,7 @@ mod tests {
     /// found a proxy holding its logins' 38 MiB long after the last one.
     #[tokio::test]
     async fn working_memory_is_freed_when_idle_whichever_thread_waits_for_jobs() {
-        let idle = Duration::from_millis(100);
-        let memory = Arc::new(WorkingMemory::new(64 << 20, Duration::ZERO));
-        let threads = VerifierThreads::new(2, idle, memory.clone());
-        let hash = password::hash_password("pw").unwrap();
-        let verifier = password::Verifier::argon2id(&hash).unwrap();
-        let verified = run(&threads, move |memory| verifier.verify_in("pw", memory)).await;
-        assert_eq!(verified, Ok(true));
-        assert_eq!(memory.allocated_blocks(), 19 * 1024);
+        let (_threads, memory) = after_one_login(2).await;
         // The release is timed by design; what is asserted is that it
         // comes, well within a bound far past the idle period.
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -130,7 +135,7 @@ mod tests {
                 std::time::Instant::now() < deadline,
                 "19 MiB still held 10 s after the only login"
             );
-            tokio::time::sleep(idle / 4).await;
+            tokio::time::sleep(IDLE / 4).await;
         }
     }
 }
