@@ -236,6 +236,7 @@ mod tests {
         assert_eq!(memory.waiting(), 1, "the hash without room waits");
         finish.send(()).unwrap();
         assert_eq!(waiter.join().unwrap(), Ok(60));
+        assert_eq!(memory.waiting(), 0, "and, served, waits no more");
         holder.join().unwrap();
         assert!(memory.allocated_blocks() <= 100);
     }
