@@ -11,7 +11,9 @@ use base64::Engine;
 use bytes::Bytes;
 use hdrhistogram::Histogram;
 use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
+use hyper::client::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls_pki_types::CertificateDer;
 
 use crate::bodies::Prepared;
 use crate::scenario::{Mode, Scenario};
@@ -28,6 +30,43 @@ pub struct Outcome {
 impl Outcome {
     pub fn requests(&self) -> u64 {
         self.statuses.values().sum::<u64>() + self.transport_errors
+    }
+}
+
+/// Where the load goes: a loopback address, spoken to in plain HTTP/1.1,
+/// or over TLS with HTTP/2 (ALPN `h2`), as Grafana's and the OpenTelemetry
+/// Collector's Go clients speak to an `https://` URL.
+#[derive(Clone)]
+pub struct Target {
+    pub addr: SocketAddr,
+    tls: Option<Arc<rustls::ClientConfig>>,
+}
+
+impl Target {
+    pub fn plain(addr: SocketAddr) -> Self {
+        Self { addr, tls: None }
+    }
+
+    /// TLS trusting `certificate` alone, HTTP/2 only.
+    pub fn https(addr: SocketAddr, certificate: CertificateDer<'static>) -> anyhow::Result<Self> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(certificate)?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(Self {
+            addr,
+            tls: Some(Arc::new(config)),
+        })
+    }
+}
+
+impl From<SocketAddr> for Target {
+    fn from(addr: SocketAddr) -> Self {
+        Self::plain(addr)
     }
 }
 
@@ -128,7 +167,7 @@ struct Shared {
 /// Runs warm-up then the measured phase; `on_measure(start)` is called as
 /// the measured phase starts (true) and ends (false), to snapshot the proxy.
 pub async fn run(
-    target: SocketAddr,
+    target: impl Into<Target>,
     scenario: &Scenario,
     workload: Arc<Workload>,
     mut on_measure: impl FnMut(bool),
@@ -140,6 +179,7 @@ pub async fn run(
         max_requests: scenario.max_requests,
         results: Mutex::new((Histogram::new(3).unwrap(), BTreeMap::new(), 0)),
     });
+    let target = target.into();
     let connections = scenario.connections.max(1);
     // Open loop: each connection sends at its share of the rate.
     let interval = match scenario.mode {
@@ -157,7 +197,7 @@ pub async fn run(
             tokio::spawn(worker(
                 i,
                 connections,
-                target,
+                target.clone(),
                 workload.clone(),
                 shared.clone(),
                 schedule,
@@ -193,30 +233,44 @@ pub async fn run(
     }
 }
 
-type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+/// One connection's request sender, in the protocol its target speaks.
+enum Sender {
+    Http1(http1::SendRequest<Full<Bytes>>),
+    Http2(http2::SendRequest<Full<Bytes>>),
+}
 
-async fn connect(target: SocketAddr, source: Option<std::net::Ipv4Addr>) -> Option<Sender> {
+async fn connect(target: &Target, source: Option<std::net::Ipv4Addr>) -> Option<Sender> {
     let stream = match source {
-        None => tokio::net::TcpStream::connect(target).await.ok()?,
+        None => tokio::net::TcpStream::connect(target.addr).await.ok()?,
         Some(ip) => {
             let socket = tokio::net::TcpSocket::new_v4().ok()?;
             socket.bind(SocketAddr::from((ip, 0))).ok()?;
-            socket.connect(target).await.ok()?
+            socket.connect(target.addr).await.ok()?
         }
     };
     let _ = stream.set_nodelay(true);
-    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+    let Some(tls) = &target.tls else {
+        let (sender, connection) = http1::handshake(TokioIo::new(stream)).await.ok()?;
+        tokio::spawn(connection);
+        return Some(Sender::Http1(sender));
+    };
+    let name = rustls_pki_types::ServerName::IpAddress(target.addr.ip().into());
+    let stream = tokio_rustls::TlsConnector::from(tls.clone())
+        .connect(name, stream)
+        .await
+        .ok()?;
+    let (sender, connection) = http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
         .await
         .ok()?;
     tokio::spawn(connection);
-    Some(sender)
+    Some(Sender::Http2(sender))
 }
 
 /// `schedule`: open loop's (interval, first offset); `None` for closed loop.
 async fn worker(
     index: usize,
     connections: usize,
-    target: SocketAddr,
+    target: Target,
     workload: Arc<Workload>,
     shared: Arc<Shared>,
     schedule: Option<(Duration, Duration)>,
@@ -249,11 +303,11 @@ async fn worker(
         let auth = &workload.auths[(index + (n - index) * connections) % workload.auths.len()];
         n += 1;
         if sender.is_none() {
-            sender = connect(target, None).await;
+            sender = connect(&target, None).await;
         }
         let result = match sender.as_mut() {
             None => None,
-            Some(s) => send(s, target, &request, auth).await,
+            Some(s) => send(s, target.addr, &request, auth).await,
         };
         let recording = shared.recording.load(Ordering::Acquire);
         match result {
@@ -289,19 +343,33 @@ async fn send(
     request: &Prepared,
     auth: &str,
 ) -> Option<u16> {
-    sender.ready().await.ok()?;
     let mut builder = http::Request::builder()
         .method(request.method.clone())
-        .uri(&request.path)
-        .header(http::header::HOST, target.to_string())
         .header(http::header::AUTHORIZATION, auth);
     for (name, value) in &request.headers {
         builder = builder.header(*name, *value);
     }
-    let response = sender
-        .send_request(builder.body(Full::new(request.body.clone())).ok()?)
-        .await
-        .ok()?;
+    let body = Full::new(request.body.clone());
+    let response = match sender {
+        Sender::Http1(sender) => {
+            sender.ready().await.ok()?;
+            let request = builder
+                .uri(&request.path)
+                .header(http::header::HOST, target.to_string())
+                .body(body)
+                .ok()?;
+            sender.send_request(request).await.ok()?
+        }
+        // HTTP/2 names the authority in the request line instead of `Host`.
+        Sender::Http2(sender) => {
+            sender.ready().await.ok()?;
+            let uri = format!("https://{target}{}", request.path);
+            sender
+                .send_request(builder.uri(uri).body(body).ok()?)
+                .await
+                .ok()?
+        }
+    };
     let status = response.status().as_u16();
     response.into_body().collect().await.ok()?;
     Some(status)
@@ -310,7 +378,7 @@ async fn send(
 /// Sends wrong passwords at `rate` per second from `source` until `stop`,
 /// counting answers by status. Bounded by `stop` and by `max` attempts.
 pub async fn guess(
-    target: SocketAddr,
+    target: Target,
     guessing: &crate::scenario::Guessing,
     path: &str,
     stop: Arc<AtomicBool>,
@@ -321,8 +389,13 @@ pub async fn guess(
     let step = Duration::from_secs_f64(connections as f64 / guessing.rate as f64);
     let tasks: Vec<_> = (0..connections)
         .map(|i| {
-            let (stop, sent, path, source) =
-                (stop.clone(), sent.clone(), path.to_owned(), guessing.source);
+            let (stop, sent, path, source, target) = (
+                stop.clone(),
+                sent.clone(),
+                path.to_owned(),
+                guessing.source,
+                target.clone(),
+            );
             tokio::spawn(async move {
                 let mut statuses = BTreeMap::new();
                 let mut sender = None;
@@ -341,10 +414,10 @@ pub async fn guess(
                     tokio::time::sleep_until(at.into()).await;
                     at += step;
                     if sender.is_none() {
-                        sender = connect(target, Some(source)).await;
+                        sender = connect(&target, Some(source)).await;
                     }
                     let status = match sender.as_mut() {
-                        Some(s) => send(s, target, &request, &auth).await,
+                        Some(s) => send(s, target.addr, &request, &auth).await,
                         None => None,
                     };
                     match status {

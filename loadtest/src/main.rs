@@ -14,9 +14,8 @@ use loadtest::load::{self, Workload};
 use loadtest::nginx::NginxProcess;
 use loadtest::proxy_process::{self, Logging, ProcessStats, ProxyProcess};
 use loadtest::report::{self, Reloads, Row};
-use loadtest::scenario::{Faults, GlobalLimits, Reference, Scenario};
+use loadtest::scenario::{Faults, GlobalLimits, Reference, Scenario, Transport};
 use loadtest::{bodies, sink};
-use tenant_proxy::config::MetricsMode;
 
 #[derive(Parser)]
 #[command(about = "Measure tenant-proxy against a sink, direct vs proxied, on loopback only")]
@@ -71,19 +70,6 @@ fn loopback(value: &str) -> Result<SocketAddr, String> {
     }
 }
 
-/// How each proxy process is started.
-#[derive(Clone, Copy)]
-struct ProxyOptions<'a> {
-    binary: &'a std::path::Path,
-    upstream: SocketAddr,
-    tenants: &'a str,
-    logging: Logging,
-    throttle: bool,
-    mode: MetricsMode,
-    /// More keys of the `metrics` section, as YAML lines.
-    metrics_extra: &'a str,
-}
-
 /// What runs next to the workload in a proxied row.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Alongside {
@@ -115,7 +101,7 @@ async fn proxied(
     scenario: &Scenario,
     workload: &Arc<Workload>,
     connections_opened: &dyn Fn() -> Option<u64>,
-    options: ProxyOptions<'_>,
+    options: proxy_process::Options<'_>,
     alongside: Alongside,
 ) -> anyhow::Result<Row> {
     let traces = match (alongside, &scenario.tracing) {
@@ -129,31 +115,23 @@ async fn proxied(
         ),
         None => String::new(),
     };
-    let proxy = ProxyProcess::start(
-        options.binary,
-        options.upstream,
-        options.tenants,
-        options.logging,
-        options.throttle,
-        (options.mode, options.metrics_extra),
-        &extra_config,
-    )
-    .await?;
+    let proxy = ProxyProcess::start(&options, &extra_config).await?;
+    let target = proxy.target()?;
     let idle = proxy_process::stats(proxy.pid())?;
     let pid = proxy.pid();
     let stop = Arc::new(AtomicBool::new(false));
     let bound = scenario.warmup + scenario.duration;
     let side_task = match (alongside, &scenario.guessing, &scenario.reloads) {
         (Alongside::Guessing, Some(g), _) => {
-            let (g, stop, path, addr) = (
+            let (g, stop, path, target) = (
                 g.clone(),
                 stop.clone(),
                 scenario.requests[0].path.clone(),
-                proxy.addr,
+                target.clone(),
             );
             let max = g.rate * bound.as_secs().max(1) * 2;
             Some(tokio::spawn(async move {
-                Side::Guesses(load::guess(addr, &g, &path, stop, max).await)
+                Side::Guesses(load::guess(target, &g, &path, stop, max).await)
             }))
         }
         (Alongside::Reloads, _, Some(r)) => {
@@ -173,16 +151,10 @@ async fn proxied(
     let generation_before = proxy.metric("tenant_proxy_tenants_generation").await?;
     let mut connections = (None, None);
     let (outcome, process) =
-        run_measured(
-            proxy.addr,
-            scenario,
-            workload,
-            pid,
-            |starting| match starting {
-                true => connections.0 = connections_opened(),
-                false => connections.1 = connections_opened(),
-            },
-        )
+        run_measured(target, scenario, workload, pid, |starting| match starting {
+            true => connections.0 = connections_opened(),
+            false => connections.1 = connections_opened(),
+        })
         .await;
     stop.store(true, Ordering::Release);
     let side = match side_task {
@@ -218,7 +190,7 @@ async fn proxied(
 /// and memory) when the measured interval starts and ends; `also` runs at
 /// the same two moments (`true` at the start).
 async fn run_measured(
-    target: SocketAddr,
+    target: impl Into<load::Target>,
     scenario: &Scenario,
     workload: &Arc<Workload>,
     pid: u32,
@@ -263,7 +235,7 @@ async fn through_nginx(
 async fn global_limits(
     scenario: &Scenario,
     workload: &Arc<Workload>,
-    options: ProxyOptions<'_>,
+    options: proxy_process::Options<'_>,
     limits: &GlobalLimits,
 ) -> anyhow::Result<Vec<Row>> {
     let mut tenants: serde_json::Value = serde_json::from_str(options.tenants)?;
@@ -275,25 +247,26 @@ async fn global_limits(
     );
     let mut proxies = Vec::new();
     for _ in 0..limits.replicas {
-        let proxy = ProxyProcess::start(
-            options.binary,
-            options.upstream,
-            &tenants,
-            options.logging,
-            options.throttle,
-            (options.mode, options.metrics_extra),
-            &config,
-        )
-        .await?;
-        proxies.push(proxy);
+        let options = proxy_process::Options {
+            tenants: &tenants,
+            ..options
+        };
+        proxies.push(ProxyProcess::start(&options, &config).await?);
     }
-    let runs = proxies.iter().map(|proxy| async move {
-        let (outcome, process) =
-            run_measured(proxy.addr, scenario, workload, proxy.pid(), |_| {}).await;
-        let mut row = Row::new(&scenario.name, "proxy-global", &outcome, None);
-        row.measure_process(&process.0, &process.1);
-        row
-    });
+    let targets = proxies
+        .iter()
+        .map(ProxyProcess::target)
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let runs = proxies
+        .iter()
+        .zip(targets)
+        .map(|(proxy, target)| async move {
+            let (outcome, process) =
+                run_measured(target, scenario, workload, proxy.pid(), |_| {}).await;
+            let mut row = Row::new(&scenario.name, "proxy-global", &outcome, None);
+            row.measure_process(&process.0, &process.1);
+            row
+        });
     let rows = futures::future::join_all(runs).await;
     let admitted: f64 = rows
         .iter()
@@ -319,7 +292,7 @@ async fn global_limits(
 async fn fault_drill(
     scenario: &Scenario,
     workload: &Arc<Workload>,
-    options: ProxyOptions<'_>,
+    options: proxy_process::Options<'_>,
     faults: &Faults,
 ) -> anyhow::Result<Vec<Row>> {
     let relay = FaultyUpstream::start(options.upstream).await?;
@@ -327,16 +300,12 @@ async fn fault_drill(
         "limits:\n  upstream_timeout: {}ms\n",
         faults.upstream_timeout.as_millis()
     );
-    let proxy = ProxyProcess::start(
-        options.binary,
-        relay.addr,
-        options.tenants,
-        options.logging,
-        options.throttle,
-        (options.mode, options.metrics_extra),
-        &limits,
-    )
-    .await?;
+    let options = proxy_process::Options {
+        upstream: relay.addr,
+        ..options
+    };
+    let proxy = ProxyProcess::start(&options, &limits).await?;
+    let target = proxy.target()?;
     let mut phase = scenario.clone();
     (phase.duration, phase.warmup) = (faults.phase, Duration::ZERO);
     let mut rows = Vec::new();
@@ -353,7 +322,7 @@ async fn fault_drill(
     ] {
         relay.set(fault);
         let before = proxy_process::stats(proxy.pid())?;
-        let outcome = load::run(proxy.addr, &phase, workload.clone(), |_| {}).await;
+        let outcome = load::run(target.clone(), &phase, workload.clone(), |_| {}).await;
         let after = proxy_process::stats(proxy.pid())?;
         let mut row = Row::new(&scenario.name, fault.name(), &outcome, None);
         row.measure_process(&before, &after);
@@ -438,7 +407,7 @@ async fn main() -> anyhow::Result<()> {
             .iter()
             .map(|(key, value)| format!("  {key}: {value}\n"))
             .collect();
-        let options = ProxyOptions {
+        let options = proxy_process::Options {
             binary: binary.as_path(),
             upstream,
             tenants: tenants.as_str(),
@@ -449,6 +418,7 @@ async fn main() -> anyhow::Result<()> {
             throttle: scenario.guessing.is_some(),
             mode: scenario.metrics_mode,
             metrics_extra: metrics_extra.as_str(),
+            https: scenario.transport == Transport::Https,
         };
         let mut runs = vec![Alongside::Nothing];
         if scenario.guessing.is_some() {

@@ -6,11 +6,17 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use rustls_pki_types::CertificateDer;
 use tenant_proxy::config::MetricsMode;
+
+use crate::load::Target;
 
 pub struct ProxyProcess {
     pub addr: SocketAddr,
     pub admin: SocketAddr,
+    /// The tenant listener's certificate, when it serves TLS.
+    certificate: Option<CertificateDer<'static>>,
     child: Child,
     dir: tempfile_dir::Dir,
 }
@@ -133,22 +139,30 @@ pub struct Logging {
     pub json: bool,
 }
 
+/// How a proxy process is started.
+#[derive(Clone, Copy)]
+pub struct Options<'a> {
+    pub binary: &'a Path,
+    pub upstream: SocketAddr,
+    /// The tenants file's text.
+    pub tenants: &'a str,
+    pub logging: Logging,
+    /// Keep the proxy's failure throttles at their defaults (off otherwise,
+    /// so argon2's full cost is measured).
+    pub throttle: bool,
+    /// Metrics label mode (PromQL and remote write rewritten) or header
+    /// mode (forwarded as they came, with the tenant header).
+    pub mode: MetricsMode,
+    /// More keys of the `metrics` section, as YAML lines.
+    pub metrics_extra: &'a str,
+    /// The tenant listener serves TLS, with a certificate made for this
+    /// process ([`ProxyProcess::target`] trusts it).
+    pub https: bool,
+}
+
 impl ProxyProcess {
-    /// `throttle`: keep the proxy's failure throttles at their defaults
-    /// (off otherwise, so argon2's full cost is measured). `extra_config`:
-    /// more top-level sections (`tracing`, `limits`).
-    /// `mode`: metrics label mode (PromQL and remote write rewritten) or
-    /// header mode (forwarded as they came, with the tenant header);
-    /// `metrics_extra`: more keys of the `metrics` section (YAML lines).
-    pub async fn start(
-        binary: &Path,
-        upstream: SocketAddr,
-        tenants: &str,
-        logging: Logging,
-        throttle: bool,
-        (mode, metrics_extra): (MetricsMode, &str),
-        extra_config: &str,
-    ) -> anyhow::Result<Self> {
+    /// `extra_config`: more top-level sections (`tracing`, `limits`).
+    pub async fn start(options: &Options<'_>, extra_config: &str) -> anyhow::Result<Self> {
         // One directory per proxy: several may run at once.
         static STARTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -156,18 +170,34 @@ impl ProxyProcess {
             std::env::temp_dir().join(format!("tenant-proxy-loadtest-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
         let dir = tempfile_dir::Dir(dir);
+        let Options {
+            binary,
+            upstream,
+            tenants,
+            logging,
+            throttle,
+            mode,
+            metrics_extra,
+            https,
+        } = *options;
         std::fs::write(dir.0.join("tenants.yaml"), tenants)?;
+        let certificate = if https {
+            Some(write_certificate(&dir.0)?)
+        } else {
+            None
+        };
         let (addr, admin) = (free_port(), free_port());
         std::fs::write(
             dir.0.join("config.yaml"),
             format!(
                 "listen: {addr}\nadmin_listen: {admin}\ntenants_file: tenants.yaml\n\
-                 logs:\n  upstream: http://{upstream}\nmetrics:\n  upstream: http://{upstream}\n  mode: {}\n{metrics_extra}{}{extra_config}",
+                 logs:\n  upstream: http://{upstream}\nmetrics:\n  upstream: http://{upstream}\n  mode: {}\n{metrics_extra}{}{}{extra_config}",
                 match mode {
                     MetricsMode::Label => "label",
                     MetricsMode::Header => "header",
                 },
-                if throttle { "" } else { "auth:\n  max_failures_per_client: 0\n  max_failures_per_user: 0\n" }
+                if throttle { "" } else { "auth:\n  max_failures_per_client: 0\n  max_failures_per_user: 0\n" },
+                if https { "tls:\n  cert_file: cert.pem\n  key_file: key.pem\n" } else { "" },
             ),
         )?;
         let log = if logging.access_log {
@@ -195,6 +225,7 @@ impl ProxyProcess {
         let process = Self {
             addr,
             admin,
+            certificate,
             child,
             dir,
         };
@@ -204,6 +235,14 @@ impl ProxyProcess {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Where clients reach the tenant listener, and how.
+    pub fn target(&self) -> anyhow::Result<Target> {
+        match &self.certificate {
+            None => Ok(Target::plain(self.addr)),
+            Some(certificate) => Target::https(self.addr, certificate.clone()),
+        }
     }
 
     pub fn tenants_path(&self) -> PathBuf {
@@ -235,6 +274,15 @@ impl ProxyProcess {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+}
+
+/// A self-signed certificate for 127.0.0.1, written to `dir` as
+/// `cert.pem` and `key.pem`.
+fn write_certificate(dir: &Path) -> anyhow::Result<CertificateDer<'static>> {
+    let made = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()])?;
+    std::fs::write(dir.join("cert.pem"), made.cert.pem())?;
+    std::fs::write(dir.join("key.pem"), made.signing_key.serialize_pem())?;
+    Ok(made.cert.der().clone())
 }
 
 /// A whole HTTP/1.1 response, head included (admin endpoints are small).

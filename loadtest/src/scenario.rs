@@ -71,6 +71,20 @@ pub struct Scenario {
     /// across them: does the sum admitted hold to the limit (issue #18)?
     #[serde(default)]
     pub global_limits: Option<GlobalLimits>,
+    /// How clients speak to the proxy: `http` (default, HTTP/1.1) or
+    /// `https` (its tenant listener serves TLS with a certificate made for
+    /// the run, and the load speaks HTTP/2 over it). The direct row stays
+    /// plain HTTP/1.1, as the sink is.
+    #[serde(default)]
+    pub transport: Transport,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Transport {
+    #[default]
+    Http,
+    Https,
 }
 
 #[derive(Clone, Debug, Deserialize)]

@@ -189,3 +189,72 @@ async fn the_nginx_reference_authenticates_like_the_proxy() {
         "only the right one passed"
     );
 }
+
+/// An `https` target speaks HTTP/2 over TLS, trusting the certificate it
+/// was given: a TLS server offering `h2` and HTTP/1.1 sees every request
+/// come as HTTP/2, naming the address as its authority.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_target_gets_http2_over_tls() {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use std::sync::Mutex;
+
+    let made = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()]).unwrap();
+    let key = rustls_pki_types::PrivateKeyDer::try_from(made.signing_key.serialize_der()).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![made.cert.der().clone()], key)
+        .unwrap();
+    tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let server_seen = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let (acceptor, seen) = (acceptor.clone(), server_seen.clone());
+            tokio::spawn(async move {
+                let Ok(stream) = acceptor.accept(stream).await else {
+                    return;
+                };
+                let service = hyper::service::service_fn(move |request: http::Request<_>| {
+                    let authority = request.uri().authority().map(|a| a.to_string());
+                    seen.lock().unwrap().push((request.version(), authority));
+                    async { Ok::<_, std::convert::Infallible>(http::Response::new(String::new())) }
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+
+    let mut scenario = scenarios()
+        .into_iter()
+        .find(|s| s.name == "loki-query-range-https")
+        .unwrap();
+    scenario.duration = Duration::from_millis(300);
+    scenario.warmup = Duration::ZERO;
+    scenario.max_requests = 50;
+    scenario.connections = 2;
+    let prepared = scenario
+        .requests
+        .iter()
+        .map(|r| bodies::prepare(&r.method, &r.path, &r.body).unwrap())
+        .collect();
+    let workload = Arc::new(Workload::new(&scenario, prepared));
+    let target = load::Target::https(addr, made.cert.der().clone()).unwrap();
+    let outcome = load::run(target, &scenario, workload, |_| {}).await;
+    assert_eq!(outcome.transport_errors, 0, "{outcome:?}");
+    assert!(
+        outcome.statuses.get(&200).is_some_and(|&n| n > 0),
+        "{outcome:?}"
+    );
+    let seen = seen.lock().unwrap();
+    assert!(!seen.is_empty());
+    let expected = (http::Version::HTTP_2, Some(addr.to_string()));
+    assert!(seen.iter().all(|s| *s == expected), "{seen:?}");
+}
