@@ -245,6 +245,13 @@ impl Scenario {
                 path.display()
             );
         }
+        // The reference gateway serves plain HTTP/1.1: set beside an https
+        // proxy row, its ratio would compare two transports.
+        anyhow::ensure!(
+            scenario.transport == Transport::Http || scenario.reference.is_none(),
+            "{}: a reference row serves plain HTTP only, not with transport: https",
+            path.display()
+        );
         Ok(scenario)
     }
 }

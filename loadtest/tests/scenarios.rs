@@ -258,3 +258,23 @@ async fn an_https_target_gets_http2_over_tls() {
     let expected = (http::Version::HTTP_2, Some(addr.to_string()));
     assert!(seen.iter().all(|s| *s == expected), "{seen:?}");
 }
+
+/// The reference gateway serves plain HTTP/1.1, so a scenario that sends
+/// the proxy's rows over TLS and HTTP/2 cannot have it beside them.
+#[test]
+fn an_https_scenario_with_a_reference_row_is_refused() {
+    let path = std::env::temp_dir().join(format!("https-reference-{}.yaml", std::process::id()));
+    let scenario = "name: x\ndescription: x\ntransport: https\nreference: nginx\n\
+                    requests:\n  - {method: GET, path: /loki/api/v1/labels}\n";
+    std::fs::write(&path, scenario).unwrap();
+    let loaded = Scenario::load(&path);
+    std::fs::remove_file(&path).unwrap();
+    let error = loaded.expect_err("refused").to_string();
+    assert!(error.contains("plain HTTP only"), "{error}");
+    // Without the reference it loads.
+    let plain = scenario.replace("reference: nginx\n", "");
+    std::fs::write(&path, plain).unwrap();
+    let loaded = Scenario::load(&path);
+    std::fs::remove_file(&path).unwrap();
+    assert!(loaded.is_ok(), "{:?}", loaded.err());
+}
