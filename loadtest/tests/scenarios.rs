@@ -19,6 +19,16 @@ fn scenarios() -> Vec<Scenario> {
     all.iter().map(|p| Scenario::load(p).unwrap()).collect()
 }
 
+/// The scenario's requests, prepared, as the load loop sends them.
+fn workload_of(scenario: &Scenario) -> Arc<Workload> {
+    let prepared = scenario
+        .requests
+        .iter()
+        .map(|r| bodies::prepare(&r.method, &r.path, &r.body).unwrap())
+        .collect();
+    Arc::new(Workload::new(scenario, prepared))
+}
+
 #[test]
 fn every_scenario_parses_and_its_bodies_prepare() {
     let all = scenarios();
@@ -41,12 +51,7 @@ async fn closed_and_open_loops_send_bounded_load_to_the_sink() {
         scenario.warmup = Duration::from_millis(100);
         scenario.max_requests = 300;
         scenario.connections = 4;
-        let prepared = scenario
-            .requests
-            .iter()
-            .map(|r| bodies::prepare(&r.method, &r.path, &r.body).unwrap())
-            .collect();
-        let workload = Arc::new(Workload::new(&scenario, prepared));
+        let workload = workload_of(&scenario);
         let mut phases = Vec::new();
         let outcome = load::run(addr, &scenario, workload, |starting| phases.push(starting)).await;
         assert_eq!(phases, [true, false]);
@@ -240,12 +245,7 @@ async fn an_https_target_gets_http2_over_tls() {
     scenario.warmup = Duration::ZERO;
     scenario.max_requests = 50;
     scenario.connections = 2;
-    let prepared = scenario
-        .requests
-        .iter()
-        .map(|r| bodies::prepare(&r.method, &r.path, &r.body).unwrap())
-        .collect();
-    let workload = Arc::new(Workload::new(&scenario, prepared));
+    let workload = workload_of(&scenario);
     let target = load::Target::https(addr, made.cert.der().clone()).unwrap();
     let outcome = load::run(target, &scenario, workload, |_| {}).await;
     assert_eq!(outcome.transport_errors, 0, "{outcome:?}");
