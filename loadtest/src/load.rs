@@ -180,23 +180,34 @@ pub async fn run(
         results: Mutex::new((Histogram::new(3).unwrap(), BTreeMap::new(), 0)),
     });
     let target = target.into();
-    let connections = scenario.connections.max(1);
-    // Open loop: each connection sends at its share of the rate.
+    // One worker per request in flight: closed loop, each sends its next
+    // request when the last answered. Over HTTP/2 with several streams per
+    // connection, the workers of a connection share it.
+    let streams = scenario.streams_per_connection.max(1);
+    let in_flight = scenario.connections.max(1) * streams;
+    // Open loop: each worker sends at its share of the rate.
     let interval = match scenario.mode {
         Mode::Closed => None,
         Mode::Open => Some(Duration::from_secs_f64(
-            connections as f64 / scenario.rate as f64,
+            in_flight as f64 / scenario.rate as f64,
         )),
     };
-    let workers: Vec<_> = (0..connections)
+    let shared_connections: Vec<_> = match streams {
+        1 => Vec::new(),
+        _ => (0..scenario.connections.max(1))
+            .map(|_| Arc::new(SharedConnection::default()))
+            .collect(),
+    };
+    let workers: Vec<_> = (0..in_flight)
         .map(|i| {
-            // Open loop: connection i starts i/N of an interval in, so the
+            // Open loop: worker i starts i/N of an interval in, so the
             // arrivals are evenly spread.
-            let offset = interval.map(|step| step.mul_f64(i as f64 / connections as f64));
+            let offset = interval.map(|step| step.mul_f64(i as f64 / in_flight as f64));
             let schedule = interval.zip(offset);
             tokio::spawn(worker(
                 i,
-                connections,
+                in_flight,
+                shared_connections.get(i / streams).cloned(),
                 target.clone(),
                 workload.clone(),
                 shared.clone(),
@@ -266,10 +277,31 @@ async fn connect(target: &Target, source: Option<std::net::Ipv4Addr>) -> Option<
     Some(Sender::Http2(sender))
 }
 
+/// An HTTP/2 connection the workers of one group send their streams on,
+/// as Go's client multiplexes a Grafana's queries to one data source: the
+/// first worker to find it missing or closed opens it again.
+#[derive(Default)]
+struct SharedConnection(tokio::sync::Mutex<Option<http2::SendRequest<Full<Bytes>>>>);
+
+impl SharedConnection {
+    async fn sender(&self, target: &Target) -> Option<Sender> {
+        let mut slot = self.0.lock().await;
+        if slot.as_ref().is_none_or(|sender| sender.is_closed()) {
+            *slot = match connect(target, None).await? {
+                Sender::Http2(sender) => Some(sender),
+                Sender::Http1(_) => None,
+            };
+        }
+        slot.clone().map(Sender::Http2)
+    }
+}
+
 /// `schedule`: open loop's (interval, first offset); `None` for closed loop.
+/// `connection`: the one this worker multiplexes on with others, if any.
 async fn worker(
     index: usize,
-    connections: usize,
+    workers: usize,
+    connection: Option<Arc<SharedConnection>>,
     target: Target,
     workload: Arc<Workload>,
     shared: Arc<Shared>,
@@ -296,14 +328,17 @@ async fn worker(
             None => Instant::now(),
         };
         let request = workload.request(n);
-        // Connections take turns through the credentials (connection i
-        // uses i, i+N, i+2N...): walking them side by side, one step
-        // apart, would send each wrong password from many connections at
-        // nearly the same moment.
-        let auth = &workload.auths[(index + (n - index) * connections) % workload.auths.len()];
+        // Workers take turns through the credentials (worker i uses i,
+        // i+N, i+2N...): walking them side by side, one step apart, would
+        // send each wrong password from many connections at nearly the
+        // same moment.
+        let auth = &workload.auths[(index + (n - index) * workers) % workload.auths.len()];
         n += 1;
         if sender.is_none() {
-            sender = connect(&target, None).await;
+            sender = match &connection {
+                Some(connection) => connection.sender(&target).await,
+                None => connect(&target, None).await,
+            };
         }
         let result = match sender.as_mut() {
             None => None,

@@ -77,6 +77,11 @@ pub struct Scenario {
     /// plain HTTP/1.1, as the sink is.
     #[serde(default)]
     pub transport: Transport,
+    /// With `transport: https`: requests in flight on each connection, each
+    /// on its own HTTP/2 stream (`connections` × this in flight in all), as
+    /// a Grafana multiplexes its panels' queries. Default 1.
+    #[serde(default = "defaults::streams_per_connection")]
+    pub streams_per_connection: usize,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -218,6 +223,9 @@ mod defaults {
     pub fn weight() -> u32 {
         1
     }
+    pub fn streams_per_connection() -> usize {
+        1
+    }
     pub fn guessing_connections() -> usize {
         8
     }
@@ -250,6 +258,17 @@ impl Scenario {
         anyhow::ensure!(
             scenario.transport == Transport::Http || scenario.reference.is_none(),
             "{}: a reference row serves plain HTTP only, not with transport: https",
+            path.display()
+        );
+        // HTTP/1.1 carries one request at a time on a connection.
+        anyhow::ensure!(
+            scenario.streams_per_connection == 1 || scenario.transport == Transport::Https,
+            "{}: streams_per_connection needs transport: https (HTTP/2)",
+            path.display()
+        );
+        anyhow::ensure!(
+            scenario.streams_per_connection >= 1,
+            "{}: streams_per_connection is at least 1",
             path.display()
         );
         Ok(scenario)

@@ -195,13 +195,30 @@ async fn the_nginx_reference_authenticates_like_the_proxy() {
     );
 }
 
-/// An `https` target speaks HTTP/2 over TLS, trusting the certificate it
-/// was given: a TLS server offering `h2` and HTTP/1.1 sees every request
-/// come as HTTP/2, naming the address as its authority.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_https_target_gets_http2_over_tls() {
+/// What the test TLS server saw of one request.
+#[derive(Debug, PartialEq)]
+struct Seen {
+    connection: usize,
+    version: http::Version,
+    authority: Option<String>,
+    /// Requests in flight on its connection when it arrived, itself too.
+    in_flight: usize,
+}
+
+/// A TLS server offering `h2` and HTTP/1.1 with a certificate for
+/// 127.0.0.1, answering 200 and recording each request. The first `hold`
+/// requests of a connection are answered only once `hold` are in flight
+/// on it (or after 10 s, and then the test fails on what was recorded), so
+/// streams a client multiplexes are seen together.
+async fn tls_server(
+    hold: usize,
+) -> (
+    std::net::SocketAddr,
+    rustls_pki_types::CertificateDer<'static>,
+    Arc<std::sync::Mutex<Vec<Seen>>>,
+) {
     use hyper_util::rt::{TokioExecutor, TokioIo};
-    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     let made = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()]).unwrap();
     let key = rustls_pki_types::PrivateKeyDer::try_from(made.signing_key.serialize_der()).unwrap();
@@ -216,19 +233,47 @@ async fn an_https_target_gets_http2_over_tls() {
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let seen = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
     let server_seen = seen.clone();
     tokio::spawn(async move {
+        let mut connection = 0;
         while let Ok((stream, _)) = listener.accept().await {
+            connection += 1;
             let (acceptor, seen) = (acceptor.clone(), server_seen.clone());
+            // Per connection: requests arrived, requests in flight, and a
+            // wake-up for the held ones.
+            let arrived = Arc::new(AtomicUsize::new(0));
+            let in_flight = Arc::new(AtomicUsize::new(0));
+            let filled = Arc::new(tokio::sync::Notify::new());
             tokio::spawn(async move {
                 let Ok(stream) = acceptor.accept(stream).await else {
                     return;
                 };
                 let service = hyper::service::service_fn(move |request: http::Request<_>| {
-                    let authority = request.uri().authority().map(|a| a.to_string());
-                    seen.lock().unwrap().push((request.version(), authority));
-                    async { Ok::<_, std::convert::Infallible>(http::Response::new(String::new())) }
+                    let (arrived, in_flight, filled, seen) = (
+                        arrived.clone(),
+                        in_flight.clone(),
+                        filled.clone(),
+                        seen.clone(),
+                    );
+                    async move {
+                        let held = arrived.fetch_add(1, Ordering::SeqCst) < hold;
+                        let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                        seen.lock().unwrap().push(Seen {
+                            connection,
+                            version: request.version(),
+                            authority: request.uri().authority().map(|a| a.to_string()),
+                            in_flight: now,
+                        });
+                        if now >= hold {
+                            filled.notify_waiters();
+                        } else if held {
+                            let wait = filled.notified();
+                            let _ = tokio::time::timeout(Duration::from_secs(10), wait).await;
+                        }
+                        in_flight.fetch_sub(1, Ordering::SeqCst);
+                        Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+                    }
                 });
                 let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                     .serve_connection(TokioIo::new(stream), service)
@@ -236,7 +281,11 @@ async fn an_https_target_gets_http2_over_tls() {
             });
         }
     });
+    (addr, made.cert.der().clone(), seen)
+}
 
+/// The `https` scenario, bounded for a test.
+fn https_scenario(connections: usize, streams: usize) -> Scenario {
     let mut scenario = scenarios()
         .into_iter()
         .find(|s| s.name == "loki-query-range-https")
@@ -244,9 +293,20 @@ async fn an_https_target_gets_http2_over_tls() {
     scenario.duration = Duration::from_millis(300);
     scenario.warmup = Duration::ZERO;
     scenario.max_requests = 50;
-    scenario.connections = 2;
+    scenario.connections = connections;
+    scenario.streams_per_connection = streams;
+    scenario
+}
+
+/// An `https` target speaks HTTP/2 over TLS, trusting the certificate it
+/// was given: a TLS server offering `h2` and HTTP/1.1 sees every request
+/// come as HTTP/2, naming the address as its authority.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_target_gets_http2_over_tls() {
+    let (addr, certificate, seen) = tls_server(1).await;
+    let scenario = https_scenario(2, 1);
     let workload = workload_of(&scenario);
-    let target = load::Target::https(addr, made.cert.der().clone()).unwrap();
+    let target = load::Target::https(addr, certificate).unwrap();
     let outcome = load::run(target, &scenario, workload, |_| {}).await;
     assert_eq!(outcome.transport_errors, 0, "{outcome:?}");
     assert!(
@@ -255,8 +315,37 @@ async fn an_https_target_gets_http2_over_tls() {
     );
     let seen = seen.lock().unwrap();
     assert!(!seen.is_empty());
-    let expected = (http::Version::HTTP_2, Some(addr.to_string()));
-    assert!(seen.iter().all(|s| *s == expected), "{seen:?}");
+    assert!(
+        seen.iter().all(|s| s.version == http::Version::HTTP_2
+            && s.authority == Some(addr.to_string())
+            && s.in_flight == 1),
+        "{seen:?}"
+    );
+}
+
+/// With `streams_per_connection`, the workers of a connection share it:
+/// the server sees only `connections` connections, each with that many
+/// requests in flight at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_per_connection_multiplexes_requests_on_each_connection() {
+    let (connections, streams) = (2, 4);
+    let (addr, certificate, seen) = tls_server(streams).await;
+    let scenario = https_scenario(connections, streams);
+    let workload = workload_of(&scenario);
+    let target = load::Target::https(addr, certificate).unwrap();
+    let outcome = load::run(target, &scenario, workload, |_| {}).await;
+    assert_eq!(outcome.transport_errors, 0, "{outcome:?}");
+    assert!(
+        outcome.statuses.get(&200).is_some_and(|&n| n > 0),
+        "{outcome:?}"
+    );
+    let seen = seen.lock().unwrap();
+    for connection in 1..=connections {
+        let on_it: Vec<_> = seen.iter().filter(|s| s.connection == connection).collect();
+        let most = on_it.iter().map(|s| s.in_flight).max();
+        assert_eq!(most, Some(streams), "connection {connection}: {on_it:?}");
+    }
+    assert!(seen.iter().all(|s| s.connection <= connections), "{seen:?}");
 }
 
 /// The reference gateway serves plain HTTP/1.1, so a scenario that sends
@@ -277,4 +366,21 @@ fn an_https_scenario_with_a_reference_row_is_refused() {
     let loaded = Scenario::load(&path);
     std::fs::remove_file(&path).unwrap();
     assert!(loaded.is_ok(), "{:?}", loaded.err());
+}
+
+/// Several streams on a connection need HTTP/2: a plain HTTP/1.1 scenario
+/// asking for them is refused, not run with one stream each.
+#[test]
+fn streams_per_connection_without_https_is_refused() {
+    let path = std::env::temp_dir().join(format!("streams-http-{}.yaml", std::process::id()));
+    let scenario = "name: x\ndescription: x\nstreams_per_connection: 8\n\
+                    requests:\n  - {method: GET, path: /loki/api/v1/labels}\n";
+    std::fs::write(&path, scenario).unwrap();
+    let loaded = Scenario::load(&path);
+    let error = loaded.expect_err("refused").to_string();
+    assert!(error.contains("needs transport: https"), "{error}");
+    std::fs::write(&path, format!("{scenario}transport: https\n")).unwrap();
+    let loaded = Scenario::load(&path);
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(loaded.map(|s| s.streams_per_connection).ok(), Some(8));
 }
