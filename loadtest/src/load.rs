@@ -182,9 +182,14 @@ pub async fn run(
     let target = target.into();
     // One worker per request in flight: closed loop, each sends its next
     // request when the last answered. Over HTTP/2 with several streams per
-    // connection, the workers of a connection share it.
-    let streams = scenario.streams_per_connection.max(1);
-    let in_flight = scenario.connections.max(1) * streams;
+    // connection, the workers of a connection share it; a plain target (the
+    // direct row's sink) gets as many requests in flight, each worker on a
+    // connection of its own, as HTTP/1.1 carries one request at a time.
+    let in_flight = scenario.connections.max(1) * scenario.streams_per_connection.max(1);
+    let streams = match target.tls {
+        Some(_) => scenario.streams_per_connection.max(1),
+        None => 1,
+    };
     // Open loop: each worker sends at its share of the rate.
     let interval = match scenario.mode {
         Mode::Closed => None,

@@ -217,10 +217,11 @@ async fn through_nginx(
     upstream: SocketAddr,
     access_log: bool,
 ) -> anyhow::Result<Row> {
-    let nginx = NginxProcess::start(upstream, scenario.users, access_log).await?;
+    let https = scenario.transport == Transport::Https;
+    let nginx = NginxProcess::start(upstream, scenario.users, access_log, https).await?;
     let pid = nginx.pid();
     let idle = proxy_process::stats(pid)?;
-    let (outcome, process) = run_measured(nginx.addr, scenario, workload, pid, |_| {}).await;
+    let (outcome, process) = run_measured(nginx.target()?, scenario, workload, pid, |_| {}).await;
     let peak = proxy_process::stats(pid)?;
     let mut row = Row::new(&scenario.name, "nginx", &outcome, None);
     row.measure_process(&process.0, &process.1);

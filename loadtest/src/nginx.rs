@@ -5,7 +5,10 @@
 //! when asked. Client keep-alive is unbounded, as the proxy's is: nginx's
 //! default of 1,000 requests per connection made the load generator count
 //! closed connections as errors. One process (`master_process off`, one worker), so its CPU is
-//! measured like the proxy's.
+//! measured like the proxy's. Beside `transport: https` proxy rows it
+//! serves TLS and HTTP/2 as the proxy does then (the same kind of
+//! certificate, made for the run; TLS 1.2 and 1.3, which nginx 1.22 does
+//! not enable by default).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -15,10 +18,15 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use sha1::{Digest, Sha1};
 
-use crate::proxy_process::free_port;
+use rustls_pki_types::CertificateDer;
+
+use crate::load::Target;
+use crate::proxy_process::{free_port, write_certificate};
 
 pub struct NginxProcess {
     pub addr: SocketAddr,
+    /// Its certificate, when it serves TLS.
+    certificate: Option<CertificateDer<'static>>,
     child: Child,
     dir: PathBuf,
 }
@@ -50,6 +58,7 @@ pub fn config(
     upstream: SocketAddr,
     users: usize,
     access_log: bool,
+    https: bool,
 ) -> String {
     let tenants: String = (0..users)
         .map(|i| format!("    user-{i} tenant-{i};\n"))
@@ -60,6 +69,14 @@ pub fn config(
         "access_log off;".into()
     };
     let d = dir.display();
+    let listen = match https {
+        false => format!("listen {listen};"),
+        true => format!(
+            "listen {listen} ssl http2;\n\
+             ssl_certificate {d}/cert.pem; ssl_certificate_key {d}/key.pem;\n\
+             ssl_protocols TLSv1.2 TLSv1.3;"
+        ),
+    };
     format!(
         "daemon off;\nmaster_process off;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
          events {{ worker_connections 4096; }}\n\
@@ -72,7 +89,7 @@ pub fn config(
            map $remote_user $tenant {{\n    default \"\";\n{tenants}  }}\n\
            upstream backend {{ server {upstream}; keepalive 64; }}\n\
            server {{\n\
-             listen {listen};\n\
+             {listen}\n\
              auth_basic \"tenant\";\n\
              auth_basic_user_file {d}/htpasswd;\n\
              location / {{\n\
@@ -92,14 +109,16 @@ impl NginxProcess {
         upstream: SocketAddr,
         users: usize,
         access_log: bool,
+        https: bool,
     ) -> anyhow::Result<Self> {
         let dir = std::env::temp_dir().join(format!("loadtest-nginx-{}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
         let addr = free_port();
         std::fs::write(dir.join("htpasswd"), htpasswd(users))?;
+        let certificate = https.then(|| write_certificate(&dir)).transpose()?;
         std::fs::write(
             dir.join("nginx.conf"),
-            config(&dir, addr, upstream, users, access_log),
+            config(&dir, addr, upstream, users, access_log, https),
         )?;
         let child = Command::new("nginx")
             .arg("-p")
@@ -112,7 +131,12 @@ impl NginxProcess {
             .stderr(Stdio::null())
             .spawn()
             .map_err(|e| anyhow::anyhow!("starting nginx: {e} (Debian package `nginx`)"))?;
-        let process = Self { addr, child, dir };
+        let process = Self {
+            addr,
+            certificate,
+            child,
+            dir,
+        };
         // nginx gives no readiness signal but its socket.
         let deadline = Instant::now() + Duration::from_secs(10);
         while tokio::net::TcpStream::connect(addr).await.is_err() {
@@ -124,5 +148,13 @@ impl NginxProcess {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Where clients reach it, and how.
+    pub fn target(&self) -> anyhow::Result<Target> {
+        match &self.certificate {
+            None => Ok(Target::plain(self.addr)),
+            Some(certificate) => Target::https(self.addr, certificate.clone()),
+        }
     }
 }

@@ -278,7 +278,7 @@ impl ProxyProcess {
 
 /// A self-signed certificate for 127.0.0.1, written to `dir` as
 /// `cert.pem` and `key.pem`.
-fn write_certificate(dir: &Path) -> anyhow::Result<CertificateDer<'static>> {
+pub fn write_certificate(dir: &Path) -> anyhow::Result<CertificateDer<'static>> {
     let made = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()])?;
     std::fs::write(dir.join("cert.pem"), made.cert.pem())?;
     std::fs::write(dir.join("key.pem"), made.signing_key.serialize_pem())?;

@@ -73,8 +73,8 @@ pub struct Scenario {
     pub global_limits: Option<GlobalLimits>,
     /// How clients speak to the proxy: `http` (default, HTTP/1.1) or
     /// `https` (its tenant listener serves TLS with a certificate made for
-    /// the run, and the load speaks HTTP/2 over it). The direct row stays
-    /// plain HTTP/1.1, as the sink is.
+    /// the run, and the load speaks HTTP/2 over it; so does the reference
+    /// gateway's). The direct row stays plain HTTP/1.1, as the sink is.
     #[serde(default)]
     pub transport: Transport,
     /// With `transport: https`: requests in flight on each connection, each
@@ -253,13 +253,6 @@ impl Scenario {
                 path.display()
             );
         }
-        // The reference gateway serves plain HTTP/1.1: set beside an https
-        // proxy row, its ratio would compare two transports.
-        anyhow::ensure!(
-            scenario.transport == Transport::Http || scenario.reference.is_none(),
-            "{}: a reference row serves plain HTTP only, not with transport: https",
-            path.display()
-        );
         // HTTP/1.1 carries one request at a time on a connection.
         anyhow::ensure!(
             scenario.streams_per_connection == 1 || scenario.transport == Transport::Https,

@@ -169,7 +169,7 @@ async fn the_nginx_reference_authenticates_like_the_proxy() {
         return;
     }
     let (sink, stats) = sink::start().await.unwrap();
-    let nginx = loadtest::nginx::NginxProcess::start(sink, 2, false)
+    let nginx = loadtest::nginx::NginxProcess::start(sink, 2, false, false)
         .await
         .unwrap();
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
@@ -339,33 +339,79 @@ async fn streams_per_connection_multiplexes_requests_on_each_connection() {
         outcome.statuses.get(&200).is_some_and(|&n| n > 0),
         "{outcome:?}"
     );
-    let seen = seen.lock().unwrap();
+    let seen = std::mem::take(&mut *seen.lock().unwrap());
     for connection in 1..=connections {
         let on_it: Vec<_> = seen.iter().filter(|s| s.connection == connection).collect();
         let most = on_it.iter().map(|s| s.in_flight).max();
         assert_eq!(most, Some(streams), "connection {connection}: {on_it:?}");
     }
     assert!(seen.iter().all(|s| s.connection <= connections), "{seen:?}");
+
+    // The direct row sends the same scenario to the plain HTTP/1.1 sink:
+    // as many requests in flight, each on a connection of its own.
+    let (sink, stats) = sink::start().await.unwrap();
+    let outcome = load::run(sink, &scenario, workload_of(&scenario), |_| {}).await;
+    assert_eq!(outcome.transport_errors, 0, "{outcome:?}");
+    assert!(
+        outcome.statuses.get(&200).is_some_and(|&n| n > 0),
+        "{outcome:?}"
+    );
+    assert_eq!(stats.connections(), (connections * streams) as u64);
 }
 
-/// The reference gateway serves plain HTTP/1.1, so a scenario that sends
-/// the proxy's rows over TLS and HTTP/2 cannot have it beside them.
-#[test]
-fn an_https_scenario_with_a_reference_row_is_refused() {
-    let path = std::env::temp_dir().join(format!("https-reference-{}.yaml", std::process::id()));
-    let scenario = "name: x\ndescription: x\ntransport: https\nreference: nginx\n\
-                    requests:\n  - {method: GET, path: /loki/api/v1/labels}\n";
-    std::fs::write(&path, scenario).unwrap();
-    let loaded = Scenario::load(&path);
-    std::fs::remove_file(&path).unwrap();
-    let error = loaded.expect_err("refused").to_string();
-    assert!(error.contains("plain HTTP only"), "{error}");
-    // Without the reference it loads.
-    let plain = scenario.replace("reference: nginx\n", "");
-    std::fs::write(&path, plain).unwrap();
-    let loaded = Scenario::load(&path);
-    std::fs::remove_file(&path).unwrap();
-    assert!(loaded.is_ok(), "{:?}", loaded.err());
+/// Beside `https` proxy rows, the reference gateway serves TLS and HTTP/2
+/// too (the load offers only `h2`, so an answer at all is HTTP/2), and
+/// still authenticates: right passwords reach the sink, wrong ones get 401.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_nginx_reference_serves_https_rows_over_tls_and_http2() {
+    if std::process::Command::new("nginx")
+        .arg("-v")
+        .output()
+        .is_err()
+    {
+        eprintln!("nginx is not installed (Debian package `nginx`): skipped");
+        return;
+    }
+    let (sink, stats) = sink::start().await.unwrap();
+    let mut scenario = https_scenario(2, 2);
+    let nginx = loadtest::nginx::NginxProcess::start(sink, scenario.users, false, true)
+        .await
+        .unwrap();
+    let outcome = load::run(
+        nginx.target().unwrap(),
+        &scenario,
+        workload_of(&scenario),
+        |_| {},
+    )
+    .await;
+    assert_eq!(outcome.transport_errors, 0, "{outcome:?}");
+    let passed = outcome.statuses.get(&200).copied().unwrap_or(0);
+    assert!(passed > 0 && outcome.statuses.len() == 1, "{outcome:?}");
+    let reached = stats.requests.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        reached >= passed,
+        "{reached} reached the sink, {passed} answered 200"
+    );
+
+    scenario.wrong_password_share = 1.0;
+    let outcome = load::run(
+        nginx.target().unwrap(),
+        &scenario,
+        workload_of(&scenario),
+        |_| {},
+    )
+    .await;
+    assert_eq!(outcome.transport_errors, 0, "{outcome:?}");
+    assert!(
+        outcome.statuses.get(&401).is_some_and(|&n| n > 0),
+        "{outcome:?}"
+    );
+    assert_eq!(outcome.statuses.len(), 1, "{outcome:?}");
+    assert_eq!(
+        stats.requests.load(std::sync::atomic::Ordering::Relaxed),
+        reached,
+        "no wrong password reached the sink"
+    );
 }
 
 /// Several streams on a connection need HTTP/2: a plain HTTP/1.1 scenario
