@@ -52,16 +52,28 @@ async fn agent(
     let external = stamp
         .map(|ns| format!("  external_labels: {{namespace: {ns}}}\n"))
         .unwrap_or_default();
-    let (job, user, password) = (job.to_owned(), user.to_owned(), password.to_owned());
-    PrometheusProcess::start_agent(move |own| {
-        format!(
-            "global:\n  scrape_interval: 1s\n{external}\
-             scrape_configs:\n  - job_name: {job}\n    static_configs: [{{targets: ['{own}']}}]\n\
-             remote_write:\n  - url: http://{proxy}/api/v1/write\n    basic_auth: {{username: {user}, password: {password}}}\n\
-             \x20   queue_config: {{batch_send_deadline: 1s, min_backoff: 100ms, max_backoff: 1s}}\n"
-        )
-    })
-    .await
+    let url = format!("http://{proxy}/api/v1/write");
+    agent_pushing_to(job, user, password, &url, &external, "").await
+}
+
+/// An agent scraping itself every second and pushing to `url`; `global`
+/// and `remote_write` are more lines of those sections.
+async fn agent_pushing_to(
+    job: &str,
+    user: &str,
+    password: &str,
+    url: &str,
+    global: &str,
+    remote_write: &str,
+) -> PrometheusProcess {
+    let config = format!(
+        "global:\n  scrape_interval: 1s\n{global}\
+         scrape_configs:\n  - job_name: {job}\n    static_configs: [{{targets: ['@own@']}}]\n\
+         remote_write:\n  - url: {url}\n    basic_auth: {{username: {user}, password: {password}}}\n\
+         \x20   queue_config: {{batch_send_deadline: 1s, min_backoff: 100ms, max_backoff: 1s}}\n\
+         {remote_write}"
+    );
+    PrometheusProcess::start_agent(move |own| config.replace("@own@", &own.to_string())).await
 }
 
 async fn query(url: &str, auth: Option<&str>, promql: &str) -> Vec<Value> {
@@ -933,6 +945,77 @@ async fn the_example_remote_write_config_works_as_given() {
     .await;
     for series in query(&direct, None, r#"{job="self"}"#).await {
         assert_eq!(series["metric"]["namespace"], "team-a", "{series}");
+    }
+}
+
+/// Go's TLS client, as Prometheus and every Go shipper push to an
+/// `https://` gateway: an agent with remote write's default HTTP/1.1 and
+/// one with `enable_http2` (Go then offers `h2` by ALPN too, which the
+/// proxy prefers; the version spoken is not observed here, what is stored
+/// is) both reach the receiver through the proxy's own TLS listener, each
+/// tenant's series scoped to it.
+// Several threads: stopping an agent blocks one while the proxy serves its flush.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_push_over_tls_with_and_without_enable_http2() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = support::certs::Ca::new();
+    let leaf = ca.issue("localhost");
+    let path = |name: &str| dir.path().join(name).display().to_string();
+    support::replace_file(&dir.path().join("tls.crt"), &leaf.cert_pem);
+    support::replace_file(&dir.path().join("tls.key"), &leaf.key_pem);
+    support::replace_file(&dir.path().join("ca.crt"), &ca.pem());
+    let receiver = PrometheusProcess::start("groups: []\n").await;
+    support::captured_logs();
+    let mut options = ProxyOptions::metrics(
+        tenants(),
+        format!("  upstream: {}\n  mode: label\n", receiver.url()),
+    );
+    let tls = format!(
+        "tls:\n  cert_file: {}\n  key_file: {}\n",
+        path("tls.crt"),
+        path("tls.key")
+    );
+    options.extra = Box::leak(tls.into_boxed_str());
+    let proxy = RunningProxy::start(options).await;
+
+    let url = format!("https://{}/api/v1/write", proxy.addr);
+    let tls_config = |http2: bool| {
+        format!(
+            "    tls_config: {{ca_file: {}, server_name: localhost}}\n    enable_http2: {http2}\n",
+            path("ca.crt")
+        )
+    };
+    let _h1 = agent_pushing_to(
+        "agent-h1",
+        "alice",
+        "alice-pw",
+        &url,
+        "",
+        &tls_config(false),
+    )
+    .await;
+    let _h2 = agent_pushing_to("agent-h2", "bob", "bob-pw", &url, "", &tls_config(true)).await;
+
+    let direct = format!("{}/api/v1/query", receiver.url());
+    eventually(
+        "both agents' series arrive over TLS",
+        Duration::from_secs(60),
+        async || {
+            !query(&direct, None, r#"up{job="agent-h1"}"#)
+                .await
+                .is_empty()
+                && !query(&direct, None, r#"up{job="agent-h2"}"#)
+                    .await
+                    .is_empty()
+        },
+    )
+    .await;
+    for (job, namespace) in [("agent-h1", "team-a"), ("agent-h2", "team-b")] {
+        let series = query(&direct, None, &format!(r#"{{job="{job}"}}"#)).await;
+        assert!(!series.is_empty());
+        for s in &series {
+            assert_eq!(s["metric"]["namespace"], namespace, "{s}");
+        }
     }
 }
 
