@@ -951,9 +951,11 @@ async fn the_example_remote_write_config_works_as_given() {
 /// Go's TLS client, as Prometheus and every Go shipper push to an
 /// `https://` gateway: an agent with remote write's default HTTP/1.1 and
 /// one with `enable_http2` (Go then offers `h2` by ALPN too, which the
-/// proxy prefers; the version spoken is not observed here, what is stored
-/// is) both reach the receiver through the proxy's own TLS listener, each
-/// tenant's series scoped to it.
+/// proxy prefers) both reach the receiver through the proxy's own TLS
+/// listener, each tenant's series scoped to it. The version spoken is not
+/// observed here, what is stored is; against nginx logging
+/// `$server_protocol`, the same two agents pushed as `HTTP/1.1` and
+/// `HTTP/2.0` (docs/testing.md).
 // Several threads: stopping an agent blocks one while the proxy serves its flush.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_push_over_tls_with_and_without_enable_http2() {
