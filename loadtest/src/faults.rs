@@ -117,6 +117,12 @@ async fn connection(
                 let Ok(mut upstream) = TcpStream::connect(backend).await else {
                     return;
                 };
+                // Passed on as it comes, as the proxy and the sink send it:
+                // with Nagle's algorithm here, a request whose body the
+                // proxy sent after its head (a streamed push whose body came
+                // later in a client's HTTP/2 frames) waited for the sink's
+                // delayed ACK, 40 ms, which the relay, not the proxy, added.
+                let _ = (client.set_nodelay(true), upstream.set_nodelay(true));
                 let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
             }
             Fault::Refuse => {}
