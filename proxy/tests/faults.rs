@@ -3,7 +3,8 @@
 //! body, or that stalls past the timeout. The proxy answers as documented
 //! (502 on queries, 503 on pushes so senders retry, 504 for a stall; a
 //! truncated body is never passed off as complete: a query's ends in an
-//! error, a push's becomes a 503) and, once the upstream
+//! error, over HTTP/2 by resetting its stream alone, a push's becomes a
+//! 503) and, once the upstream
 //! behaves again, serves normally without a restart. A client that hangs
 //! up mid-query has its upstream request cancelled. A keep-alive
 //! connection the upstream closes as idle just as a request arrives costs
@@ -269,6 +270,58 @@ async fn an_answer_cut_off_by_the_upstream_is_never_passed_off_as_complete() {
     upstream.set(Fault::Healthy);
     assert_eq!(query(&proxy).await, StatusCode::OK);
     assert_eq!(push(&proxy).await, StatusCode::OK);
+}
+
+/// Over HTTP/2 the cut-off answer ends its own stream in an error, and the
+/// connection lives on: Grafana's other panel queries, multiplexed on it,
+/// are not lost with it. Checked on the same connection, once before
+/// (that the connection works) and once after the cut.
+#[tokio::test]
+async fn over_http2_an_answer_cut_off_resets_its_stream_not_the_connection() {
+    support::captured_logs();
+    let upstream = FaultyUpstream::start().await;
+    let proxy = RunningProxy::start(ProxyOptions::new(format!("http://{}", upstream.addr))).await;
+    let stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    let connection = tokio::spawn(connection);
+    let request = || {
+        http::Request::get(proxy.url(QUERY))
+            .header("authorization", basic("alice", "alice-pw"))
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .unwrap()
+    };
+    let whole = async |response: http::Response<hyper::body::Incoming>| {
+        (response.status(), response.into_body().collect().await)
+    };
+
+    let response = sender.send_request(request()).await.unwrap();
+    let (status, body) = whole(response).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body.unwrap().to_bytes(), "{}");
+
+    upstream.set(Fault::CloseInBody);
+    let cut = async {
+        let response = sender.send_request(request()).await?;
+        assert_eq!(response.status(), StatusCode::OK);
+        response.into_body().collect().await
+    };
+    let answer = tokio::time::timeout(Duration::from_secs(10), cut).await;
+    assert!(
+        matches!(answer, Ok(Err(_))),
+        "the cut-off stream ends in an error"
+    );
+
+    upstream.set(Fault::Healthy);
+    let response = sender.send_request(request()).await.unwrap();
+    let (status, body) = whole(response).await;
+    assert_eq!(status, StatusCode::OK, "the same connection still serves");
+    assert_eq!(body.unwrap().to_bytes(), "{}");
+    assert!(!connection.is_finished());
 }
 
 /// A client that hangs up while its query waits for the upstream (Grafana
