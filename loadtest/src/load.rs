@@ -62,6 +62,18 @@ impl Target {
             tls: Some(Arc::new(config)),
         })
     }
+
+    /// A gateway's: over TLS trusting `certificate` if it serves one, else
+    /// plain.
+    pub fn of_gateway(
+        addr: SocketAddr,
+        certificate: Option<&CertificateDer<'static>>,
+    ) -> anyhow::Result<Self> {
+        match certificate {
+            None => Ok(Self::plain(addr)),
+            Some(certificate) => Self::https(addr, certificate.clone()),
+        }
+    }
 }
 
 impl From<SocketAddr> for Target {

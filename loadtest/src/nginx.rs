@@ -152,9 +152,6 @@ impl NginxProcess {
 
     /// Where clients reach it, and how.
     pub fn target(&self) -> anyhow::Result<Target> {
-        match &self.certificate {
-            None => Ok(Target::plain(self.addr)),
-            Some(certificate) => Target::https(self.addr, certificate.clone()),
-        }
+        Target::of_gateway(self.addr, self.certificate.as_ref())
     }
 }

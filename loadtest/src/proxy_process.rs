@@ -239,10 +239,7 @@ impl ProxyProcess {
 
     /// Where clients reach the tenant listener, and how.
     pub fn target(&self) -> anyhow::Result<Target> {
-        match &self.certificate {
-            None => Ok(Target::plain(self.addr)),
-            Some(certificate) => Target::https(self.addr, certificate.clone()),
-        }
+        Target::of_gateway(self.addr, self.certificate.as_ref())
     }
 
     pub fn tenants_path(&self) -> PathBuf {
