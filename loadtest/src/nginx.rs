@@ -11,7 +11,6 @@
 //! not enable by default).
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -21,21 +20,21 @@ use sha1::{Digest, Sha1};
 use rustls_pki_types::CertificateDer;
 
 use crate::load::Target;
-use crate::proxy_process::{free_port, write_certificate};
+use crate::proxy_process::{free_port, write_certificate, ScratchDir};
 
 pub struct NginxProcess {
     pub addr: SocketAddr,
     /// Its certificate, when it serves TLS.
     certificate: Option<CertificateDer<'static>>,
     child: Child,
-    dir: PathBuf,
+    /// Held for its removal, after the child is stopped.
+    _dir: ScratchDir,
 }
 
 impl Drop for NginxProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -111,18 +110,18 @@ impl NginxProcess {
         access_log: bool,
         https: bool,
     ) -> anyhow::Result<Self> {
-        let dir = std::env::temp_dir().join(format!("loadtest-nginx-{}", std::process::id()));
-        std::fs::create_dir_all(&dir)?;
+        let scratch = ScratchDir::new("loadtest-nginx")?;
+        let dir = scratch.path();
         let addr = free_port();
         std::fs::write(dir.join("htpasswd"), htpasswd(users))?;
-        let certificate = https.then(|| write_certificate(&dir)).transpose()?;
+        let certificate = https.then(|| write_certificate(dir)).transpose()?;
         std::fs::write(
             dir.join("nginx.conf"),
-            config(&dir, addr, upstream, users, access_log, https),
+            config(dir, addr, upstream, users, access_log, https),
         )?;
         let child = Command::new("nginx")
             .arg("-p")
-            .arg(&dir)
+            .arg(dir)
             .arg("-c")
             .arg(dir.join("nginx.conf"))
             .arg("-e")
@@ -135,7 +134,7 @@ impl NginxProcess {
             addr,
             certificate,
             child,
-            dir,
+            _dir: scratch,
         };
         // nginx gives no readiness signal but its socket.
         let deadline = Instant::now() + Duration::from_secs(10);

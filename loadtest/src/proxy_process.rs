@@ -18,17 +18,33 @@ pub struct ProxyProcess {
     /// The tenant listener's certificate, when it serves TLS.
     certificate: Option<CertificateDer<'static>>,
     child: Child,
-    dir: tempfile_dir::Dir,
+    dir: ScratchDir,
 }
 
 /// A temporary directory removed on drop (the loadtest binary has no
 /// dev-dependencies at run time).
-mod tempfile_dir {
-    pub struct Dir(pub std::path::PathBuf);
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
+/// A directory of its own for one process the load generator starts (a
+/// proxy, nginx): several run at once, in one test binary too, so the
+/// name counts up within this process. Removed when dropped.
+pub struct ScratchDir(PathBuf);
+
+impl ScratchDir {
+    pub fn new(prefix: &str) -> std::io::Result<Self> {
+        static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("{prefix}-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        Ok(Self(dir))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -163,13 +179,7 @@ pub struct Options<'a> {
 impl ProxyProcess {
     /// `extra_config`: more top-level sections (`tracing`, `limits`).
     pub async fn start(options: &Options<'_>, extra_config: &str) -> anyhow::Result<Self> {
-        // One directory per proxy: several may run at once.
-        static STARTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir =
-            std::env::temp_dir().join(format!("tenant-proxy-loadtest-{}-{n}", std::process::id()));
-        std::fs::create_dir_all(&dir)?;
-        let dir = tempfile_dir::Dir(dir);
+        let dir = ScratchDir::new("tenant-proxy-loadtest")?;
         let Options {
             binary,
             upstream,
@@ -180,15 +190,15 @@ impl ProxyProcess {
             metrics_extra,
             https,
         } = *options;
-        std::fs::write(dir.0.join("tenants.yaml"), tenants)?;
+        std::fs::write(dir.path().join("tenants.yaml"), tenants)?;
         let certificate = if https {
-            Some(write_certificate(&dir.0)?)
+            Some(write_certificate(dir.path())?)
         } else {
             None
         };
         let (addr, admin) = (free_port(), free_port());
         std::fs::write(
-            dir.0.join("config.yaml"),
+            dir.path().join("config.yaml"),
             format!(
                 "listen: {addr}\nadmin_listen: {admin}\ntenants_file: tenants.yaml\n\
                  logs:\n  upstream: http://{upstream}\nmetrics:\n  upstream: http://{upstream}\n  mode: {}\n{metrics_extra}{}{}{extra_config}",
@@ -207,7 +217,7 @@ impl ProxyProcess {
         };
         let child = Command::new(binary)
             .arg("--config")
-            .arg(dir.0.join("config.yaml"))
+            .arg(dir.path().join("config.yaml"))
             .env("RUST_LOG", log)
             .env(
                 "TENANT_PROXY_LOG_FORMAT",
@@ -243,7 +253,7 @@ impl ProxyProcess {
     }
 
     pub fn tenants_path(&self) -> PathBuf {
-        self.dir.0.join("tenants.yaml")
+        self.dir.path().join("tenants.yaml")
     }
 
     /// A value from the proxy's `/metrics`, e.g. `tenant_proxy_tenants_generation`.
