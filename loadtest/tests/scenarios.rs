@@ -311,6 +311,17 @@ fn https_scenario(connections: usize, streams: usize) -> Scenario {
     scenario
 }
 
+/// Runs `scenario` against `target`, which answers without a transport
+/// error and with some 200s.
+async fn answered(target: impl Into<load::Target>, scenario: &Scenario) {
+    let outcome = load::run(target, scenario, workload_of(scenario), |_| {}).await;
+    assert_eq!(outcome.transport_errors, 0, "{outcome:?}");
+    assert!(
+        outcome.statuses.get(&200).is_some_and(|&n| n > 0),
+        "{outcome:?}"
+    );
+}
+
 /// An `https` target speaks HTTP/2 over TLS, trusting the certificate it
 /// was given: a TLS server offering `h2` and HTTP/1.1 sees every request
 /// come as HTTP/2, naming the address as its authority.
@@ -318,14 +329,7 @@ fn https_scenario(connections: usize, streams: usize) -> Scenario {
 async fn an_https_target_gets_http2_over_tls() {
     let (addr, certificate, seen) = tls_server(1).await;
     let scenario = https_scenario(2, 1);
-    let workload = workload_of(&scenario);
-    let target = load::Target::https(addr, certificate).unwrap();
-    let outcome = load::run(target, &scenario, workload, |_| {}).await;
-    assert_eq!(outcome.transport_errors, 0, "{outcome:?}");
-    assert!(
-        outcome.statuses.get(&200).is_some_and(|&n| n > 0),
-        "{outcome:?}"
-    );
+    answered(load::Target::https(addr, certificate).unwrap(), &scenario).await;
     let seen = seen.lock().unwrap();
     assert!(!seen.is_empty());
     assert!(
@@ -344,14 +348,7 @@ async fn streams_per_connection_multiplexes_requests_on_each_connection() {
     let (connections, streams) = (2, 4);
     let (addr, certificate, seen) = tls_server(streams).await;
     let scenario = https_scenario(connections, streams);
-    let workload = workload_of(&scenario);
-    let target = load::Target::https(addr, certificate).unwrap();
-    let outcome = load::run(target, &scenario, workload, |_| {}).await;
-    assert_eq!(outcome.transport_errors, 0, "{outcome:?}");
-    assert!(
-        outcome.statuses.get(&200).is_some_and(|&n| n > 0),
-        "{outcome:?}"
-    );
+    answered(load::Target::https(addr, certificate).unwrap(), &scenario).await;
     let seen = std::mem::take(&mut *seen.lock().unwrap());
     for connection in 1..=connections {
         let on_it: Vec<_> = seen.iter().filter(|s| s.connection == connection).collect();
@@ -363,12 +360,7 @@ async fn streams_per_connection_multiplexes_requests_on_each_connection() {
     // The direct row sends the same scenario to the plain HTTP/1.1 sink:
     // as many requests in flight, each on a connection of its own.
     let (sink, stats) = sink::start().await.unwrap();
-    let outcome = load::run(sink, &scenario, workload_of(&scenario), |_| {}).await;
-    assert_eq!(outcome.transport_errors, 0, "{outcome:?}");
-    assert!(
-        outcome.statuses.get(&200).is_some_and(|&n| n > 0),
-        "{outcome:?}"
-    );
+    answered(sink, &scenario).await;
     assert_eq!(stats.connections(), (connections * streams) as u64);
 }
 
