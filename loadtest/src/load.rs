@@ -168,6 +168,11 @@ impl Workload {
     }
 }
 
+/// How long workers may take to finish their last request once a phase
+/// has ended: as long as the phase, within these bounds.
+const GRACE_MIN: Duration = Duration::from_secs(5);
+const GRACE_MAX: Duration = Duration::from_secs(30);
+
 struct Shared {
     recording: AtomicBool,
     stop: AtomicBool,
@@ -246,13 +251,29 @@ pub async fn run(
     let elapsed = started.elapsed();
     on_measure(false);
     shared.stop.store(true, Ordering::Release);
-    for worker in workers {
-        let _ = worker.await;
+    // A worker finishes the request it is on, but not forever: one whose
+    // target never answers is abandoned (its figures with it) once the
+    // grace is over, so a hung target cannot hold the run.
+    let grace = tokio::time::Instant::now() + scenario.duration.clamp(GRACE_MIN, GRACE_MAX);
+    let mut abandoned = 0;
+    for mut worker in workers {
+        if tokio::time::timeout_at(grace, &mut worker).await.is_err() {
+            worker.abort();
+            abandoned += 1;
+        }
+    }
+    if abandoned > 0 {
+        eprintln!(
+            "{abandoned} of {in_flight} workers still waited for an answer {:?} after the phase \
+             ended: abandoned, each counted as a transport error, their other figures lost",
+            scenario.duration.clamp(GRACE_MIN, GRACE_MAX)
+        );
     }
     let (latency_us, statuses, transport_errors) = std::mem::replace(
         &mut *shared.results.lock().unwrap(),
         (Histogram::new(3).unwrap(), BTreeMap::new(), 0),
     );
+    let transport_errors = transport_errors + abandoned;
     Outcome {
         elapsed,
         latency_us,
@@ -465,13 +486,21 @@ pub async fn guess(
                 while !stop.load(Ordering::Acquire) && sent.fetch_add(1, Ordering::Relaxed) < max {
                     tokio::time::sleep_until(at.into()).await;
                     at += step;
-                    if sender.is_none() {
-                        sender = connect(&target, Some(source)).await;
-                    }
-                    let status = match sender.as_mut() {
-                        Some(s) => send(s, target.addr, &request, &auth).await,
-                        None => None,
+                    // Each attempt bounded, so a hung target cannot hold
+                    // the loop past `stop`.
+                    let attempt = async {
+                        if sender.is_none() {
+                            sender = connect(&target, Some(source)).await;
+                        }
+                        match sender.as_mut() {
+                            Some(s) => send(s, target.addr, &request, &auth).await,
+                            None => None,
+                        }
                     };
+                    let status = tokio::time::timeout(GRACE_MAX, attempt)
+                        .await
+                        .ok()
+                        .flatten();
                     match status {
                         Some(status) => *statuses.entry(status).or_insert(0u64) += 1,
                         None => sender = None,

@@ -69,6 +69,37 @@ async fn closed_and_open_loops_send_bounded_load_to_the_sink() {
     assert!(stats.connections() >= 4);
 }
 
+/// A target that takes connections and never answers cannot hold a run:
+/// once the phase and its grace (5 s at least) are over, the waiting
+/// workers are abandoned and each counted as a transport error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_that_never_answers_cannot_hold_the_run() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let held = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let holding = held.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            holding.lock().unwrap().push(stream);
+        }
+    });
+    let mut scenario = scenarios()
+        .into_iter()
+        .find(|s| s.name == "loki-query-range")
+        .unwrap();
+    scenario.duration = Duration::from_millis(200);
+    scenario.warmup = Duration::ZERO;
+    scenario.connections = 2;
+    let workload = workload_of(&scenario);
+    let run = load::run(addr, &scenario, workload, |_| {});
+    let outcome = tokio::time::timeout(Duration::from_secs(30), run)
+        .await
+        .expect("the run ends within its grace");
+    assert_eq!(outcome.transport_errors, 2, "{outcome:?}");
+    assert!(outcome.statuses.is_empty(), "{outcome:?}");
+    assert_eq!(held.lock().unwrap().len(), 2, "both workers had connected");
+}
+
 #[test]
 fn wrong_password_share_marks_that_share_of_credentials() {
     let scenario = scenarios()
