@@ -231,6 +231,24 @@ async fn a_push_answer_is_read_up_to_its_limit_and_refused_beyond() {
     assert_eq!(push(&proxy).await, StatusCode::SERVICE_UNAVAILABLE);
 }
 
+/// An answer that ends in an error within 10 s, before its head or, after
+/// a 200 head, in its body: what a client must get when the upstream's
+/// answer is cut off, never a short body passed off as complete.
+async fn ends_in_an_error(
+    answer: impl std::future::Future<Output = hyper::Result<http::Response<hyper::body::Incoming>>>,
+) {
+    let cut = async {
+        let response = answer.await?;
+        assert_eq!(response.status(), StatusCode::OK);
+        response.into_body().collect().await
+    };
+    let answer = tokio::time::timeout(Duration::from_secs(10), cut).await;
+    assert!(
+        matches!(answer, Ok(Err(_))),
+        "the cut-off answer ends in an error"
+    );
+}
+
 #[tokio::test]
 async fn an_answer_cut_off_by_the_upstream_is_never_passed_off_as_complete() {
     support::captured_logs();
@@ -253,16 +271,7 @@ async fn an_answer_cut_off_by_the_upstream_is_never_passed_off_as_complete() {
         .header("authorization", basic("alice", "alice-pw"))
         .body(http_body_util::Empty::<bytes::Bytes>::new())
         .unwrap();
-    let truncated = async {
-        let response = sender.send_request(request).await?;
-        assert_eq!(response.status(), StatusCode::OK);
-        response.into_body().collect().await
-    };
-    let answer = tokio::time::timeout(Duration::from_secs(10), truncated).await;
-    assert!(
-        matches!(answer, Ok(Err(_))),
-        "the truncated answer ends in an error"
-    );
+    ends_in_an_error(sender.send_request(request)).await;
     // A push's answer is read whole before the sender gets one: a cut-off
     // answer is a 503 it retries, on a connection that stays usable.
     assert_eq!(push(&proxy).await, StatusCode::SERVICE_UNAVAILABLE);
@@ -305,16 +314,7 @@ async fn over_http2_an_answer_cut_off_resets_its_stream_not_the_connection() {
     assert_eq!(body.unwrap().to_bytes(), "{}");
 
     upstream.set(Fault::CloseInBody);
-    let cut = async {
-        let response = sender.send_request(request()).await?;
-        assert_eq!(response.status(), StatusCode::OK);
-        response.into_body().collect().await
-    };
-    let answer = tokio::time::timeout(Duration::from_secs(10), cut).await;
-    assert!(
-        matches!(answer, Ok(Err(_))),
-        "the cut-off stream ends in an error"
-    );
+    ends_in_an_error(sender.send_request(request())).await;
 
     upstream.set(Fault::Healthy);
     let response = sender.send_request(request()).await.unwrap();
