@@ -83,13 +83,7 @@ async fn a_target_that_never_answers_cannot_hold_the_run() {
             holding.lock().unwrap().push(stream);
         }
     });
-    let mut scenario = scenarios()
-        .into_iter()
-        .find(|s| s.name == "loki-query-range")
-        .unwrap();
-    scenario.duration = Duration::from_millis(200);
-    scenario.warmup = Duration::ZERO;
-    scenario.connections = 2;
+    let scenario = short_scenario("loki-query-range", 2, 1);
     let workload = workload_of(&scenario);
     let run = load::run(addr, &scenario, workload, |_| {});
     let outcome = tokio::time::timeout(Duration::from_secs(30), run)
@@ -330,10 +324,12 @@ async fn tls_server(
 
 /// The `https` scenario, bounded for a test.
 fn https_scenario(connections: usize, streams: usize) -> Scenario {
-    let mut scenario = scenarios()
-        .into_iter()
-        .find(|s| s.name == "loki-query-range-https")
-        .unwrap();
+    short_scenario("loki-query-range-https", connections, streams)
+}
+
+/// Scenario `name`, run for 300 ms (at most 50 requests) with no warm-up.
+fn short_scenario(name: &str, connections: usize, streams: usize) -> Scenario {
+    let mut scenario = scenarios().into_iter().find(|s| s.name == name).unwrap();
     scenario.duration = Duration::from_millis(300);
     scenario.warmup = Duration::ZERO;
     scenario.max_requests = 50;
