@@ -21,11 +21,11 @@ pub struct ProxyProcess {
     dir: ScratchDir,
 }
 
-/// A temporary directory removed on drop (the loadtest binary has no
-/// dev-dependencies at run time).
 /// A directory of its own for one process the load generator starts (a
 /// proxy, nginx): several run at once, in one test binary too, so the
-/// name counts up within this process. Removed when dropped.
+/// name counts up within this process. Removed when dropped (written here:
+/// the loadtest binary has no dev-dependencies such as `tempfile` at run
+/// time).
 pub struct ScratchDir(PathBuf);
 
 impl ScratchDir {
@@ -191,11 +191,7 @@ impl ProxyProcess {
             https,
         } = *options;
         std::fs::write(dir.path().join("tenants.yaml"), tenants)?;
-        let certificate = if https {
-            Some(write_certificate(dir.path())?)
-        } else {
-            None
-        };
+        let certificate = https.then(|| write_certificate(dir.path())).transpose()?;
         let (addr, admin) = (free_port(), free_port());
         std::fs::write(
             dir.path().join("config.yaml"),
