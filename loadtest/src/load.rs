@@ -254,7 +254,8 @@ pub async fn run(
     // A worker finishes the request it is on, but not forever: one whose
     // target never answers is abandoned (its figures with it) once the
     // grace is over, so a hung target cannot hold the run.
-    let grace = tokio::time::Instant::now() + scenario.duration.clamp(GRACE_MIN, GRACE_MAX);
+    let grace_period = scenario.duration.clamp(GRACE_MIN, GRACE_MAX);
+    let grace = tokio::time::Instant::now() + grace_period;
     let mut abandoned = 0;
     for mut worker in workers {
         if tokio::time::timeout_at(grace, &mut worker).await.is_err() {
@@ -266,7 +267,7 @@ pub async fn run(
         eprintln!(
             "{abandoned} of {in_flight} workers still waited for an answer {:?} after the phase \
              ended: abandoned, each counted as a transport error, their other figures lost",
-            scenario.duration.clamp(GRACE_MIN, GRACE_MAX)
+            grace_period
         );
     }
     let (latency_us, statuses, transport_errors) = std::mem::replace(
