@@ -68,7 +68,7 @@ pub fn config(
         "access_log off;".into()
     };
     let d = dir.display();
-    let listen = match https {
+    let listen_directives = match https {
         false => format!("listen {listen};"),
         true => format!(
             "listen {listen} ssl http2;\n\
@@ -88,7 +88,7 @@ pub fn config(
            map $remote_user $tenant {{\n    default \"\";\n{tenants}  }}\n\
            upstream backend {{ server {upstream}; keepalive 64; }}\n\
            server {{\n\
-             {listen}\n\
+             {listen_directives}\n\
              auth_basic \"tenant\";\n\
              auth_basic_user_file {d}/htpasswd;\n\
              location / {{\n\
