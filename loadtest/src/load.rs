@@ -51,7 +51,7 @@ impl Target {
     pub fn https(addr: SocketAddr, certificate: CertificateDer<'static>) -> anyhow::Result<Self> {
         let mut roots = rustls::RootCertStore::empty();
         roots.add(certificate)?;
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
         let mut config = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()?
             .with_root_certificates(roots)

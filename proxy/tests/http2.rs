@@ -177,7 +177,7 @@ async fn https_clients_that_offer_http2_get_it() {
     let proxy = RunningProxy::start(options).await;
 
     // As Go's client offers it: h2 first, HTTP/1.1 as the fallback.
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let mut config = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .unwrap()

@@ -13,9 +13,11 @@ use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
+use rustls::crypto::aws_lc_rs::kx_group::{X25519, X25519MLKEM768};
+use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use rustls::{ClientConfig, RootCertStore};
-use support::certs::{pem_der, Ca, Leaf};
+use rustls::{ClientConfig, NamedGroup, RootCertStore};
+use support::certs::{pem_der, provider_with_only, Ca, Leaf};
 use support::loki::LokiStandIn;
 use support::{basic, replace_file, ProxyOptions, RunningProxy};
 
@@ -24,21 +26,18 @@ fn write_leaf(dir: &Path, leaf: &Leaf) {
     replace_file(&dir.join("tls.key"), &leaf.key_pem);
 }
 
-/// One HTTPS GET on a fresh connection; the status and the certificate the
-/// server presented, or the error.
-async fn https_get(
-    proxy: &RunningProxy,
+/// A client trusting `roots`, presenting `client_cert` if given, on
+/// `provider`.
+fn client_config(
+    provider: Arc<CryptoProvider>,
     roots: RootCertStore,
     client_cert: Option<&Leaf>,
-    path: &str,
-    auth: &str,
-) -> Result<(StatusCode, CertificateDer<'static>), String> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+) -> ClientConfig {
     let builder = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .unwrap()
         .with_root_certificates(roots);
-    let config = match client_cert {
+    match client_cert {
         None => builder.with_no_client_auth(),
         Some(leaf) => {
             use rustls::pki_types::pem::PemObject;
@@ -47,7 +46,33 @@ async fn https_get(
                 .with_client_auth_cert(vec![pem_der(&leaf.cert_pem)], key)
                 .unwrap()
         }
-    };
+    }
+}
+
+/// One HTTPS GET on a fresh connection, with the proxy's own crypto
+/// provider; the status and the certificate the server presented, or the
+/// error.
+async fn https_get(
+    proxy: &RunningProxy,
+    roots: RootCertStore,
+    client_cert: Option<&Leaf>,
+    path: &str,
+    auth: &str,
+) -> Result<(StatusCode, CertificateDer<'static>), String> {
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let config = client_config(provider, roots, client_cert);
+    let (status, presented, _) = https_get_with(proxy, config, path, auth).await?;
+    Ok((status, presented))
+}
+
+/// `https_get` with a client of the caller's; also the key exchange group
+/// the handshake agreed.
+async fn https_get_with(
+    proxy: &RunningProxy,
+    config: ClientConfig,
+    path: &str,
+    auth: &str,
+) -> Result<(StatusCode, CertificateDer<'static>, NamedGroup), String> {
     let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
     let tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
     let name = ServerName::try_from("localhost").unwrap();
@@ -58,6 +83,12 @@ async fn https_get(
     let presented = tls.get_ref().1.peer_certificates().unwrap()[0]
         .clone()
         .into_owned();
+    let group = tls
+        .get_ref()
+        .1
+        .negotiated_key_exchange_group()
+        .unwrap()
+        .name();
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
         .await
         .map_err(|e| e.to_string())?;
@@ -73,7 +104,7 @@ async fn https_get(
         .map_err(|e| e.to_string())?;
     let status = response.status();
     let _ = response.into_body().collect().await;
-    Ok((status, presented))
+    Ok((status, presented, group))
 }
 
 async fn start(dir: &Path, client_ca: bool) -> (LokiStandIn, RunningProxy) {
@@ -196,4 +227,28 @@ async fn with_a_client_ca_a_client_certificate_is_required_besides_basic_auth() 
         1,
         "only the good client's request got through"
     );
+}
+
+/// Go 1.24 and later (Grafana, Alloy, the Collector, Prometheus 3) offer
+/// the hybrid post-quantum key exchange X25519MLKEM768 first: the listener
+/// agrees to it, so recorded traffic stays secret from a later quantum
+/// computer. A client offering only X25519 (older Go, Debian's curl and
+/// Prometheus 2.42 in other tests) still gets it.
+#[tokio::test]
+async fn the_listener_agrees_a_post_quantum_key_exchange_and_still_a_classical_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new();
+    write_leaf(dir.path(), &ca.issue("localhost"));
+    let (loki, proxy) = start(dir.path(), false).await;
+    let alice = basic("alice", "alice-pw");
+
+    for group in [X25519MLKEM768, X25519] {
+        let config = client_config(provider_with_only(group), ca.roots(), None);
+        let (status, _, agreed) = https_get_with(&proxy, config, LABELS, &alice)
+            .await
+            .unwrap();
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(agreed, group.name());
+    }
+    assert_eq!(loki.received().len(), 2);
 }

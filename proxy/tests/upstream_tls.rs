@@ -14,7 +14,8 @@ use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use support::certs::{server_config, Ca, Leaf};
+use rustls::crypto::aws_lc_rs::kx_group::X25519MLKEM768;
+use support::certs::{provider_with_only, server_config, server_config_with, Ca, Leaf};
 use support::{basic, get, ProxyOptions, RunningProxy};
 
 /// An HTTPS upstream that records the tenant header of what it serves.
@@ -25,7 +26,10 @@ struct HttpsUpstream {
 
 impl HttpsUpstream {
     async fn start(leaf: &Leaf, client_ca: Option<&Ca>) -> Self {
-        let config = server_config(leaf, client_ca);
+        Self::serving(server_config(leaf, client_ca)).await
+    }
+
+    async fn serving(config: rustls::ServerConfig) -> Self {
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -170,4 +174,26 @@ async fn rotated_upstream_tls_files_are_picked_up() {
     )
     .await;
     assert_eq!(upstream.served(), ["team-b"], "nothing served before");
+}
+
+/// The proxy offers the hybrid post-quantum key exchange to its upstreams,
+/// which Loki and Mimir (Go 1.24 and later) agree to when offered: an
+/// upstream accepting nothing else is served.
+#[tokio::test]
+async fn the_upstream_connection_can_agree_a_post_quantum_key_exchange() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new();
+    let leaf = ca.issue("localhost");
+    let upstream = HttpsUpstream::serving(server_config_with(
+        provider_with_only(X25519MLKEM768),
+        &leaf,
+        None,
+    ))
+    .await;
+    let url = format!("https://localhost:{}", upstream.addr.port());
+    let ca_file = write(dir.path(), "ca.crt", &ca.pem());
+    let proxy = proxy(url, format!("    ca_file: {ca_file}\n")).await;
+    let reply = get(&proxy.url(LABELS), &basic("alice", "alice-pw")).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    assert_eq!(upstream.served(), ["team-a"]);
 }

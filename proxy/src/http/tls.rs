@@ -33,10 +33,11 @@ pub fn load(config: &TlsConfig) -> Result<ServerConfig, String> {
     }
     let key = PrivateKeyDer::from_pem_file(&config.key_file)
         .map_err(|e| file_error(&config.key_file, e))?;
-    let builder =
-        ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .map_err(|e| e.to_string())?;
+    let builder = ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| e.to_string())?;
     let builder = match &config.client_ca_file {
         None => builder.with_no_client_auth(),
         Some(ca_file) => {

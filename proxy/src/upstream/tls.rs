@@ -27,11 +27,12 @@ pub fn client_config(tls: &UpstreamTls) -> Result<ClientConfig, String> {
             roots
         }
     };
-    let builder =
-        ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .map_err(|e| e.to_string())?
-            .with_root_certificates(roots);
+    let builder = ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| e.to_string())?
+    .with_root_certificates(roots);
     match (&tls.cert_file, &tls.key_file) {
         (Some(cert_file), Some(key_file)) => {
             let certs = certificates(cert_file)?;

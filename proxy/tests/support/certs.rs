@@ -3,6 +3,7 @@
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair, SanType};
 use std::sync::Arc;
 
+use rustls::crypto::{CryptoProvider, SupportedKxGroup};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
@@ -63,10 +64,27 @@ pub fn pem_der(pem: &str) -> CertificateDer<'static> {
     CertificateDer::from_pem_slice(pem.as_bytes()).unwrap()
 }
 
+/// The crypto provider the proxy uses, agreeing keys only by `group`.
+pub fn provider_with_only(group: &'static dyn SupportedKxGroup) -> Arc<CryptoProvider> {
+    Arc::new(CryptoProvider {
+        kx_groups: vec![group],
+        ..rustls::crypto::aws_lc_rs::default_provider()
+    })
+}
+
 /// A TLS server presenting `leaf`; with `client_ca`, clients must present a
 /// certificate it signed.
 pub fn server_config(leaf: &Leaf, client_ca: Option<&Ca>) -> ServerConfig {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    server_config_with(provider, leaf, client_ca)
+}
+
+/// `server_config` on a provider of the caller's.
+pub fn server_config_with(
+    provider: Arc<CryptoProvider>,
+    leaf: &Leaf,
+    client_ca: Option<&Ca>,
+) -> ServerConfig {
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .unwrap();
