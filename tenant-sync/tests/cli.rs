@@ -16,6 +16,17 @@ const BIN: &str = env!("CARGO_BIN_EXE_tenant-sync");
 
 async fn cluster() -> (ApiServer, tempfile::TempDir) {
     let api = ApiServer::start().await;
+    let server = format!("http://{}", api.addr);
+    cluster_at(api, &server, "").await
+}
+
+/// `api` with one tenant and one credential, and a kubeconfig naming it as
+/// `server`, with `cluster_extra` (such as its CA) in its cluster entry.
+async fn cluster_at(
+    api: ApiServer,
+    server: &str,
+    cluster_extra: &str,
+) -> (ApiServer, tempfile::TempDir) {
     api.namespace("team-a", json!({}));
     api.secret(
         "team-a",
@@ -25,10 +36,9 @@ async fn cluster() -> (ApiServer, tempfile::TempDir) {
     );
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = format!(
-        "apiVersion: v1\nkind: Config\nclusters: [{{name: test, cluster: {{server: 'http://{}'}}}}]\n\
+        "apiVersion: v1\nkind: Config\nclusters: [{{name: test, cluster: {{server: '{server}'{cluster_extra}}}}}]\n\
          users: [{{name: test, user: {{}}}}]\ncontexts: [{{name: test, context: {{cluster: test, user: test}}}}]\n\
-         current-context: test\n",
-        api.addr
+         current-context: test\n"
     );
     std::fs::write(dir.path().join("kubeconfig"), kubeconfig).unwrap();
     (api, dir)
@@ -66,6 +76,55 @@ async fn once_writes_the_file_and_exits_zero() {
     let (stderr, store) = run_once(dir.path(), &[]).await;
     assert!(store.credential("alice").unwrap().verifier.verify("pw"));
     assert!(!stderr.contains("pw\""), "no password in logs");
+}
+
+/// A real API server serves only HTTPS: the binary's client reaches one
+/// through the kubeconfig's CA, on the crypto provider the build links,
+/// and agrees the hybrid post-quantum key exchange, the only one this
+/// server accepts (Kubernetes 1.33, built with Go 1.24, prefers it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_reaches_an_https_api_server_with_a_post_quantum_key_exchange() {
+    use base64::Engine;
+    let (ca, leaf, key) = certificate_for("localhost");
+    let provider = rustls::crypto::CryptoProvider {
+        kx_groups: vec![rustls::crypto::aws_lc_rs::kx_group::X25519MLKEM768],
+        ..rustls::crypto::aws_lc_rs::default_provider()
+    };
+    let server = rustls::ServerConfig::builder_with_provider(provider.into())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![leaf], key)
+        .unwrap();
+    let ca = base64::engine::general_purpose::STANDARD.encode(ca);
+    let extra = format!(", certificate-authority-data: '{ca}'");
+    let api = ApiServer::start_tls(server).await;
+    let url = format!("https://localhost:{}", api.addr.port());
+    let (_api, dir) = cluster_at(api, &url, &extra).await;
+    let (_, store) = run_once(dir.path(), &[]).await;
+    assert!(store.credential("alice").unwrap().verifier.verify("pw"));
+}
+
+/// A CA's certificate (PEM) and a leaf for `name` it signed, with the
+/// leaf's key.
+fn certificate_for(
+    name: &str,
+) -> (
+    String,
+    rustls::pki_types::CertificateDer<'static>,
+    rustls::pki_types::PrivateKeyDer<'static>,
+) {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let leaf = CertificateParams::new(vec![name.to_owned()])
+        .unwrap()
+        .signed_by(&key, &ca)
+        .unwrap();
+    let key = rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).unwrap();
+    (ca.pem(), leaf.der().clone(), key)
 }
 
 /// `--usernames-name-their-tenant` reaches the rule: `alice` names no

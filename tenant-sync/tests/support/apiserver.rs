@@ -90,6 +90,15 @@ impl Drop for ApiServer {
 
 impl ApiServer {
     pub async fn start() -> Self {
+        Self::serving(None).await
+    }
+
+    /// Over TLS, as a real API server serves only HTTPS.
+    pub async fn start_tls(config: rustls::ServerConfig) -> Self {
+        Self::serving(Some(tokio_rustls::TlsAcceptor::from(Arc::new(config)))).await
+    }
+
+    async fn serving(tls: Option<tokio_rustls::TlsAcceptor>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let state = Arc::new(State {
@@ -106,10 +115,19 @@ impl ApiServer {
             while let Ok((stream, _)) = listener.accept().await {
                 let state = shared.clone();
                 let service = service_fn(move |request| handle(state.clone(), request));
-                tokio::spawn(
-                    hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service),
-                );
+                let http = hyper::server::conn::http1::Builder::new();
+                let tls = tls.clone();
+                tokio::spawn(async move {
+                    let _ = match tls {
+                        None => http.serve_connection(TokioIo::new(stream), service).await,
+                        Some(tls) => match tls.accept(stream).await {
+                            Ok(stream) => {
+                                http.serve_connection(TokioIo::new(stream), service).await
+                            }
+                            Err(_) => return, // a failed handshake is the client's to report
+                        },
+                    };
+                });
             }
         });
         Self { addr, state, task }
