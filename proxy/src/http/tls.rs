@@ -33,16 +33,18 @@ pub fn load(config: &TlsConfig) -> Result<ServerConfig, String> {
     }
     let key = PrivateKeyDer::from_pem_file(&config.key_file)
         .map_err(|e| file_error(&config.key_file, e))?;
-    let builder = ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::aws_lc_rs::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(|e| e.to_string())?;
+    // The provider named here and for the client-certificate verifier, not
+    // the process's default, which rustls cannot pick once a dependency
+    // links a second one (it would panic loading a client CA bundle).
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?;
     let builder = match &config.client_ca_file {
         None => builder.with_no_client_auth(),
         Some(ca_file) => {
             let roots = roots_from(ca_file)?;
-            let verifier = WebPkiClientVerifier::builder(Arc::new(roots))
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
                 .build()
                 .map_err(|e| format!("{}: {e}", ca_file.display()))?;
             builder.with_client_cert_verifier(verifier)
