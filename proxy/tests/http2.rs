@@ -328,3 +328,50 @@ async fn an_http2_connection_is_held_to_its_streams_and_its_resets() {
         "{error}"
     );
 }
+
+/// A client that makes the proxy reset its streams, here by sending more
+/// body than its `content-length` (the "MadeYouReset" family of floods,
+/// CVE-2025-8671: each reset frees the stream's slot, so the limit on
+/// streams at once does not stop it), is sent away with GOAWAY after
+/// 1,024 such resets on one connection.
+#[tokio::test]
+async fn an_http2_client_that_makes_its_streams_fail_is_sent_away() {
+    let loki = LokiStandIn::start().await;
+    let proxy = RunningProxy::start(ProxyOptions::new(loki.url())).await;
+    let tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let (mut client, connection) = h2::client::handshake(tcp).await.unwrap();
+    let connection = tokio::spawn(connection);
+    let mut sent = 0;
+    while sent < 2_000 {
+        let Ok(ready) = client.clone().ready().await else {
+            break;
+        };
+        client = ready;
+        let request = Request::post(proxy.url("/loki/api/v1/push"))
+            .header("authorization", basic("alice", "alice-pw"))
+            .header("content-length", "1")
+            .body(())
+            .unwrap();
+        let Ok((_, mut stream)) = client.send_request(request, false) else {
+            break;
+        };
+        if stream
+            .send_data(Bytes::from_static(b"too long"), true)
+            .is_err()
+        {
+            break;
+        }
+        sent += 1;
+    }
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(10), connection)
+        .await
+        .expect("the proxy ends the connection")
+        .unwrap();
+    let error = ended.expect_err("sent away, not closed gracefully");
+    assert_eq!(
+        error.reason(),
+        Some(h2::Reason::ENHANCE_YOUR_CALM),
+        "{error}"
+    );
+    assert!(sent > 1_024, "{sent}");
+}

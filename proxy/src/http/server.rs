@@ -84,13 +84,16 @@ pub async fn serve_connections<H, F>(
         .max_headers(limits.max_header_count);
     // HTTP/2: hyper's own defaults, written out so that a change of them
     // cannot quietly widen what one connection may hold: 200 streams at
-    // once, and a client that resets more than 20 streams before they were
-    // served (the "rapid reset" flood, CVE-2023-44487) gets GOAWAY.
+    // once; a client that resets more than 20 streams before they were
+    // served (the "rapid reset" flood, CVE-2023-44487) gets GOAWAY, and so
+    // does one that makes the proxy reset 1,024 of its streams by sending
+    // them malformed ("MadeYouReset", CVE-2025-8671).
     builder
         .http2()
         .timer(TokioTimer::new())
         .max_concurrent_streams(200)
         .max_pending_accept_reset_streams(20)
+        .max_local_error_reset_streams(1024)
         .max_header_list_size(
             u32::try_from(limits.max_header_bytes).expect("bounded by config validation"),
         );
