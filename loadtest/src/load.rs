@@ -378,6 +378,11 @@ async fn worker(
                 Some(connection) => connection.sender(&target).await,
                 None => connect(&target, None).await,
             };
+            if sender.is_none() {
+                // A connection refused at once can fail without the task
+                // ever waiting: let the timers that end the phase run.
+                tokio::task::yield_now().await;
+            }
         }
         let result = match sender.as_mut() {
             None => None,
@@ -537,6 +542,19 @@ mod tests {
             .collect::<anyhow::Result<Vec<_>>>()
             .unwrap();
         Workload::new(&scenario, prepared)
+    }
+
+    /// Every request sent counts once in the rates: each answer of each
+    /// status, and each transport error.
+    #[test]
+    fn an_outcome_counts_answers_and_transport_errors() {
+        let outcome = Outcome {
+            elapsed: Duration::from_secs(1),
+            latency_us: Histogram::new(3).unwrap(),
+            statuses: BTreeMap::from([(200, 5), (503, 2)]),
+            transport_errors: 3,
+        };
+        assert_eq!(outcome.requests(), 10);
     }
 
     /// The variable is filled where a request holds it (`0` when repeated,

@@ -94,6 +94,28 @@ async fn a_target_that_never_answers_cannot_hold_the_run() {
     assert_eq!(held.lock().unwrap().len(), 2, "both workers had connected");
 }
 
+/// A target that refuses every connection (its process gone) cannot hold
+/// a run either: each refused attempt is a transport error, and the run
+/// ends at its duration or its request bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_that_refuses_connections_cannot_hold_the_run() {
+    // A port that was free a moment ago: nothing listens there now.
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut scenario = short_scenario("loki-query-range", 4, 1);
+    // A warm-up, where failures are not counted toward the bound.
+    scenario.warmup = Duration::from_millis(200);
+    let workload = workload_of(&scenario);
+    let run = load::run(addr, &scenario, workload, |_| {});
+    let outcome = tokio::time::timeout(Duration::from_secs(30), run)
+        .await
+        .expect("the run ends");
+    assert!(outcome.statuses.is_empty(), "{outcome:?}");
+    assert!(outcome.transport_errors > 0, "{outcome:?}");
+}
+
 #[test]
 fn wrong_password_share_marks_that_share_of_credentials() {
     let scenario = scenarios()
