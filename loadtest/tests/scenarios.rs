@@ -69,6 +69,23 @@ async fn closed_and_open_loops_send_bounded_load_to_the_sink() {
     assert!(stats.connections() >= 4);
 }
 
+/// An open loop keeps to its rate: 200 requests a second for half a
+/// second is about 100, never a burst as fast as the sink answers. (A
+/// busy machine can only make it fewer, so only the upper side is held.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_loop_sends_no_more_than_its_rate() {
+    let (addr, _stats) = sink::start().await.unwrap();
+    let mut scenario = short_scenario("loki-open-loop", 4, 1);
+    scenario.rate = 200;
+    scenario.duration = Duration::from_millis(500);
+    scenario.warmup = Duration::from_millis(100);
+    scenario.max_requests = 100_000;
+    let outcome = load::run(addr, &scenario, workload_of(&scenario), |_| {}).await;
+    assert_eq!(outcome.transport_errors, 0, "{outcome:?}");
+    let sent = outcome.requests();
+    assert!(sent > 0 && sent <= 150 + 4, "{sent} requests: {outcome:?}");
+}
+
 /// A target that takes connections and never answers cannot hold a run:
 /// once the phase and its grace (5 s at least) are over, the waiting
 /// workers are abandoned and each counted as a transport error.
