@@ -69,6 +69,21 @@ async fn closed_and_open_loops_send_bounded_load_to_the_sink() {
     assert!(stats.connections() >= 4);
 }
 
+/// A phase ends at its request bound when that comes before its duration:
+/// the workers stop once that many are measured (each finishing the one
+/// it is on), not at the first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_loop_stops_at_its_request_bound() {
+    let (addr, _stats) = sink::start().await.unwrap();
+    let mut scenario = short_scenario("loki-query-range", 4, 1);
+    scenario.duration = Duration::from_secs(30);
+    scenario.max_requests = 200;
+    let outcome = load::run(addr, &scenario, workload_of(&scenario), |_| {}).await;
+    let sent = outcome.requests();
+    assert!((200..=200 + 4).contains(&sent), "{sent} requests: {outcome:?}");
+    assert!(outcome.elapsed < scenario.duration, "{outcome:?}");
+}
+
 /// An open loop keeps to its rate: 200 requests a second for half a
 /// second is about 100, never a burst as fast as the sink answers. (A
 /// busy machine can only make it fewer, so only the upper side is held.)
