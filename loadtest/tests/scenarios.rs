@@ -80,7 +80,10 @@ async fn a_closed_loop_stops_at_its_request_bound() {
     scenario.max_requests = 200;
     let outcome = load::run(addr, &scenario, workload_of(&scenario), |_| {}).await;
     let sent = outcome.requests();
-    assert!((200..=200 + 4).contains(&sent), "{sent} requests: {outcome:?}");
+    assert!(
+        (200..=200 + 4).contains(&sent),
+        "{sent} requests: {outcome:?}"
+    );
     assert!(outcome.elapsed < scenario.duration, "{outcome:?}");
 }
 
@@ -131,11 +134,11 @@ async fn a_target_that_never_answers_cannot_hold_the_run() {
 /// ends at its duration or its request bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_target_that_refuses_connections_cannot_hold_the_run() {
-    // A port that was free a moment ago: nothing listens there now.
-    let addr = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    // A port held by a socket that does not listen: connections to it are
+    // refused, and no other process can take it meanwhile.
+    let held = tokio::net::TcpSocket::new_v4().unwrap();
+    held.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = held.local_addr().unwrap();
     let mut scenario = short_scenario("loki-query-range", 4, 1);
     // A warm-up, where failures are not counted toward the bound.
     scenario.warmup = Duration::from_millis(200);
@@ -293,6 +296,7 @@ struct Seen {
     connection: usize,
     version: http::Version,
     authority: Option<String>,
+    authorization: Option<String>,
     /// Requests in flight on its connection when it arrived, itself too.
     in_flight: usize,
 }
@@ -355,6 +359,10 @@ async fn tls_server(
                             connection,
                             version: request.version(),
                             authority: request.uri().authority().map(|a| a.to_string()),
+                            authorization: request
+                                .headers()
+                                .get("authorization")
+                                .map(|v| v.to_str().unwrap().to_owned()),
                             in_flight: now,
                         });
                         if now >= hold {
@@ -419,6 +427,39 @@ async fn an_https_target_gets_http2_over_tls() {
             && s.in_flight == 1),
         "{seen:?}"
     );
+}
+
+/// The workers take turns through the credentials: every user of the
+/// scenario is sent, not only those one worker's stride reaches; and a
+/// wrong password is sent once, never by two workers walking side by side
+/// (the proxy would let the second share the first's argon2 run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_workers_send_every_credential_and_each_guess_once() {
+    let (addr, certificate, seen) = tls_server(1).await;
+    let target = load::Target::https(addr, certificate).unwrap();
+    let sent = || -> Vec<String> {
+        let mut seen = seen.lock().unwrap();
+        let sent = seen.iter().map(|s| s.authorization.clone().unwrap());
+        let sent = sent.collect();
+        seen.clear();
+        sent
+    };
+    // Two workers, two users: each worker's first request already names
+    // its own, however few a busy machine lets them send.
+    let mut scenario = https_scenario(2, 1);
+    scenario.users = 2;
+    answered(target.clone(), &scenario).await;
+    let users: std::collections::BTreeSet<_> = sent().into_iter().collect();
+    let all: std::collections::BTreeSet<_> = workload_of(&scenario).auths.iter().cloned().collect();
+    assert_eq!(all.len(), 2);
+    assert_eq!(users, all);
+
+    scenario.wrong_password_share = 1.0;
+    answered(target, &scenario).await;
+    let guesses = sent();
+    let distinct: std::collections::BTreeSet<_> = guesses.iter().collect();
+    assert!(guesses.len() >= 2, "{guesses:?}");
+    assert_eq!(distinct.len(), guesses.len(), "{guesses:?}");
 }
 
 /// With `streams_per_connection`, the workers of a connection share it:
