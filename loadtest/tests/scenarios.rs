@@ -104,6 +104,24 @@ async fn an_open_loop_sends_no_more_than_its_rate() {
     assert!(sent > 0 && sent <= 150 + 4, "{sent} requests: {outcome:?}");
 }
 
+/// Password guessers send at most their bound of attempts, each counted
+/// by the status it got (the sink answers 200 to anything).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guessers_send_their_bound_of_attempts_and_count_each_answer() {
+    let (addr, stats) = sink::start().await.unwrap();
+    let guessing = loadtest::scenario::Guessing {
+        rate: 1000,
+        connections: 2,
+        source: std::net::Ipv4Addr::new(127, 0, 0, 2),
+    };
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let path = "/loki/api/v1/labels";
+    let statuses = load::guess(addr.into(), &guessing, path, stop, 20).await;
+    assert_eq!(statuses, std::collections::BTreeMap::from([(200, 20)]));
+    let reached = stats.requests.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(reached, 20);
+}
+
 /// A target that takes connections and never answers cannot hold a run:
 /// once the phase and its grace (5 s at least) are over, the waiting
 /// workers are abandoned and each counted as a transport error.
