@@ -281,6 +281,21 @@ async fn a_request_slower_than_the_quiet_period_still_gets_its_answer() {
     assert_eq!(loki.received().len(), 2);
 }
 
+/// Waits (at most 10 s) for the proxy to end `connection` with GOAWAY
+/// `ENHANCE_YOUR_CALM`, its answer to a client that misbehaves.
+async fn assert_sent_away(connection: tokio::task::JoinHandle<Result<(), h2::Error>>) {
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(10), connection)
+        .await
+        .expect("the proxy ends the connection")
+        .unwrap();
+    let error = ended.expect_err("sent away, not closed gracefully");
+    assert_eq!(
+        error.reason(),
+        Some(h2::Reason::ENHANCE_YOUR_CALM),
+        "{error}"
+    );
+}
+
 /// What one HTTP/2 connection may hold: 200 streams at once, as the
 /// proxy's settings tell the client; and a client that resets streams
 /// faster than they are served (the "rapid reset" flood) is sent away
@@ -317,16 +332,7 @@ async fn an_http2_connection_is_held_to_its_streams_and_its_resets() {
         };
         stream.send_reset(h2::Reason::CANCEL);
     }
-    let ended = tokio::time::timeout(std::time::Duration::from_secs(10), connection)
-        .await
-        .expect("the proxy ends the connection")
-        .unwrap();
-    let error = ended.expect_err("sent away, not closed gracefully");
-    assert_eq!(
-        error.reason(),
-        Some(h2::Reason::ENHANCE_YOUR_CALM),
-        "{error}"
-    );
+    assert_sent_away(connection).await;
 }
 
 /// A client that makes the proxy reset its streams, here by sending more
@@ -363,15 +369,6 @@ async fn an_http2_client_that_makes_its_streams_fail_is_sent_away() {
         }
         sent += 1;
     }
-    let ended = tokio::time::timeout(std::time::Duration::from_secs(10), connection)
-        .await
-        .expect("the proxy ends the connection")
-        .unwrap();
-    let error = ended.expect_err("sent away, not closed gracefully");
-    assert_eq!(
-        error.reason(),
-        Some(h2::Reason::ENHANCE_YOUR_CALM),
-        "{error}"
-    );
+    assert_sent_away(connection).await;
     assert!(sent > 1_024, "{sent}");
 }
