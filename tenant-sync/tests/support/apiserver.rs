@@ -1,8 +1,8 @@
 //! An in-process stand-in for the Kubernetes API server (behaviour of
 //! Kubernetes 1.33, core/v1 and discovery.k8s.io/v1): list and watch of
-//! Namespaces, Secrets and (namespaced) EndpointSlices over HTTP, so the
-//! real `kube` client and watcher code runs against it; and the writing
-//! of events.k8s.io/v1 Events (`events`).
+//! Namespaces, Secrets and (namespaced) EndpointSlices over HTTP (or
+//! HTTPS, `start_tls`), so the real `kube` client and watcher code runs
+//! against it; and the writing of events.k8s.io/v1 Events (`events`).
 //!
 //! It keeps a resourceVersion counter and an event log, filters by label
 //! selector (`k=v`, `k`) and field selector (`type=`, `metadata.namespace=`),
