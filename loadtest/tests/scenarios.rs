@@ -120,6 +120,22 @@ async fn guessers_send_their_bound_of_attempts_and_count_each_answer() {
     assert_eq!(statuses, std::collections::BTreeMap::from([(200, 20)]));
     let reached = stats.requests.load(std::sync::atomic::Ordering::Relaxed);
     assert_eq!(reached, 20);
+
+    // And they keep to their rate: 100 a second, stopped after 300 ms, is
+    // about 30 (a busy machine can only make it fewer).
+    let guessing = loadtest::scenario::Guessing {
+        rate: 100,
+        ..guessing
+    };
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stopping = stop.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        stopping.store(true, std::sync::atomic::Ordering::Release);
+    });
+    let statuses = load::guess(addr.into(), &guessing, path, stop, 100_000).await;
+    let sent: u64 = statuses.values().sum();
+    assert!(sent > 0 && sent <= 45 + 2, "{sent} guesses: {statuses:?}");
 }
 
 /// A target that takes connections and never answers cannot hold a run:
