@@ -17,7 +17,7 @@ use rustls::pki_types::ServerName;
 use rustls::ClientConfig;
 use support::certs::Ca;
 use support::loki::{LokiStandIn, Received};
-use support::{basic, replace_file, ProxyOptions, Reply, RunningProxy};
+use support::{basic, ProxyOptions, Reply, RunningProxy};
 
 /// One request over HTTP/2 with prior knowledge (no upgrade, no TLS).
 async fn h2c(
@@ -163,16 +163,9 @@ async fn https_clients_that_offer_http2_get_it() {
     support::captured_logs();
     let dir = tempfile::tempdir().unwrap();
     let ca = Ca::new();
-    let leaf = ca.issue("localhost");
-    replace_file(&dir.path().join("tls.crt"), &leaf.cert_pem);
-    replace_file(&dir.path().join("tls.key"), &leaf.key_pem);
+    let section = ca.issue("localhost").write_to(dir.path());
     let loki = LokiStandIn::start().await;
     let mut options = ProxyOptions::new(loki.url());
-    let section = format!(
-        "tls:\n  cert_file: {}\n  key_file: {}\n",
-        dir.path().join("tls.crt").display(),
-        dir.path().join("tls.key").display(),
-    );
     options.extra = Box::leak(section.into_boxed_str());
     let proxy = RunningProxy::start(options).await;
 

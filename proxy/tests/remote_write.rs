@@ -961,21 +961,14 @@ async fn the_example_remote_write_config_works_as_given() {
 async fn agents_push_over_tls_with_and_without_enable_http2() {
     let dir = tempfile::tempdir().unwrap();
     let ca = support::certs::Ca::new();
-    let leaf = ca.issue("localhost");
-    let path = |name: &str| dir.path().join(name).display().to_string();
-    support::replace_file(&dir.path().join("tls.crt"), &leaf.cert_pem);
-    support::replace_file(&dir.path().join("tls.key"), &leaf.key_pem);
-    support::replace_file(&dir.path().join("ca.crt"), &ca.pem());
+    let tls = ca.issue("localhost").write_to(dir.path());
+    let ca_file = dir.path().join("ca.crt");
+    support::replace_file(&ca_file, &ca.pem());
     let receiver = PrometheusProcess::start("groups: []\n").await;
     support::captured_logs();
     let mut options = ProxyOptions::metrics(
         tenants(),
         format!("  upstream: {}\n  mode: label\n", receiver.url()),
-    );
-    let tls = format!(
-        "tls:\n  cert_file: {}\n  key_file: {}\n",
-        path("tls.crt"),
-        path("tls.key")
     );
     options.extra = Box::leak(tls.into_boxed_str());
     let proxy = RunningProxy::start(options).await;
@@ -984,7 +977,7 @@ async fn agents_push_over_tls_with_and_without_enable_http2() {
     let tls_config = |http2: bool| {
         format!(
             "    tls_config: {{ca_file: {}, server_name: localhost}}\n    enable_http2: {http2}\n",
-            path("ca.crt")
+            ca_file.display()
         )
     };
     let _h1 = agent_pushing_to(

@@ -21,11 +21,6 @@ use support::certs::{pem_der, provider_with_only, Ca, Leaf};
 use support::loki::LokiStandIn;
 use support::{basic, replace_file, ProxyOptions, RunningProxy};
 
-fn write_leaf(dir: &Path, leaf: &Leaf) {
-    replace_file(&dir.join("tls.crt"), &leaf.cert_pem);
-    replace_file(&dir.join("tls.key"), &leaf.key_pem);
-}
-
 /// A client trusting `roots`, presenting `client_cert` if given, on
 /// `provider`.
 fn client_config(
@@ -107,7 +102,10 @@ async fn https_get_with(
     Ok((status, presented, group))
 }
 
-async fn start(dir: &Path, client_ca: bool) -> (LokiStandIn, RunningProxy) {
+/// A proxy serving the `tls` section `leaf_section` (from
+/// `Leaf::write_to(dir)`), reloaded every 100 ms, requiring client
+/// certificates of `dir/clients.crt` with `client_ca`.
+async fn start(dir: &Path, leaf_section: &str, client_ca: bool) -> (LokiStandIn, RunningProxy) {
     support::captured_logs();
     let loki = LokiStandIn::start().await;
     let mut options = ProxyOptions::new(loki.url());
@@ -116,11 +114,7 @@ async fn start(dir: &Path, client_ca: bool) -> (LokiStandIn, RunningProxy) {
     } else {
         String::new()
     };
-    let section = format!(
-        "tls:\n  cert_file: {}\n  key_file: {}\n{ca_line}  reload_interval: 100ms\n",
-        dir.join("tls.crt").display(),
-        dir.join("tls.key").display(),
-    );
+    let section = format!("{leaf_section}{ca_line}  reload_interval: 100ms\n");
     options.extra = Box::leak(section.into_boxed_str());
     (loki, RunningProxy::start(options).await)
 }
@@ -132,8 +126,8 @@ async fn https_is_served_and_a_rotated_certificate_is_picked_up() {
     let dir = tempfile::tempdir().unwrap();
     let ca = Ca::new();
     let first = ca.issue("localhost");
-    write_leaf(dir.path(), &first);
-    let (loki, mut proxy) = start(dir.path(), false).await;
+    let section = first.write_to(dir.path());
+    let (loki, mut proxy) = start(dir.path(), &section, false).await;
     let alice = basic("alice", "alice-pw");
 
     let (status, presented) = https_get(&proxy, ca.roots(), None, LABELS, &alice)
@@ -145,7 +139,7 @@ async fn https_is_served_and_a_rotated_certificate_is_picked_up() {
 
     let second = ca.issue("localhost");
     let reloads = proxy.tls_reloads.as_mut().unwrap();
-    write_leaf(dir.path(), &second);
+    second.write_to(dir.path());
     tokio::time::timeout(Duration::from_secs(10), reloads.wait_for(|n| *n >= 1))
         .await
         .expect("reloaded within 10 s")
@@ -190,10 +184,10 @@ async fn https_is_served_and_a_rotated_certificate_is_picked_up() {
 async fn with_a_client_ca_a_client_certificate_is_required_besides_basic_auth() {
     let dir = tempfile::tempdir().unwrap();
     let ca = Ca::new();
-    write_leaf(dir.path(), &ca.issue("localhost"));
+    let section = ca.issue("localhost").write_to(dir.path());
     let clients = Ca::new();
     std::fs::write(dir.path().join("clients.crt"), clients.pem()).unwrap();
-    let (loki, proxy) = start(dir.path(), true).await;
+    let (loki, proxy) = start(dir.path(), &section, true).await;
     let alice = basic("alice", "alice-pw");
 
     let good = clients.issue("grafana");
@@ -238,8 +232,8 @@ async fn with_a_client_ca_a_client_certificate_is_required_besides_basic_auth() 
 async fn the_listener_agrees_a_post_quantum_key_exchange_and_still_a_classical_one() {
     let dir = tempfile::tempdir().unwrap();
     let ca = Ca::new();
-    write_leaf(dir.path(), &ca.issue("localhost"));
-    let (loki, proxy) = start(dir.path(), false).await;
+    let section = ca.issue("localhost").write_to(dir.path());
+    let (loki, proxy) = start(dir.path(), &section, false).await;
     let alice = basic("alice", "alice-pw");
 
     for group in [X25519MLKEM768, X25519] {

@@ -1,6 +1,7 @@
 //! Certificates made per test (rcgen): a CA and the leaves it signs, PEM.
 
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair, SanType};
+use std::path::Path;
 use std::sync::Arc;
 
 use rustls::crypto::{CryptoProvider, SupportedKxGroup};
@@ -15,6 +16,23 @@ pub struct Ca(CertifiedIssuer<'static, KeyPair>);
 pub struct Leaf {
     pub cert_pem: String,
     pub key_pem: String,
+}
+
+impl Leaf {
+    /// Writes the certificate and key into `dir` as `tls.crt` and
+    /// `tls.key` (as a mounted `kubernetes.io/tls` Secret holds them), in
+    /// place of what is there; the proxy's `tls:` section naming them, to
+    /// which more keys may be appended.
+    pub fn write_to(&self, dir: &Path) -> String {
+        let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
+        super::replace_file(&cert, &self.cert_pem);
+        super::replace_file(&key, &self.key_pem);
+        format!(
+            "tls:\n  cert_file: {}\n  key_file: {}\n",
+            cert.display(),
+            key.display()
+        )
+    }
 }
 
 impl Ca {
