@@ -16,7 +16,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls_pki_types::CertificateDer;
 
 use crate::bodies::Prepared;
-use crate::scenario::{Mode, Scenario};
+use crate::scenario::{KeyExchange, Mode, Scenario};
 
 /// What one measured phase produced.
 #[derive(Debug)]
@@ -39,7 +39,15 @@ impl Outcome {
 #[derive(Clone)]
 pub struct Target {
     pub addr: SocketAddr,
-    tls: Option<Arc<rustls::ClientConfig>>,
+    tls: Option<Tls>,
+}
+
+/// What a TLS target's connections are made with: the certificates trusted,
+/// and the client configuration built from them.
+#[derive(Clone)]
+struct Tls {
+    roots: Arc<rustls::RootCertStore>,
+    config: Arc<rustls::ClientConfig>,
 }
 
 impl Target {
@@ -47,19 +55,18 @@ impl Target {
         Self { addr, tls: None }
     }
 
-    /// TLS trusting `certificate` alone, HTTP/2 only.
+    /// TLS trusting `certificate` alone, HTTP/2 only, offering the
+    /// post-quantum key exchange first (see [`Target::offering`]).
     pub fn https(addr: SocketAddr, certificate: CertificateDer<'static>) -> anyhow::Result<Self> {
         let mut roots = rustls::RootCertStore::empty();
         roots.add(certificate)?;
-        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-        let mut config = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        config.alpn_protocols = vec![b"h2".to_vec()];
+        let roots = Arc::new(roots);
         Ok(Self {
             addr,
-            tls: Some(Arc::new(config)),
+            tls: Some(Tls {
+                config: client_config(roots.clone(), KeyExchange::PostQuantum),
+                roots,
+            }),
         })
     }
 
@@ -74,6 +81,41 @@ impl Target {
             Some(certificate) => Self::https(addr, certificate.clone()),
         }
     }
+
+    /// The same target, its TLS connections offering `key_exchange`.
+    pub fn offering(mut self, key_exchange: KeyExchange) -> Self {
+        if let Some(tls) = &mut self.tls {
+            tls.config = client_config(tls.roots.clone(), key_exchange);
+        }
+        self
+    }
+}
+
+/// TLS 1.2 and 1.3, ALPN `h2` only, no session resumption: Go's clients
+/// keep no TLS sessions unless told to, so each new connection pays a full
+/// handshake, as the proxy sees from Grafana or the Collector.
+fn client_config(
+    roots: Arc<rustls::RootCertStore>,
+    key_exchange: KeyExchange,
+) -> Arc<rustls::ClientConfig> {
+    use rustls::crypto::aws_lc_rs::kx_group;
+    // Go's order (crypto/tls, 1.24+), and OpenSSL 3.0's without the
+    // post-quantum hybrid; rustls's own default puts P-384 before X25519,
+    // which a server honouring the client's order (nginx) would agree.
+    let classical = [kx_group::X25519, kx_group::SECP256R1, kx_group::SECP384R1];
+    let mut provider = rustls::crypto::aws_lc_rs::default_provider();
+    provider.kx_groups = match key_exchange {
+        KeyExchange::PostQuantum => [&[kx_group::X25519MLKEM768][..], &classical].concat(),
+        KeyExchange::Classical => classical.to_vec(),
+    };
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
+        .with_safe_default_protocol_versions()
+        .expect("aws-lc-rs's default provider supports TLS 1.2 and 1.3")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    config.resumption = rustls::client::Resumption::disabled();
+    Arc::new(config)
 }
 
 impl From<SocketAddr> for Target {
@@ -178,6 +220,8 @@ struct Shared {
     stop: AtomicBool,
     measured: AtomicU64,
     max_requests: u64,
+    /// A worker's connection is closed after this many requests.
+    requests_per_connection: u64,
     results: Mutex<(Histogram<u64>, BTreeMap<u16, u64>, u64)>,
 }
 
@@ -194,9 +238,10 @@ pub async fn run(
         stop: AtomicBool::new(false),
         measured: AtomicU64::new(0),
         max_requests: scenario.max_requests,
+        requests_per_connection: scenario.requests_per_connection.unwrap_or(u64::MAX),
         results: Mutex::new((Histogram::new(3).unwrap(), BTreeMap::new(), 0)),
     });
-    let target = target.into();
+    let target = target.into().offering(scenario.key_exchange);
     // One worker per request in flight: closed loop, each sends its next
     // request when the last answered. Over HTTP/2 with several streams per
     // connection, the workers of a connection share it; a plain target (the
@@ -305,7 +350,7 @@ async fn connect(target: &Target, source: Option<std::net::Ipv4Addr>) -> Option<
         return Some(Sender::Http1(sender));
     };
     let name = rustls_pki_types::ServerName::IpAddress(target.addr.ip().into());
-    let stream = tokio_rustls::TlsConnector::from(tls.clone())
+    let stream = tokio_rustls::TlsConnector::from(tls.config.clone())
         .connect(name, stream)
         .await
         .ok()?;
@@ -351,6 +396,8 @@ async fn worker(
     let mut statuses: BTreeMap<u16, u64> = BTreeMap::new();
     let mut transport_errors = 0u64;
     let mut sender: Option<Sender> = None;
+    // Requests answered on `sender`'s connection.
+    let mut on_connection = 0u64;
     let mut n = index;
     let mut intended = schedule.map(|(_, offset)| Instant::now() + offset);
     while !shared.stop.load(Ordering::Acquire) {
@@ -374,6 +421,7 @@ async fn worker(
         let auth = &workload.auths[(index + (n - index) * workers) % workload.auths.len()];
         n += 1;
         if sender.is_none() {
+            on_connection = 0;
             sender = match &connection {
                 Some(connection) => connection.sender(&target).await,
                 None => connect(&target, None).await,
@@ -395,6 +443,11 @@ async fn worker(
                     let micros = start.elapsed().as_micros() as u64;
                     let _ = histogram.record(micros.max(1));
                     *statuses.entry(status).or_default() += 1;
+                }
+                on_connection += 1;
+                if on_connection >= shared.requests_per_connection {
+                    // Dropping the sender ends its connection.
+                    sender = None;
                 }
             }
             None => {

@@ -82,6 +82,28 @@ pub struct Scenario {
     /// a Grafana multiplexes its panels' queries. Default 1.
     #[serde(default = "defaults::streams_per_connection")]
     pub streams_per_connection: usize,
+    /// A worker's connection is closed after this many requests and the
+    /// next opened (over `https`, each a full TLS handshake: the load keeps
+    /// no TLS sessions, as Go's clients keep none by default). Default:
+    /// each connection kept for the whole run.
+    #[serde(default)]
+    pub requests_per_connection: Option<u64>,
+    /// The key exchange the load offers over `https`.
+    #[serde(default)]
+    pub key_exchange: KeyExchange,
+}
+
+/// What a TLS client offers to agree its keys.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyExchange {
+    /// X25519MLKEM768 first, then X25519 and the NIST curves: what Go 1.24+
+    /// (Grafana, the OpenTelemetry Collector, Alloy) and rustls offer.
+    #[default]
+    PostQuantum,
+    /// X25519 and the NIST curves only: what a client on OpenSSL before 3.5
+    /// (Debian 12's curl) offers, and all that Debian 12's nginx agrees.
+    Classical,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -257,6 +279,18 @@ impl Scenario {
         anyhow::ensure!(
             scenario.streams_per_connection == 1 || scenario.transport == Transport::Https,
             "{}: streams_per_connection needs transport: https (HTTP/2)",
+            path.display()
+        );
+        // A connection the workers share has no one worker's count to close
+        // it by.
+        anyhow::ensure!(
+            scenario.requests_per_connection.is_none() || scenario.streams_per_connection == 1,
+            "{}: requests_per_connection needs streams_per_connection: 1",
+            path.display()
+        );
+        anyhow::ensure!(
+            scenario.requests_per_connection != Some(0),
+            "{}: requests_per_connection is at least 1",
             path.display()
         );
         anyhow::ensure!(

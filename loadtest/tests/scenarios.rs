@@ -333,6 +333,10 @@ struct Seen {
     authorization: Option<String>,
     /// Requests in flight on its connection when it arrived, itself too.
     in_flight: usize,
+    /// The key exchange its connection agreed.
+    group: Option<rustls::NamedGroup>,
+    /// Whether its connection's handshake was full or resumed a session.
+    handshake: Option<rustls::HandshakeKind>,
 }
 
 /// A TLS server offering `h2` and HTTP/1.1 with a certificate for
@@ -379,6 +383,9 @@ async fn tls_server(
                 let Ok(stream) = acceptor.accept(stream).await else {
                     return;
                 };
+                let session = stream.get_ref().1;
+                let group = session.negotiated_key_exchange_group().map(|g| g.name());
+                let handshake = session.handshake_kind();
                 let service = hyper::service::service_fn(move |request: http::Request<_>| {
                     let (arrived, in_flight, filled, seen) = (
                         arrived.clone(),
@@ -398,6 +405,8 @@ async fn tls_server(
                                 .get("authorization")
                                 .map(|v| v.to_str().unwrap().to_owned()),
                             in_flight: now,
+                            group,
+                            handshake,
                         });
                         if now >= hold {
                             filled.notify_waiters();
@@ -566,4 +575,79 @@ fn streams_per_connection_without_https_is_refused() {
     let loaded = Scenario::load(&path);
     std::fs::remove_file(&path).unwrap();
     assert_eq!(loaded.map(|s| s.streams_per_connection).ok(), Some(8));
+}
+
+/// With `requests_per_connection`, a worker closes its connection after
+/// that many requests and opens another: over TLS, each with a full
+/// handshake (the load keeps no sessions to resume), so the handshake
+/// scenarios measure what they say; over plain HTTP, as many connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_per_connection_opens_a_new_connection_with_a_full_handshake() {
+    let (addr, certificate, seen) = tls_server(1).await;
+    let mut scenario = https_scenario(2, 1);
+    scenario.requests_per_connection = Some(2);
+    answered(load::Target::https(addr, certificate).unwrap(), &scenario).await;
+    let seen = std::mem::take(&mut *seen.lock().unwrap());
+    let mut per_connection = std::collections::BTreeMap::<usize, usize>::new();
+    for s in &seen {
+        *per_connection.entry(s.connection).or_default() += 1;
+    }
+    // Each of the two workers' last connections may carry one request.
+    assert!(
+        per_connection.values().all(|&n| n <= 2),
+        "{per_connection:?}"
+    );
+    assert!(
+        per_connection.len() * 2 <= seen.len() + 2,
+        "{per_connection:?}"
+    );
+    assert!(per_connection.len() >= 3, "{per_connection:?}");
+    let full = Some(rustls::HandshakeKind::Full);
+    assert!(seen.iter().all(|s| s.handshake == full), "{seen:?}");
+
+    let (sink, stats) = sink::start().await.unwrap();
+    scenario.requests_per_connection = Some(1);
+    answered(sink, &scenario).await;
+    let requests = stats.requests.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(requests >= 2);
+    assert_eq!(stats.connections(), requests);
+}
+
+/// The load offers the key exchange its scenario names: by default the
+/// post-quantum hybrid first, as Go's clients do, which a server offering
+/// it agrees; `classical` leaves it out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_load_offers_the_key_exchange_its_scenario_names() {
+    use loadtest::scenario::KeyExchange;
+    for (key_exchange, agreed) in [
+        (KeyExchange::PostQuantum, rustls::NamedGroup::X25519MLKEM768),
+        (KeyExchange::Classical, rustls::NamedGroup::X25519),
+    ] {
+        let (addr, certificate, seen) = tls_server(1).await;
+        let mut scenario = https_scenario(1, 1);
+        scenario.key_exchange = key_exchange;
+        answered(load::Target::https(addr, certificate).unwrap(), &scenario).await;
+        let seen = seen.lock().unwrap();
+        assert!(!seen.is_empty());
+        assert!(seen.iter().all(|s| s.group == Some(agreed)), "{seen:?}");
+    }
+}
+
+/// A connection the workers share has no one worker's count to close it
+/// by: `requests_per_connection` with several streams is refused.
+#[test]
+fn requests_per_connection_with_shared_connections_is_refused() {
+    let path = std::env::temp_dir().join(format!("per-connection-{}.yaml", std::process::id()));
+    let scenario = "name: x\ndescription: x\ntransport: https\nrequests_per_connection: 1\n\
+                    requests:\n  - {method: GET, path: /loki/api/v1/labels}\n";
+    std::fs::write(&path, format!("{scenario}streams_per_connection: 4\n")).unwrap();
+    let error = Scenario::load(&path).expect_err("refused").to_string();
+    assert!(error.contains("needs streams_per_connection: 1"), "{error}");
+    std::fs::write(&path, scenario).unwrap();
+    let loaded = Scenario::load(&path);
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(
+        loaded.map(|s| s.requests_per_connection).ok(),
+        Some(Some(1))
+    );
 }
