@@ -91,9 +91,10 @@ impl Target {
     }
 }
 
-/// TLS 1.2 and 1.3, ALPN `h2` only, no session resumption: Go's clients
-/// keep no TLS sessions unless told to, so each new connection pays a full
-/// handshake, as the proxy sees from Grafana or the Collector.
+/// As Go's clients (Grafana, the Collector, Alloy) speak TLS: 1.2 and 1.3,
+/// their order of key exchanges and cipher suites, ALPN `h2` only, and no
+/// session resumption (they keep no TLS sessions unless told to, so each
+/// new connection pays a full handshake).
 fn client_config(
     roots: Arc<rustls::RootCertStore>,
     key_exchange: KeyExchange,
@@ -108,6 +109,13 @@ fn client_config(
         KeyExchange::PostQuantum => [&[kx_group::X25519MLKEM768][..], &classical].concat(),
         KeyExchange::Classical => classical.to_vec(),
     };
+    // Go's TLS 1.3 order on AES hardware: AES-128-GCM first (rustls's
+    // default starts with AES-256-GCM-SHA384, whose SHA-384 key schedule
+    // costs a server more per handshake), and both gateways follow it.
+    let aes_128 = rustls::CipherSuite::TLS13_AES_128_GCM_SHA256;
+    provider
+        .cipher_suites
+        .sort_by_key(|suite| suite.suite() != aes_128);
     let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
         .with_safe_default_protocol_versions()
         .expect("aws-lc-rs's default provider supports TLS 1.2 and 1.3")
