@@ -129,7 +129,13 @@ async fn run(config: Config) -> anyhow::Result<()> {
     let shutdown = tenant_proxy::ops::process::shutdown_signal()
         .context("installing the SIGTERM and SIGINT handlers")?;
     tracing::info!(listen = %listener.local_addr()?, admin = %admin.local_addr()?, "tenant-proxy serving");
-    proxy.serve(listener, admin, shutdown).await;
+    // Served on one of the runtime's workers, not on this thread (which
+    // `block_on` keeps outside them): an accepted connection's task then
+    // starts on the worker that accepted it, where from here each one
+    // meant waking this thread for the accept and a worker for the task.
+    tokio::spawn(proxy.serve(listener, admin, shutdown))
+        .await
+        .context("serving")?;
     tracing::info!("tenant-proxy stopped");
     Ok(())
 }
