@@ -98,7 +98,7 @@ pub struct Scenario {
 #[serde(rename_all = "snake_case")]
 pub enum KeyExchange {
     /// X25519MLKEM768 first, then X25519 and the NIST curves: what Go 1.24+
-    /// (Grafana, the OpenTelemetry Collector, Alloy) and rustls offer.
+    /// (Grafana, the OpenTelemetry Collector, Alloy) offers.
     #[default]
     PostQuantum,
     /// X25519 and the NIST curves only: what a client on OpenSSL before 3.5

@@ -131,8 +131,9 @@ async fn run(config: Config) -> anyhow::Result<()> {
     tracing::info!(listen = %listener.local_addr()?, admin = %admin.local_addr()?, "tenant-proxy serving");
     // Served on one of the runtime's workers, not on this thread (which
     // `block_on` keeps outside them): an accepted connection's task then
-    // starts on the worker that accepted it, where from here each one
-    // meant waking this thread for the accept and a worker for the task.
+    // starts on the worker that accepted it. Served from here, each
+    // connection meant waking this thread to accept it and then a worker
+    // to serve it (docs/benchmarks.md).
     tokio::spawn(proxy.serve(listener, admin, shutdown))
         .await
         .context("serving")?;
