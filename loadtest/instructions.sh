@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Instructions the proxy executes per request, counted by callgrind: a
 # measure the host's noise does not move (CPU per request here swings by
-# ±20 % between rounds; the same binary counted twice agrees within 0.5 %).
+# ±20 % between rounds; the same binary counted twice agrees within 0.5 %,
+# within 2 % where the connections opened vary, as in loki-new-connection).
 # It counts user space only: the kernel's half of the proxy's CPU (the same
-# system calls per request) is not in it. See docs/benchmarks.md.
+# system calls per request) is not in it, nor the wake-ups between threads
+# (valgrind runs one thread at a time). See docs/benchmarks.md.
 #
 #   loadtest/instructions.sh [PROXY_BINARY] [SCENARIO] [ROW]
 #
