@@ -977,6 +977,38 @@ async fn shutdown_lets_in_flight_requests_finish() {
     );
 }
 
+/// A connection that has not shown which HTTP it speaks has no request to
+/// finish: shutdown closes it at once rather than after the grace period
+/// (5 s in these tests).
+#[tokio::test]
+async fn shutdown_closes_connections_that_have_not_spoken_at_once() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (_loki, mut proxy) = setup().await;
+    let silent = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let mut half_preface = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    half_preface.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+    // Both accepted and being read before the shutdown: a request after
+    // them on a third connection has been answered.
+    assert_eq!(
+        get(&proxy.url(QUERY), &basic("alice", "alice-pw"))
+            .await
+            .status,
+        StatusCode::OK
+    );
+    proxy.trigger_shutdown();
+    tokio::time::timeout(Duration::from_secs(4), proxy.join())
+        .await
+        .expect("shutdown did not wait for the grace period");
+    for (name, mut stream) in [("silent", silent), ("half preface", half_preface)] {
+        let mut seen = Vec::new();
+        // Closed (a reset would do too): the read ends.
+        let _ = tokio::time::timeout(Duration::from_secs(4), stream.read_to_end(&mut seen))
+            .await
+            .unwrap_or_else(|_| panic!("{name}: still open"));
+        assert!(seen.is_empty(), "{name}: closed without an answer");
+    }
+}
+
 #[tokio::test]
 async fn no_secret_reaches_logs_metrics_or_error_bodies() {
     let (_loki, mut proxy) = setup().await;

@@ -3,10 +3,10 @@
 //! can be told to finish.
 //!
 //! hyper closes an HTTP/1.1 connection whose request head does not arrive
-//! in time (`limits.header_read_timeout`), but it has no such clock for a
-//! connection that has not yet shown which protocol it speaks (it waits for
-//! the first bytes to tell HTTP/2's preface from HTTP/1.1) nor for an
-//! HTTP/2 connection between requests. Left alone, a client could hold
+//! in time (`limits.header_read_timeout`), but nothing else has such a
+//! clock: neither a connection that has not yet shown which protocol it
+//! speaks (`http/protocol.rs` waits for its first bytes) nor an HTTP/2
+//! connection between requests. Left alone, a client could hold
 //! either open for ever, one file descriptor each, without credentials.
 
 use std::future::Future;

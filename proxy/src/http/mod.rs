@@ -11,6 +11,7 @@ pub mod connection;
 pub mod error;
 pub mod headers;
 pub mod path;
+pub mod protocol;
 pub mod server;
 pub mod timer;
 pub mod tls;

@@ -3,14 +3,15 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
+use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::net::TcpListener;
@@ -23,6 +24,7 @@ use crate::http::address_slots::AddressSlots;
 use crate::http::address_text::Peer;
 use crate::http::body::ProxyBody;
 use crate::http::connection::{until_stopped, Marked, Transport};
+use crate::http::protocol::{sniff, Protocol};
 use crate::http::timer::ReusingTimer;
 use crate::http::tls::CurrentTls;
 
@@ -70,33 +72,7 @@ pub async fn serve_connections<H, F>(
     H: Fn(Peer, Request<Incoming>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Result<Response<ProxyBody>, Infallible>> + Send + 'static,
 {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    // `half_close` stays off: hyper then reads once more while a request is
-    // in flight, which notices a client that hangs up and cancels its
-    // upstream request (tests/faults.rs). That read costs a fresh 8 KiB
-    // buffer per request (docs/benchmarks.md); the cancellation is worth it.
-    builder
-        .http1()
-        // Reused timers: hyper arms one per request head (http/timer.rs).
-        .timer(ReusingTimer)
-        .header_read_timeout(limits.header_read_timeout)
-        .max_buf_size(limits.max_header_bytes)
-        .max_headers(limits.max_header_count);
-    // HTTP/2: hyper's own defaults, written out so that a change of them
-    // cannot quietly widen what one connection may hold: 200 streams at
-    // once; a client that resets more than 20 streams before they were
-    // served (the "rapid reset" flood, CVE-2023-44487) gets GOAWAY, and so
-    // does one that makes the proxy reset 1,024 of its streams by sending
-    // them malformed ("MadeYouReset", CVE-2025-8671).
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_concurrent_streams(200)
-        .max_pending_accept_reset_streams(20)
-        .max_local_error_reset_streams(1024)
-        .max_header_list_size(
-            u32::try_from(limits.max_header_bytes).expect("bounded by config validation"),
-        );
+    let protocols = Arc::new(Protocols::new(limits));
     // Each connection holds a receiver: the sender's `closed()` is "every
     // connection has ended".
     let (drain, draining) = watch::channel(false);
@@ -167,7 +143,7 @@ pub async fn serve_connections<H, F>(
         let handler = handler.clone();
         let known_peer = Peer::new(peer);
         let service = service_fn(move |request| handler(known_peer.clone(), request));
-        let (builder, mut draining) = (builder.clone(), draining.clone());
+        let (protocols, mut draining) = (protocols.clone(), draining.clone());
         // The handshake counts against the same clock as a request head, and
         // so does a connection's silence.
         let head_time = limits.header_read_timeout;
@@ -196,7 +172,6 @@ pub async fn serve_connections<H, F>(
                 }
             };
             let (stream, quiet) = Marked::new(transport);
-            let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
             let stop = async move {
                 tokio::select! {
                     _ = draining.wait_for(|stop| *stop) => {}
@@ -205,9 +180,35 @@ pub async fn serve_connections<H, F>(
                     }
                 }
             };
+            let mut stop = pin!(stop);
+            // Shutting down, or no byte yet for a while: nothing to finish.
+            let sniffed = tokio::select! {
+                biased;
+                sniffed = sniff(stream) => sniffed,
+                () = &mut stop => return,
+            };
             // Shutting down, or no byte either way for a while: take no new
             // request (HTTP/2: GOAWAY); one in flight still finishes.
-            let served = until_stopped(connection, stop, |c| c.graceful_shutdown()).await;
+            let served = match sniffed {
+                Ok(Some((Protocol::Http1, stream))) => {
+                    let connection = protocols
+                        .http1
+                        .serve_connection(TokioIo::new(stream), service)
+                        .with_upgrades();
+                    until_stopped(connection, stop, |c| c.graceful_shutdown()).await
+                }
+                Ok(Some((Protocol::Http2, stream))) => {
+                    let connection = protocols
+                        .http2
+                        .serve_connection(TokioIo::new(stream), service);
+                    until_stopped(connection, stop, |c| c.graceful_shutdown()).await
+                }
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::debug!(error = %e, %peer, "reading a new connection failed");
+                    return;
+                }
+            };
             if let Err(e) = served {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
@@ -221,6 +222,46 @@ pub async fn serve_connections<H, F>(
         .is_err()
     {
         tracing::warn!("shutdown grace period over; closing remaining connections");
+    }
+}
+
+/// How the listener's connections speak each HTTP version; one for all of
+/// them.
+struct Protocols {
+    http1: http1::Builder,
+    http2: http2::Builder<TokioExecutor>,
+}
+
+impl Protocols {
+    fn new(limits: &Limits) -> Self {
+        let mut http1 = http1::Builder::new();
+        // `half_close` stays off: hyper then reads once more while a request
+        // is in flight, which notices a client that hangs up and cancels its
+        // upstream request (tests/faults.rs). That read costs a fresh 8 KiB
+        // buffer per request (docs/benchmarks.md); the cancellation is worth
+        // it.
+        http1
+            // Reused timers: hyper arms one per request head (http/timer.rs).
+            .timer(ReusingTimer)
+            .header_read_timeout(limits.header_read_timeout)
+            .max_buf_size(limits.max_header_bytes)
+            .max_headers(limits.max_header_count);
+        // HTTP/2: hyper's own defaults, written out so that a change of them
+        // cannot quietly widen what one connection may hold: 200 streams at
+        // once; a client that resets more than 20 streams before they were
+        // served (the "rapid reset" flood, CVE-2023-44487) gets GOAWAY, and
+        // so does one that makes the proxy reset 1,024 of its streams by
+        // sending them malformed ("MadeYouReset", CVE-2025-8671).
+        let mut http2 = http2::Builder::new(TokioExecutor::new());
+        http2
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(200)
+            .max_pending_accept_reset_streams(20)
+            .max_local_error_reset_streams(1024)
+            .max_header_list_size(
+                u32::try_from(limits.max_header_bytes).expect("bounded by config validation"),
+            );
+        Self { http1, http2 }
     }
 }
 

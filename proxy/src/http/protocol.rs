@@ -1,0 +1,251 @@
+//! Which HTTP a client speaks, told from its first bytes: HTTP/2 opens
+//! with a fixed preface (RFC 9113, 3.4), anything else is HTTP/1.1.
+//!
+//! hyper-util's `auto` connection tells them apart the same way, but reads
+//! at most the preface's 24 bytes and hands hyper those alone: hyper's
+//! first read then ends inside the request head, and the next one grows
+//! its 8 KiB buffer by reallocating it (about a tenth of what a new
+//! connection costs the proxy in user space, docs/benchmarks.md). Here the
+//! first read takes what has arrived, up to [`FIRST_READ`], and hyper's
+//! first read gets all of it: a request head that came in one segment is
+//! parsed from one read.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::{Buf, Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+
+/// What an HTTP/2 connection opens with.
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// The most the first read takes: beyond a request head, less than
+/// hyper's first buffer (8 KiB), so hyper takes it in one read.
+const FIRST_READ: usize = 4096;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    Http1,
+    Http2,
+}
+
+/// Reads until the protocol is known: the preface whole (HTTP/2), or a
+/// byte that departs from it (HTTP/1.1; so does a connection closed
+/// inside the preface, whose few bytes hyper then refuses). `None`: the
+/// client closed the connection without sending a byte.
+pub async fn sniff<S: AsyncRead + Unpin>(
+    mut stream: S,
+) -> io::Result<Option<(Protocol, Prefixed<S>)>> {
+    let mut first = BytesMut::with_capacity(FIRST_READ);
+    let protocol = loop {
+        if stream.read_buf(&mut first).await? == 0 {
+            if first.is_empty() {
+                return Ok(None);
+            }
+            break Protocol::Http1;
+        }
+        let seen = first.len().min(PREFACE.len());
+        if first[..seen] != PREFACE[..seen] {
+            break Protocol::Http1;
+        }
+        if seen == PREFACE.len() {
+            break Protocol::Http2;
+        }
+    };
+    let prefixed = Prefixed {
+        first: first.freeze(),
+        stream,
+    };
+    Ok(Some((protocol, prefixed)))
+}
+
+/// A stream whose reads yield the bytes the sniff read first, then the
+/// stream's own. Writes go straight to the stream.
+pub struct Prefixed<S> {
+    /// Empty once read (its memory freed then: a connection may live long).
+    first: Bytes,
+    stream: S,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if self.first.is_empty() {
+            return Pin::new(&mut self.stream).poll_read(cx, buf);
+        }
+        let given = self.first.len().min(buf.remaining());
+        buf.put_slice(&self.first[..given]);
+        self.first.advance(given);
+        if self.first.is_empty() {
+            self.first = Bytes::new();
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+
+    use super::*;
+
+    /// A stream that yields one chunk a read, as a client's segments
+    /// arrive, then the end (or, `waiting`, nothing more for ever, as a
+    /// client waiting for its answer).
+    struct Segments {
+        chunks: VecDeque<&'static [u8]>,
+        waiting: bool,
+    }
+
+    impl AsyncRead for Segments {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            match self.chunks.pop_front() {
+                Some(segment) => {
+                    let given = segment.len().min(buf.remaining());
+                    buf.put_slice(&segment[..given]);
+                    if given < segment.len() {
+                        self.chunks.push_front(&segment[given..]);
+                    }
+                }
+                None if self.waiting => return Poll::Pending,
+                None => {}
+            }
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    fn segments(chunks: &[&'static [u8]]) -> Segments {
+        Segments {
+            chunks: chunks.iter().copied().collect(),
+            waiting: false,
+        }
+    }
+
+    async fn sniffed(chunks: &[&'static [u8]]) -> Option<(Protocol, Prefixed<Segments>)> {
+        sniff(segments(chunks)).await.unwrap()
+    }
+
+    /// Everything the stream yields after the sniff.
+    async fn rest(mut stream: Prefixed<Segments>) -> Vec<u8> {
+        let mut all = Vec::new();
+        stream.read_to_end(&mut all).await.unwrap();
+        all
+    }
+
+    const HEAD: &[u8] = b"GET /loki/api/v1/labels HTTP/1.1\r\nHost: p\r\n\r\n";
+
+    #[tokio::test]
+    async fn a_request_head_is_http1_and_reaches_hyper_in_one_read() {
+        let (protocol, mut stream) = sniffed(&[HEAD, b"next"]).await.unwrap();
+        assert_eq!(protocol, Protocol::Http1);
+        // hyper's first read, into its 8 KiB buffer: the whole head.
+        let mut buffer = [0; 8192];
+        let mut read = ReadBuf::new(&mut buffer);
+        std::future::poll_fn(|cx| Pin::new(&mut stream).poll_read(cx, &mut read))
+            .await
+            .unwrap();
+        assert_eq!(read.filled(), HEAD);
+        assert_eq!(rest(stream).await, b"next");
+    }
+
+    #[tokio::test]
+    async fn the_preface_in_pieces_is_http2_with_every_byte_kept() {
+        let (protocol, stream) = sniffed(&[b"P", b"RI * HTTP/2.0\r", b"\n\r\nSM\r\n\r\n\0\0"])
+            .await
+            .unwrap();
+        assert_eq!(protocol, Protocol::Http2);
+        assert_eq!(rest(stream).await, [PREFACE, b"\0\0"].concat());
+    }
+
+    #[tokio::test]
+    async fn bytes_that_leave_the_preface_are_http1() {
+        for segments in [
+            &[b"PRI * HTTP/1.1\r\n\r\n" as &[u8]][..],
+            &[b"PRI", b" * HTTP/1.1\r\n\r\n"],
+            &[b"G", b"ET / HTTP/1.1\r\n\r\n"],
+        ] {
+            let (protocol, stream) = sniffed(segments).await.unwrap();
+            assert_eq!(protocol, Protocol::Http1, "{segments:?}");
+            assert_eq!(rest(stream).await, segments.concat());
+        }
+    }
+
+    #[test]
+    fn a_head_shorter_than_the_preface_is_http1_without_waiting_for_more() {
+        use futures_util::FutureExt;
+        let short = b"GET / HTTP/1.1\r\n\r\n";
+        assert!(short.len() < PREFACE.len());
+        let waiting = Segments {
+            waiting: true,
+            ..segments(&[short])
+        };
+        let (protocol, _) = sniff(waiting)
+            .now_or_never()
+            .expect("told from the bytes that came")
+            .unwrap()
+            .unwrap();
+        assert_eq!(protocol, Protocol::Http1);
+    }
+
+    #[tokio::test]
+    async fn a_connection_closed_inside_the_preface_is_handed_on_as_http1() {
+        let (protocol, stream) = sniffed(&[b"PRI * HTTP/2.0\r\n"]).await.unwrap();
+        assert_eq!(protocol, Protocol::Http1);
+        assert_eq!(rest(stream).await, b"PRI * HTTP/2.0\r\n");
+    }
+
+    #[tokio::test]
+    async fn a_connection_closed_unspoken_is_nothing() {
+        assert!(sniffed(&[]).await.is_none());
+    }
+
+    #[tokio::test]
+    async fn the_first_read_is_bounded_and_the_rest_follows_in_order() {
+        static LARGE: [u8; 3 * FIRST_READ] = {
+            let mut bytes = [b'x'; 3 * FIRST_READ];
+            bytes[3 * FIRST_READ - 1] = b'!';
+            bytes
+        };
+        let (_, stream) = sniffed(&[&LARGE]).await.unwrap();
+        assert_eq!(stream.first.len(), FIRST_READ);
+        assert_eq!(rest(stream).await, LARGE);
+    }
+}
