@@ -238,6 +238,25 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn writes_flushes_and_the_shutdown_reach_the_stream() {
+        use tokio::io::AsyncWriteExt;
+        let (server, mut client) = tokio::io::duplex(1024);
+        client.write_all(HEAD).await.unwrap();
+        let vectored = server.is_write_vectored();
+        let (_, mut stream) = sniff(server).await.unwrap().unwrap();
+        assert_eq!(stream.is_write_vectored(), vectored, "as the stream says");
+        stream.write_all(b"HTTP/1.1 200 OK\r\n").await.unwrap();
+        let parts = [io::IoSlice::new(b"a: b\r\n"), io::IoSlice::new(b"\r\n")];
+        let written = stream.write_vectored(&parts).await.unwrap();
+        assert!(written > 0);
+        stream.flush().await.unwrap();
+        stream.shutdown().await.unwrap();
+        let mut seen = Vec::new();
+        client.read_to_end(&mut seen).await.unwrap();
+        assert_eq!(seen, b"HTTP/1.1 200 OK\r\na: b\r\n\r\n"[..17 + written]);
+    }
+
+    #[tokio::test]
     async fn the_first_read_is_bounded_and_the_rest_follows_in_order() {
         static LARGE: [u8; 3 * FIRST_READ] = {
             let mut bytes = [b'x'; 3 * FIRST_READ];
