@@ -21,7 +21,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// The most the first read takes: beyond a request head, less than
-/// hyper's first buffer (8 KiB), so hyper takes it in one read.
+/// hyper's first buffer (8 KiB), so hyper takes it in one read. Taken
+/// before the first byte comes, so a connection that has not spoken holds
+/// this much (until its quiet clock closes it).
 const FIRST_READ: usize = 4096;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
