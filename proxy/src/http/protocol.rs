@@ -11,19 +11,20 @@
 //! parsed from one read.
 
 use std::io;
+use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::{Buf, Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use bytes::{Buf, BytesMut};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// What an HTTP/2 connection opens with.
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// The most the first read takes: beyond a request head, less than
-/// hyper's first buffer (8 KiB), so hyper takes it in one read. Taken
-/// before the first byte comes, so a connection that has not spoken holds
-/// this much (until its quiet clock closes it).
+/// hyper's first buffer (8 KiB), so hyper takes it in one read. It lands
+/// on the stack and only what came is kept, so a connection that has not
+/// spoken holds no buffer (a client can open many and say nothing).
 const FIRST_READ: usize = 4096;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,9 +40,9 @@ pub enum Protocol {
 pub async fn sniff<S: AsyncRead + Unpin>(
     mut stream: S,
 ) -> io::Result<Option<(Protocol, Prefixed<S>)>> {
-    let mut first = BytesMut::with_capacity(FIRST_READ);
+    let mut first = BytesMut::new();
     let protocol = loop {
-        if stream.read_buf(&mut first).await? == 0 {
+        if read_kept(&mut stream, &mut first).await? == 0 {
             if first.is_empty() {
                 return Ok(None);
             }
@@ -55,18 +56,35 @@ pub async fn sniff<S: AsyncRead + Unpin>(
             break Protocol::Http2;
         }
     };
-    let prefixed = Prefixed {
-        first: first.freeze(),
-        stream,
-    };
-    Ok(Some((protocol, prefixed)))
+    Ok(Some((protocol, Prefixed { first, stream })))
+}
+
+/// One read of up to [`FIRST_READ`] bytes into a buffer on the stack, which
+/// lives only while the stream is polled; `kept` grows by what came. While
+/// the client says nothing, the waiting holds no memory of its own.
+async fn read_kept<S: AsyncRead + Unpin>(stream: &mut S, kept: &mut BytesMut) -> io::Result<usize> {
+    std::future::poll_fn(|cx| {
+        let mut landing = [MaybeUninit::<u8>::uninit(); FIRST_READ];
+        let mut read = ReadBuf::uninit(&mut landing);
+        let polled = Pin::new(&mut *stream).poll_read(cx, &mut read);
+        let came = read.filled();
+        // Bytes that came are kept whatever the poll answered (a stream
+        // that fills and says `Pending` breaks its contract; one that fills
+        // and fails says so again on the next read).
+        if !came.is_empty() {
+            kept.extend_from_slice(came);
+            return Poll::Ready(Ok(came.len()));
+        }
+        polled.map_ok(|()| 0)
+    })
+    .await
 }
 
 /// A stream whose reads yield the bytes the sniff read first, then the
 /// stream's own. Writes go straight to the stream.
 pub struct Prefixed<S> {
     /// Empty once read (its memory freed then: a connection may live long).
-    first: Bytes,
+    first: BytesMut,
     stream: S,
 }
 
@@ -83,7 +101,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
         buf.put_slice(&self.first[..given]);
         self.first.advance(given);
         if self.first.is_empty() {
-            self.first = Bytes::new();
+            self.first = BytesMut::new();
         }
         Poll::Ready(Ok(()))
     }
@@ -122,6 +140,8 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
 #[cfg(test)]
 mod tests {
     use std::collections::VecDeque;
+
+    use tokio::io::AsyncReadExt;
 
     use super::*;
 
@@ -186,6 +206,32 @@ mod tests {
             .unwrap();
         assert_eq!(read.filled(), HEAD);
         assert_eq!(rest(stream).await, b"next");
+    }
+
+    #[test]
+    fn waiting_for_the_first_byte_holds_no_buffer() {
+        use futures_util::FutureExt;
+        let mut waiting = Box::pin(sniff(Segments {
+            waiting: true,
+            ..segments(&[])
+        }));
+        assert!((&mut waiting).now_or_never().is_none(), "still waiting");
+        // Neither a buffer in the waiting future itself ...
+        let held = std::mem::size_of_val(&*waiting);
+        assert!(held < FIRST_READ / 8, "the future holds {held} bytes");
+        // ... nor one taken before the bytes came (next test).
+    }
+
+    #[tokio::test]
+    async fn what_is_kept_is_what_came_not_a_whole_first_read() {
+        let (_, stream) = sniffed(&[HEAD]).await.unwrap();
+        assert_eq!(stream.first, HEAD);
+        let capacity = stream.first.capacity();
+        assert!(
+            capacity < FIRST_READ / 8,
+            "{capacity} bytes kept for {}",
+            HEAD.len()
+        );
     }
 
     #[tokio::test]
