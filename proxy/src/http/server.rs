@@ -11,7 +11,7 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::net::TcpListener;
@@ -152,7 +152,10 @@ pub async fn serve_connections<H, F>(
             .map(|current| TlsAcceptor::from(current.load_full()));
         let held = slots.hold(slot);
         let crowded = slots.crowded();
-        tokio::spawn(async move {
+        // Boxed: the connection's future is over 4 KiB, and spawning moves
+        // it (copies it whole) several times; a box moves as a pointer
+        // (about 5 % of a new connection's instructions, docs/benchmarks.md).
+        tokio::spawn(Box::pin(async move {
             // The address first: once the open gauge drops, the address has its slot back.
             let _held = (address_held, held);
             let transport = match tls {
@@ -212,7 +215,7 @@ pub async fn serve_connections<H, F>(
             if let Err(e) = served {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
-        });
+        }));
     }
     drop(listener);
     drop(draining);
@@ -225,11 +228,26 @@ pub async fn serve_connections<H, F>(
     }
 }
 
+/// Spawns each HTTP/2 stream's task with its future boxed (as the
+/// connections' own tasks are): a request's future is over 4 KiB.
+#[derive(Clone, Copy, Debug)]
+struct BoxingExecutor;
+
+impl<F> hyper::rt::Executor<F> for BoxingExecutor
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn execute(&self, future: F) {
+        tokio::spawn(Box::pin(future));
+    }
+}
+
 /// How the listener's connections speak each HTTP version; one for all of
 /// them.
 struct Protocols {
     http1: http1::Builder,
-    http2: http2::Builder<TokioExecutor>,
+    http2: http2::Builder<BoxingExecutor>,
 }
 
 impl Protocols {
@@ -252,7 +270,7 @@ impl Protocols {
         // served (the "rapid reset" flood, CVE-2023-44487) gets GOAWAY, and
         // so does one that makes the proxy reset 1,024 of its streams by
         // sending them malformed ("MadeYouReset", CVE-2025-8671).
-        let mut http2 = http2::Builder::new(TokioExecutor::new());
+        let mut http2 = http2::Builder::new(BoxingExecutor);
         http2
             .timer(TokioTimer::new())
             .max_concurrent_streams(200)
