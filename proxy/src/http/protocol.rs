@@ -285,6 +285,51 @@ mod tests {
         assert!(sniffed(&[]).await.is_none());
     }
 
+    /// A stream that keeps its writes until flushed, as rustls keeps the
+    /// records a full socket would not take.
+    #[derive(Default)]
+    struct Buffering {
+        kept: Vec<u8>,
+        flushed: Vec<u8>,
+    }
+
+    impl AsyncWrite for Buffering {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            self.kept.extend_from_slice(buf);
+            Poll::Ready(Ok(buf.len()))
+        }
+
+        fn poll_flush(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            let kept = std::mem::take(&mut self.kept);
+            self.flushed.extend_from_slice(&kept);
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// Over TLS a flush is what sends the end of an answer whose last
+    /// write met a full socket; an in-memory pipe, which keeps nothing,
+    /// cannot tell.
+    #[tokio::test]
+    async fn a_flush_reaches_a_stream_that_keeps_its_writes() {
+        use tokio::io::AsyncWriteExt;
+        let mut stream = Prefixed {
+            first: BytesMut::new(),
+            stream: Buffering::default(),
+        };
+        stream.write_all(b"the end of an answer").await.unwrap();
+        assert!(stream.stream.flushed.is_empty());
+        stream.flush().await.unwrap();
+        assert_eq!(stream.stream.flushed, b"the end of an answer");
+    }
+
     #[tokio::test]
     async fn writes_flushes_and_the_shutdown_reach_the_stream() {
         use tokio::io::AsyncWriteExt;
