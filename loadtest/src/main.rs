@@ -13,7 +13,7 @@ use loadtest::faults::{Fault, FaultyUpstream};
 use loadtest::load::{self, Workload};
 use loadtest::nginx::NginxProcess;
 use loadtest::proxy_process::{self, Logging, ProcessStats, ProxyProcess};
-use loadtest::report::{self, Reloads, Row};
+use loadtest::report::{self, Reloads, Row, Silent};
 use loadtest::scenario::{Faults, GlobalLimits, Reference, Scenario, Transport};
 use loadtest::{bodies, sink};
 
@@ -118,6 +118,11 @@ async fn proxied(
     let proxy = ProxyProcess::start(&options, &extra_config).await?;
     let target = proxy.target()?;
     let idle = proxy_process::stats(proxy.pid())?;
+    // Held until the row is measured.
+    let silent = match scenario.silent_connections {
+        0 => None,
+        count => Some(proxy.open_silent(count).await?),
+    };
     let pid = proxy.pid();
     let stop = Arc::new(AtomicBool::new(false));
     let bound = scenario.warmup + scenario.duration;
@@ -183,6 +188,10 @@ async fn proxied(
         None => {}
     }
     row.trace_exports = traces.map(|((_, stats), _)| stats.requests.load(Ordering::Relaxed));
+    row.silent = silent.map(|(held, rss_added_mib)| Silent {
+        connections: held.len(),
+        rss_added_mib,
+    });
     Ok(row)
 }
 

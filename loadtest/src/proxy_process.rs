@@ -262,6 +262,32 @@ impl ProxyProcess {
             .ok_or_else(|| anyhow::anyhow!("{name} not in /metrics"))
     }
 
+    /// Opens `count` plain connections that send nothing and waits until
+    /// the proxy counts them open (`tenant_proxy_client_connections`, its
+    /// signal that each was accepted and its task spawned). Returns them,
+    /// for the caller to hold, and what they added to the proxy's RSS, in
+    /// MiB.
+    pub async fn open_silent(
+        &self,
+        count: usize,
+    ) -> anyhow::Result<(Vec<tokio::net::TcpStream>, f64)> {
+        let before = stats(self.pid())?.rss_kib;
+        let mut held = Vec::with_capacity(count);
+        for _ in 0..count {
+            held.push(tokio::net::TcpStream::connect(self.addr).await?);
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.metric("tenant_proxy_client_connections").await? < count as f64 {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the proxy did not count {count} silent connections open in 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let after = stats(self.pid())?.rss_kib;
+        Ok((held, after.saturating_sub(before) as f64 / 1024.0))
+    }
+
     async fn wait_ready(&self) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {

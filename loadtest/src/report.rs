@@ -39,6 +39,15 @@ pub struct Row {
     pub measured: Option<Measured>,
     /// OTLP exports the trace sink received (tracing rows).
     pub trace_exports: Option<u64>,
+    /// Connections held open and silent through the row, and what they
+    /// added to the proxy's RSS.
+    pub silent: Option<Silent>,
+}
+
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Silent {
+    pub connections: usize,
+    pub rss_added_mib: f64,
 }
 
 #[derive(Clone, Copy, Debug, Serialize)]
@@ -101,6 +110,7 @@ impl Row {
             reloads: None,
             measured: None,
             trace_exports: None,
+            silent: None,
         }
     }
 }
@@ -133,6 +143,13 @@ pub fn table(rows: &[Row]) -> String {
         }
         if let Some(exports) = r.trace_exports {
             errors.push_str(&format!(" (OTLP exports: {exports})"));
+        }
+        if let Some(silent) = r.silent {
+            let each_kib = silent.rss_added_mib * 1024.0 / silent.connections.max(1) as f64;
+            errors.push_str(&format!(
+                " ({} silent connections: +{:.1} MiB, {each_kib:.1} KiB each)",
+                silent.connections, silent.rss_added_mib
+            ));
         }
         let connections = r
             .upstream_connections_per_1000

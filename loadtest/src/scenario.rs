@@ -91,7 +91,19 @@ pub struct Scenario {
     /// The key exchange the load offers over `https`.
     #[serde(default)]
     pub key_exchange: KeyExchange,
+    /// Connections opened to each proxy row's process before its load and
+    /// left silent (not a byte sent) through the row: what they hold is
+    /// the proxy's RSS once it counts them open, less its RSS before.
+    /// At most [`MAX_SILENT_CONNECTIONS`]; the proxy closes them after its
+    /// quiet time (30 s), so a longer row loses them.
+    #[serde(default)]
+    pub silent_connections: usize,
 }
+
+/// Below the proxy's default `limits.max_connections` (4,096) with room for
+/// the load's own, and within the descriptors the load generator raises
+/// itself to.
+pub const MAX_SILENT_CONNECTIONS: usize = 3000;
 
 /// What a TLS client offers to agree its keys.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -296,6 +308,11 @@ impl Scenario {
         anyhow::ensure!(
             scenario.streams_per_connection >= 1,
             "{}: streams_per_connection is at least 1",
+            path.display()
+        );
+        anyhow::ensure!(
+            scenario.silent_connections <= MAX_SILENT_CONNECTIONS,
+            "{}: silent_connections is at most {MAX_SILENT_CONNECTIONS}",
             path.display()
         );
         Ok(scenario)

@@ -1,11 +1,12 @@
-//! The reference-ratio summary printed after the table.
+//! The reference-ratio summary printed after the table, and what a row's
+//! table line says beside its statuses.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
 use loadtest::load::Outcome;
-use loadtest::report::{median, reference_ratios, Row};
+use loadtest::report::{median, reference_ratios, table, Row, Silent};
 
 fn row(scenario: &str, target: &'static str, round: Option<u32>, cpu: f64) -> Row {
     row_in_user_space(scenario, target, round, cpu, None)
@@ -86,4 +87,24 @@ fn user_space_and_kernel_are_split_by_their_medians() {
     let line = summary.lines().find(|l| l.starts_with("| loki")).unwrap();
     // User: medians 4.4 and 2.8; kernel: 7.0, 7.0, 7.1 against 7.0, 7.0, 6.7.
     assert!(line.ends_with("| 4.4 / 2.8 | 7.0 / 7.0 |"), "{line}");
+}
+
+/// Silent connections' memory is given in all and per connection, beside
+/// the statuses, so a row says what it held while it was measured.
+#[test]
+fn silent_connections_are_reported_in_all_and_each() {
+    let mut held = row("loki-silent-connections", "proxy", None, 20.0);
+    held.silent = Some(Silent {
+        connections: 2000,
+        rss_added_mib: 9.5,
+    });
+    let plain = row("loki-query-range", "proxy", None, 20.0);
+    let printed = table(&[held, plain]);
+    let lines: Vec<&str> = printed.lines().collect();
+    assert!(
+        lines[2].contains("200×1000 (2000 silent connections: +9.5 MiB, 4.9 KiB each)"),
+        "{}",
+        lines[2]
+    );
+    assert!(!lines[3].contains("silent"), "{}", lines[3]);
 }

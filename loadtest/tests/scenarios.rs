@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use loadtest::load::{self, Workload};
-use loadtest::scenario::Scenario;
+use loadtest::scenario::{Scenario, MAX_SILENT_CONNECTIONS};
 use loadtest::{bodies, sink};
 
 fn scenarios() -> Vec<Scenario> {
@@ -579,6 +579,30 @@ fn streams_per_connection_without_https_is_refused() {
     let loaded = Scenario::load(&path);
     std::fs::remove_file(&path).unwrap();
     assert_eq!(loaded.map(|s| s.streams_per_connection).ok(), Some(8));
+}
+
+/// Silent connections are bounded below the proxy's default connection
+/// limit: more would be refused before the run, not left waiting in the
+/// proxy's backlog where they hold nothing of it.
+#[test]
+fn silent_connections_over_their_bound_are_refused() {
+    let path = std::env::temp_dir().join(format!("silent-{}.yaml", std::process::id()));
+    let scenario = |count: usize| {
+        format!(
+            "name: x\ndescription: x\nsilent_connections: {count}\n\
+             requests:\n  - {{method: GET, path: /loki/api/v1/labels}}\n"
+        )
+    };
+    std::fs::write(&path, scenario(MAX_SILENT_CONNECTIONS + 1)).unwrap();
+    let error = Scenario::load(&path).expect_err("refused").to_string();
+    assert!(error.contains("silent_connections is at most"), "{error}");
+    std::fs::write(&path, scenario(MAX_SILENT_CONNECTIONS)).unwrap();
+    let loaded = Scenario::load(&path);
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(
+        loaded.map(|s| s.silent_connections).ok(),
+        Some(MAX_SILENT_CONNECTIONS)
+    );
 }
 
 /// With `requests_per_connection`, a worker closes its connection after
