@@ -118,12 +118,17 @@ async fn proxied(
     let proxy = ProxyProcess::start(&options, &extra_config).await?;
     let target = proxy.target()?;
     let idle = proxy_process::stats(proxy.pid())?;
+    let pid = proxy.pid();
     // Held until the row is measured.
     let silent = match scenario.silent_connections {
         0 => None,
-        count => Some(proxy.open_silent(count).await?),
+        count => Some(
+            proxy_process::open_silent(proxy.addr, pid, count, || {
+                proxy.metric("tenant_proxy_client_connections")
+            })
+            .await?,
+        ),
     };
-    let pid = proxy.pid();
     let stop = Arc::new(AtomicBool::new(false));
     let bound = scenario.warmup + scenario.duration;
     let side_task = match (alongside, &scenario.guessing, &scenario.reloads) {
@@ -188,11 +193,16 @@ async fn proxied(
         None => {}
     }
     row.trace_exports = traces.map(|((_, stats), _)| stats.requests.load(Ordering::Relaxed));
-    row.silent = silent.map(|(held, rss_added_mib)| Silent {
+    row.silent = silent.map(silent_row);
+    Ok(row)
+}
+
+/// What a row reports of its silent connections, which it held until now.
+fn silent_row((held, rss_added_mib): (Vec<tokio::net::TcpStream>, f64)) -> Silent {
+    Silent {
         connections: held.len(),
         rss_added_mib,
-    });
-    Ok(row)
+    }
 }
 
 /// Runs the workload against `target`, sampling process `pid` (its CPU
@@ -230,12 +240,19 @@ async fn through_nginx(
     let nginx = NginxProcess::start(upstream, scenario.users, access_log, https).await?;
     let pid = nginx.pid();
     let idle = proxy_process::stats(pid)?;
+    let silent = match scenario.silent_connections {
+        0 => None,
+        count => Some(
+            proxy_process::open_silent(nginx.addr, pid, count, || nginx.open_connections()).await?,
+        ),
+    };
     let (outcome, process) = run_measured(nginx.target()?, scenario, workload, pid, |_| {}).await;
     let peak = proxy_process::stats(pid)?;
     let mut row = Row::new(&scenario.name, "nginx", &outcome, None);
     row.measure_process(&process.0, &process.1);
     row.proxy_idle_rss_mib = Some(idle.rss_kib as f64 / 1024.0);
     row.proxy_peak_rss_mib = Some(peak.peak_rss_kib as f64 / 1024.0);
+    row.silent = silent.map(silent_row);
     Ok(row)
 }
 

@@ -8,7 +8,8 @@
 //! measured like the proxy's. Beside `transport: https` proxy rows it
 //! serves TLS and HTTP/2 as the proxy does then (the same kind of
 //! certificate, made for the run; TLS 1.2 and 1.3, which nginx 1.22 does
-//! not enable by default).
+//! not enable by default). A second server, on a port of its own and
+//! without auth, answers `stub_status` (its count of open connections).
 
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
@@ -20,10 +21,12 @@ use sha1::{Digest, Sha1};
 use rustls_pki_types::CertificateDer;
 
 use crate::load::Target;
-use crate::proxy_process::{free_port, write_certificate, ScratchDir};
+use crate::proxy_process::{free_port, http_get, write_certificate, ScratchDir};
 
 pub struct NginxProcess {
     pub addr: SocketAddr,
+    /// Where `stub_status` answers.
+    status: SocketAddr,
     /// Its certificate, when it serves TLS.
     certificate: Option<CertificateDer<'static>>,
     child: Child,
@@ -54,6 +57,7 @@ pub fn htpasswd(users: usize) -> String {
 pub fn config(
     dir: &std::path::Path,
     listen: SocketAddr,
+    status: SocketAddr,
     upstream: SocketAddr,
     users: usize,
     access_log: bool,
@@ -99,6 +103,7 @@ pub fn config(
                proxy_set_header X-Scope-OrgID $tenant;\n\
              }}\n\
            }}\n\
+           server {{ listen {status}; access_log off; location = /status {{ stub_status; }} }}\n\
          }}\n"
     )
 }
@@ -112,12 +117,12 @@ impl NginxProcess {
     ) -> anyhow::Result<Self> {
         let scratch = ScratchDir::new("loadtest-nginx")?;
         let dir = scratch.path();
-        let addr = free_port();
+        let (addr, status) = (free_port(), free_port());
         std::fs::write(dir.join("htpasswd"), htpasswd(users))?;
         let certificate = https.then(|| write_certificate(dir)).transpose()?;
         std::fs::write(
             dir.join("nginx.conf"),
-            config(dir, addr, upstream, users, access_log, https),
+            config(dir, addr, status, upstream, users, access_log, https),
         )?;
         let child = Command::new("nginx")
             .arg("-p")
@@ -132,6 +137,7 @@ impl NginxProcess {
             .map_err(|e| anyhow::anyhow!("starting nginx: {e} (Debian package `nginx`)"))?;
         let process = Self {
             addr,
+            status,
             certificate,
             child,
             _dir: scratch,
@@ -147,6 +153,18 @@ impl NginxProcess {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Client connections open, the one asking excepted (`stub_status`'s
+    /// "Active connections" counts it).
+    pub async fn open_connections(&self) -> anyhow::Result<f64> {
+        let reply = http_get(self.status, "/status").await?;
+        let active: f64 = reply
+            .lines()
+            .find_map(|line| line.strip_prefix("Active connections:"))
+            .and_then(|count| count.trim().parse().ok())
+            .ok_or_else(|| anyhow::anyhow!("no connection count in nginx's stub_status"))?;
+        Ok(active - 1.0)
     }
 
     /// Where clients reach it, and how.

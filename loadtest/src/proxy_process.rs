@@ -2,6 +2,7 @@
 //! a generated tenants file and config, started, waited for, measured
 //! through /proc, and stopped by its PID.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -262,32 +263,6 @@ impl ProxyProcess {
             .ok_or_else(|| anyhow::anyhow!("{name} not in /metrics"))
     }
 
-    /// Opens `count` plain connections that send nothing and waits until
-    /// the proxy counts them open (`tenant_proxy_client_connections`, its
-    /// signal that each was accepted and its task spawned). Returns them,
-    /// for the caller to hold, and what they added to the proxy's RSS, in
-    /// MiB.
-    pub async fn open_silent(
-        &self,
-        count: usize,
-    ) -> anyhow::Result<(Vec<tokio::net::TcpStream>, f64)> {
-        let before = stats(self.pid())?.rss_kib;
-        let mut held = Vec::with_capacity(count);
-        for _ in 0..count {
-            held.push(tokio::net::TcpStream::connect(self.addr).await?);
-        }
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while self.metric("tenant_proxy_client_connections").await? < count as f64 {
-            anyhow::ensure!(
-                Instant::now() < deadline,
-                "the proxy did not count {count} silent connections open in 30 s"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let after = stats(self.pid())?.rss_kib;
-        Ok((held, after.saturating_sub(before) as f64 / 1024.0))
-    }
-
     async fn wait_ready(&self) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
@@ -305,6 +280,35 @@ impl ProxyProcess {
     }
 }
 
+/// Opens `count` plain connections to the gateway at `addr` (process
+/// `pid`) that send nothing, and waits until the gateway's own count of
+/// open connections (`counted`: the proxy's
+/// `tenant_proxy_client_connections`, nginx's `stub_status`) has them all,
+/// its signal that each was accepted. Returns them, for the caller to hold,
+/// and what they added to the process's RSS, in MiB.
+pub async fn open_silent<F: Future<Output = anyhow::Result<f64>>>(
+    addr: SocketAddr,
+    pid: u32,
+    count: usize,
+    counted: impl Fn() -> F,
+) -> anyhow::Result<(Vec<tokio::net::TcpStream>, f64)> {
+    let before = stats(pid)?.rss_kib;
+    let mut held = Vec::with_capacity(count);
+    for _ in 0..count {
+        held.push(tokio::net::TcpStream::connect(addr).await?);
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while counted().await? < count as f64 {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{addr} did not count {count} silent connections open in 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let after = stats(pid)?.rss_kib;
+    Ok((held, after.saturating_sub(before) as f64 / 1024.0))
+}
+
 /// A self-signed certificate for 127.0.0.1, written to `dir` as
 /// `cert.pem` and `key.pem`.
 pub fn write_certificate(dir: &Path) -> anyhow::Result<CertificateDer<'static>> {
@@ -315,7 +319,7 @@ pub fn write_certificate(dir: &Path) -> anyhow::Result<CertificateDer<'static>> 
 }
 
 /// A whole HTTP/1.1 response, head included (admin endpoints are small).
-async fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
+pub(crate) async fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(addr).await?;
     stream

@@ -152,16 +152,18 @@ pub async fn serve_connections<H, F>(
             .map(|current| TlsAcceptor::from(current.load_full()));
         let held = slots.hold(slot);
         let crowded = slots.crowded();
-        // Boxed: the connection's future is over 4 KiB, and spawning moves
-        // it (copies it whole) several times; a box moves as a pointer
-        // (about 5 % of a new connection's instructions, docs/benchmarks.md).
-        tokio::spawn(Box::pin(async move {
+        // The TLS handshake and the serving are boxed, each when it starts:
+        // hyper's connection (3 KiB and more) and rustls's handshake would
+        // otherwise be in every connection's own state, held by one that
+        // has not spoken yet and copied whole each time spawning moves it
+        // (docs/benchmarks.md, "Large futures spawned boxed").
+        tokio::spawn(async move {
             // The address first: once the open gauge drops, the address has its slot back.
             let _held = (address_held, held);
             let transport = match tls {
                 None => Transport::Plain(stream),
                 Some(acceptor) => {
-                    match tokio::time::timeout(head_time, acceptor.accept(stream)).await {
+                    match tokio::time::timeout(head_time, Box::pin(acceptor.accept(stream))).await {
                         Ok(Ok(stream)) => Transport::Tls(Box::new(stream)),
                         Ok(Err(e)) => {
                             tracing::debug!(error = %e, %peer, "TLS handshake failed");
@@ -198,13 +200,13 @@ pub async fn serve_connections<H, F>(
                         .http1
                         .serve_connection(TokioIo::new(stream), service)
                         .with_upgrades();
-                    until_stopped(connection, stop, |c| c.graceful_shutdown()).await
+                    Box::pin(until_stopped(connection, stop, |c| c.graceful_shutdown())).await
                 }
                 Ok(Some((Protocol::Http2, stream))) => {
                     let connection = protocols
                         .http2
                         .serve_connection(TokioIo::new(stream), service);
-                    until_stopped(connection, stop, |c| c.graceful_shutdown()).await
+                    Box::pin(until_stopped(connection, stop, |c| c.graceful_shutdown())).await
                 }
                 Ok(None) => return,
                 Err(e) => {
@@ -215,7 +217,7 @@ pub async fn serve_connections<H, F>(
             if let Err(e) = served {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
-        }));
+        });
     }
     drop(listener);
     drop(draining);
