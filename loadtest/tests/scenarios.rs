@@ -324,6 +324,28 @@ async fn the_nginx_reference_authenticates_like_the_proxy() {
     );
 }
 
+/// nginx's own count of open connections (`stub_status`, on a port of its
+/// own) is what silent connections wait on beside the nginx row: it counts
+/// connections that have sent nothing, and not the one asking.
+#[tokio::test]
+async fn the_nginx_reference_counts_connections_that_say_nothing() {
+    if !nginx_installed() {
+        return;
+    }
+    let (sink, _) = sink::start().await.unwrap();
+    let nginx = loadtest::nginx::NginxProcess::start(sink, 1, false, false)
+        .await
+        .unwrap();
+    assert_eq!(nginx.open_connections().await.unwrap(), 0.0);
+    let (held, _) = loadtest::proxy_process::open_silent(nginx.addr, nginx.pid(), 3, || {
+        nginx.open_connections()
+    })
+    .await
+    .unwrap();
+    assert_eq!(held.len(), 3);
+    assert_eq!(nginx.open_connections().await.unwrap(), 3.0);
+}
+
 /// What the test TLS server saw of one request.
 #[derive(Debug, PartialEq)]
 struct Seen {
