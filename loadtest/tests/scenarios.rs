@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use loadtest::load::{self, Workload};
+use loadtest::nginx::NginxProcess;
 use loadtest::scenario::{Scenario, MAX_SILENT_CONNECTIONS};
+use loadtest::sink::SinkStats;
 use loadtest::{bodies, sink};
 
 fn scenarios() -> Vec<Scenario> {
@@ -290,17 +292,27 @@ fn nginx_installed() -> bool {
     found
 }
 
+/// The nginx reference gateway for `users` credentials in front of a sink
+/// of its own, over TLS if `https`; `None` where nginx is not installed
+/// (and the test skips).
+async fn nginx_before_a_sink(users: usize, https: bool) -> Option<(NginxProcess, SinkStats)> {
+    if !nginx_installed() {
+        return None;
+    }
+    let (sink, stats) = sink::start().await.unwrap();
+    let nginx = NginxProcess::start(sink, users, false, https)
+        .await
+        .unwrap();
+    Some((nginx, stats))
+}
+
 /// The nginx reference gateway lets a right `{SHA}` password through to
 /// the sink and refuses a wrong one, so its row measures real basic auth.
 #[tokio::test]
 async fn the_nginx_reference_authenticates_like_the_proxy() {
-    if !nginx_installed() {
+    let Some((nginx, stats)) = nginx_before_a_sink(2, false).await else {
         return;
-    }
-    let (sink, stats) = sink::start().await.unwrap();
-    let nginx = loadtest::nginx::NginxProcess::start(sink, 2, false, false)
-        .await
-        .unwrap();
+    };
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http::<http_body_util::Empty<bytes::Bytes>>();
     let status = |password: &'static str| {
@@ -329,13 +341,9 @@ async fn the_nginx_reference_authenticates_like_the_proxy() {
 /// connections that have sent nothing, and not the one asking.
 #[tokio::test]
 async fn the_nginx_reference_counts_connections_that_say_nothing() {
-    if !nginx_installed() {
+    let Some((nginx, _)) = nginx_before_a_sink(1, false).await else {
         return;
-    }
-    let (sink, _) = sink::start().await.unwrap();
-    let nginx = loadtest::nginx::NginxProcess::start(sink, 1, false, false)
-        .await
-        .unwrap();
+    };
     assert_eq!(nginx.open_connections().await.unwrap(), 0.0);
     let (held, _) = loadtest::proxy_process::open_silent(nginx.addr, nginx.pid(), 3, || {
         nginx.open_connections()
@@ -560,14 +568,10 @@ async fn streams_per_connection_multiplexes_requests_on_each_connection() {
 /// still authenticates: right passwords reach the sink, wrong ones get 401.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_nginx_reference_serves_https_rows_over_tls_and_http2() {
-    if !nginx_installed() {
-        return;
-    }
-    let (sink, stats) = sink::start().await.unwrap();
     let mut scenario = https_scenario(2, 2);
-    let nginx = loadtest::nginx::NginxProcess::start(sink, scenario.users, false, true)
-        .await
-        .unwrap();
+    let Some((nginx, stats)) = nginx_before_a_sink(scenario.users, true).await else {
+        return;
+    };
     // Right passwords first, then only wrong ones.
     let mut reached = 0;
     for (wrong_share, status) in [(0.0, 200), (1.0, 401)] {
