@@ -120,15 +120,10 @@ async fn proxied(
     let idle = proxy_process::stats(proxy.pid())?;
     let pid = proxy.pid();
     // Held until the row is measured.
-    let silent = match scenario.silent_connections {
-        0 => None,
-        count => Some(
-            proxy_process::open_silent(proxy.addr, pid, count, || {
-                proxy.metric("tenant_proxy_client_connections")
-            })
-            .await?,
-        ),
-    };
+    let silent = hold_silent(scenario, proxy.addr, pid, || {
+        proxy.metric("tenant_proxy_client_connections")
+    })
+    .await?;
     let stop = Arc::new(AtomicBool::new(false));
     let bound = scenario.warmup + scenario.duration;
     let side_task = match (alongside, &scenario.guessing, &scenario.reloads) {
@@ -197,6 +192,22 @@ async fn proxied(
     Ok(row)
 }
 
+/// The scenario's silent connections to the gateway at `addr` (process
+/// `pid`, its own count of open connections `counted`), if it has any.
+async fn hold_silent<F: std::future::Future<Output = anyhow::Result<f64>>>(
+    scenario: &Scenario,
+    addr: SocketAddr,
+    pid: u32,
+    counted: impl Fn() -> F,
+) -> anyhow::Result<Option<(Vec<tokio::net::TcpStream>, f64)>> {
+    match scenario.silent_connections {
+        0 => Ok(None),
+        count => proxy_process::open_silent(addr, pid, count, counted)
+            .await
+            .map(Some),
+    }
+}
+
 /// What a row reports of its silent connections, which it held until now.
 fn silent_row((held, rss_added_mib): (Vec<tokio::net::TcpStream>, f64)) -> Silent {
     Silent {
@@ -240,12 +251,7 @@ async fn through_nginx(
     let nginx = NginxProcess::start(upstream, scenario.users, access_log, https).await?;
     let pid = nginx.pid();
     let idle = proxy_process::stats(pid)?;
-    let silent = match scenario.silent_connections {
-        0 => None,
-        count => Some(
-            proxy_process::open_silent(nginx.addr, pid, count, || nginx.open_connections()).await?,
-        ),
-    };
+    let silent = hold_silent(scenario, nginx.addr, pid, || nginx.open_connections()).await?;
     let (outcome, process) = run_measured(nginx.target()?, scenario, workload, pid, |_| {}).await;
     let peak = proxy_process::stats(pid)?;
     let mut row = Row::new(&scenario.name, "nginx", &outcome, None);

@@ -230,8 +230,9 @@ pub async fn serve_connections<H, F>(
     }
 }
 
-/// Spawns each HTTP/2 stream's task with its future boxed (as the
-/// connections' own tasks are): a request's future is over 4 KiB.
+/// Spawns each HTTP/2 stream's task with its future boxed: a request's
+/// future is over 4 KiB, and spawning would otherwise copy it whole several
+/// times.
 #[derive(Clone, Copy, Debug)]
 struct BoxingExecutor;
 
