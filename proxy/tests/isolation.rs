@@ -143,6 +143,9 @@ fn case_strategy() -> impl Strategy<Value = Case> {
                 "X-Loki-Backfill-Day",
                 "X-Loki-Disable-Pipeline-Wrappers",
                 "X-Loki-Query-Limits",
+                "X_Scope_OrgID",
+                "thanos_tenant",
+                "X-Prom-Label_Policy",
             ][..],
         ),
         prop::sample::select(&["team-b", "team-a|team-b", "team-b:%7B%7D", "", "true"][..]),
@@ -272,6 +275,10 @@ fn check_forwarded(
                 seen.path
             ));
         }
+    }
+    // Read as the name with `-` by some readers between proxy and backend.
+    if let Some(name) = (seen.headers.keys()).find(|name| name.as_str().contains('_')) {
+        return Err(format!("{name} forwarded to {}", seen.path));
     }
     if let Some(header) = tenant_header {
         if values(header) != [tenant] {

@@ -227,8 +227,17 @@ impl Config {
                     metrics.label
                 ));
             }
-            HeaderName::from_bytes(metrics.header.as_bytes())
+            let header = HeaderName::from_bytes(metrics.header.as_bytes())
                 .map_err(|_| format!("metrics.header {:?} is not a header name", metrics.header))?;
+            // A reader that takes `_` for `-` would find a client's dashed
+            // copy under this name, and the proxy removes only this one.
+            if crate::http::headers::read_as_dashed(&header) {
+                return Err(format!(
+                    "metrics.header {:?} has a `_`: some readers take it for `-`, so a \
+                     client's copy with `-` could be read as the tenant header",
+                    metrics.header
+                ));
+            }
             // The memo's byte bounds grow with it: a slip of a few zeros
             // would let it hold gigabytes.
             if metrics.query_cache_size > MAX_QUERY_CACHE_SIZE {

@@ -325,6 +325,10 @@ fn metrics_section_is_validated() {
         Config::parse(&header).unwrap().metrics.unwrap().mode,
         MetricsMode::Header
     );
+    let underscored = header.replace("THANOS-TENANT", "THANOS_TENANT");
+    assert!(Config::parse(&underscored)
+        .unwrap_err()
+        .contains("metrics.header \"THANOS_TENANT\" has a `_`"));
     let durations = format!("{MINIMAL}limits:\n  upstream_timeout: 1m 30s\n");
     assert_eq!(
         Config::parse(&durations).unwrap().limits.upstream_timeout,

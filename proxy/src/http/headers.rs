@@ -67,6 +67,18 @@ pub const TRUSTED_CALLER_HEADERS: [HeaderName; 6] = [
     HeaderName::from_static("x-loki-query-limits"),
 ];
 
+/// Whether a header's name holds `_`. Such a header is never forwarded:
+/// some readers take `_` for `-` (CGI, WSGI and Rack name both
+/// `X_Scope_OrgID` and `X-Scope-OrgID` `HTTP_X_SCOPE_ORGID`; nginx's
+/// `$http_x_scope_orgid` finds either once `underscores_in_headers` is on),
+/// so a component between the proxy and a backend could read one as a
+/// header the proxy removes or sets. No backend's header has a `_`, and
+/// nginx drops such headers by default (`underscores_in_headers off`), so
+/// dropping them costs no client anything.
+pub fn read_as_dashed(name: &HeaderName) -> bool {
+    name.as_str().as_bytes().contains(&b'_')
+}
+
 /// A remote-write 2.0 receiver confirms what it stored with these; a 2xx
 /// without any of them means the receiver read the body as 1.0 (and stored
 /// nothing).

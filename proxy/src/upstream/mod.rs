@@ -24,7 +24,8 @@ use crate::http::address_text::Peer;
 use crate::http::body::ProxyBody;
 use crate::http::error::ProxyError;
 use crate::http::headers::{
-    IDENTITY_HEADERS, KEEP_ALIVE, PROXY_CONNECTION, TRUSTED_CALLER_HEADERS, X_FORWARDED_FOR,
+    read_as_dashed, IDENTITY_HEADERS, KEEP_ALIVE, PROXY_CONNECTION, TRUSTED_CALLER_HEADERS,
+    X_FORWARDED_FOR,
 };
 use crate::http::timer::{ReusedSleep, Wait};
 
@@ -85,7 +86,8 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// Makes a client's headers fit to forward, once `strip_hop_by_hop` has
 /// removed what was for the proxy alone (before the request was read, so
 /// nothing the proxy sets since can be named away): identity headers
-/// removed (every copy, any case), `Host` set to the upstream's `host` (or,
+/// removed (every copy, any case), and every header whose name has a `_`
+/// (see [`read_as_dashed`]), `Host` set to the upstream's `host` (or,
 /// without one, left for the client to set from the upstream URI), the
 /// client's address appended to `X-Forwarded-For`, and
 /// finally the tenant header set (when the target takes one; in label mode
@@ -98,22 +100,24 @@ pub fn prepare_request_headers(
     tenant_header: Option<(&HeaderName, &HeaderValue)>,
     upgrade: Option<HeaderValue>,
 ) -> Result<(), ProxyError> {
-    // Every request brings `Authorization`; the other identity headers and
-    // the trusted callers' headers are rare, so one look at each name present
-    // instead of a removal (a hash and a probe) per name.
+    // Every request brings `Authorization`; the other identity headers, the
+    // trusted callers' headers and names with `_` are rare, so one look at
+    // each name present instead of a removal (a hash and a probe) per name.
     headers.remove(header::AUTHORIZATION);
     let tenant_name = tenant_header.map(|(name, _)| name);
     let refused = |name: &HeaderName| {
         IDENTITY_HEADERS.contains(name)
             || TRUSTED_CALLER_HEADERS.contains(name)
             || tenant_name == Some(name)
+            || read_as_dashed(name)
     };
     if headers.keys().any(refused) {
-        for name in IDENTITY_HEADERS
-            .iter()
-            .chain(&TRUSTED_CALLER_HEADERS)
-            .chain(tenant_name)
-        {
+        let present: Vec<HeaderName> = headers
+            .keys()
+            .filter(|name| refused(name))
+            .cloned()
+            .collect();
+        for name in present {
             headers.remove(name);
         }
     }
@@ -286,6 +290,43 @@ mod tests {
                     _ => &[],
                 };
                 assert_eq!(left, expected, "{name} with {tenant_header:?}");
+            }
+        }
+    }
+
+    /// A header whose name has `_` may be read as the one with `-` by a
+    /// component between the proxy and the backend: none is forwarded, in
+    /// either mode, and the tenant header is the proxy's alone.
+    #[test]
+    fn no_header_named_with_an_underscore_is_forwarded() {
+        let peer = Peer::new("127.0.0.1:4711".parse().unwrap());
+        let team_a = HeaderValue::from_static("team-a");
+        for tenant_header in [None, Some((&X_SCOPE_ORGID, &team_a))] {
+            let mut h = HeaderMap::new();
+            for name in [
+                "X_Scope_OrgID",
+                "x-scope_orgid",
+                "THANOS_TENANT",
+                "x_loki_backfill_day",
+                "content_encoding",
+                "x_anything",
+            ] {
+                h.append(
+                    HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                    HeaderValue::from_static("team-b"),
+                );
+            }
+            h.insert("x-query-tags", HeaderValue::from_static("source=grafana"));
+            prepare_request_headers(&mut h, &peer, None, tenant_header, None).unwrap();
+            let mut left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+            left.sort_unstable();
+            let expected: &[&str] = match tenant_header {
+                None => &["x-forwarded-for", "x-query-tags"],
+                Some(_) => &["x-forwarded-for", "x-query-tags", "x-scope-orgid"],
+            };
+            assert_eq!(left, expected, "{tenant_header:?}");
+            if tenant_header.is_some() {
+                assert_eq!(h[X_SCOPE_ORGID], "team-a");
             }
         }
     }
