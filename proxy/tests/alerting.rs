@@ -161,6 +161,63 @@ async fn every_rules_and_delete_route_against_every_scope_set() {
     }
 }
 
+/// Prometheus 3.x pages `rules` over every tenant's groups, each page
+/// naming the next by a digest of another tenant's group. Grafana asks for
+/// pages; in label mode the request goes up unpaged (its other parameters
+/// as sent), and the tenant gets all its groups at once, with no token.
+#[tokio::test]
+async fn rules_are_listed_unpaged_in_label_mode() {
+    let prometheus = LokiStandIn::start().await;
+    let mut options = ProxyOptions::new(prometheus.url());
+    options.tenants = Some(tenants());
+    options.metrics = Some(format!(
+        "  upstream: {}
+  mode: label
+",
+        prometheus.url()
+    ));
+    let proxy = RunningProxy::start(options).await;
+    let query = "type=alert&group_limit=1&rule_name%5B%5D=x&group%5Fnext%5Ftoken=abc&rule_name[]=y";
+    let reply = send(
+        Method::GET,
+        &proxy.url(&format!("/api/v1/rules?{query}")),
+        Some(&basic("grafana", "pw")),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    let seen = prometheus.last();
+    assert_eq!(seen.path, "/api/v1/rules");
+    assert_eq!(
+        seen.query.as_deref(),
+        Some("type=alert&rule_name%5B%5D=x&rule_name%5B%5D=y")
+    );
+    let data = &reply.json()["data"];
+    let names: Vec<&str> = (data["groups"].as_array().unwrap().iter())
+        .map(|group| group["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["a-first", "c-also-a"]);
+    let fields: Vec<&String> = data.as_object().unwrap().keys().collect();
+    assert_eq!(fields, ["groups"], "{data}");
+
+    // The stand-in pages when asked: the request sent on as it came would
+    // have come back with one group and a token.
+    let paged = send(
+        Method::GET,
+        &format!("{}/api/v1/rules?group_limit=1", prometheus.url()),
+        None,
+        &[],
+        "",
+    )
+    .await;
+    assert!(
+        paged.json()["data"]["groupNextToken"].is_string(),
+        "{}",
+        paged.text()
+    );
+}
+
 /// In label mode what a Loki rule records or raises reaches the metrics
 /// backend and the Alertmanager, which scope by the tenant label; a rule's
 /// result can carry any value of it (`label_format`, a pushed stream

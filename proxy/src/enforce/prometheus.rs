@@ -115,6 +115,31 @@ pub enum ResponseFilter {
     Alerts,
 }
 
+/// The parameters with which Prometheus (3.x) pages `rules`, and the
+/// answer's field naming the next page.
+const RULES_PAGING: [&str; 2] = ["group_limit", "group_next_token"];
+const RULES_NEXT_PAGE: &str = "groupNextToken";
+
+/// The query string a `rules` request is forwarded with: the client's
+/// parameters, read and written again, but those that page. Prometheus
+/// pages the groups of every tenant and names the next page by a digest of
+/// its first group's file and name, so a page filtered here would still
+/// tell a tenant how many groups the others have and hand it a digest of
+/// one of theirs. Unpaged, the whole list comes and is filtered, as from a
+/// Prometheus before 3.x, which ignores the parameters; Grafana then asks
+/// for no next page.
+pub fn unpaged_rules_query(query: Option<&str>) -> Option<String> {
+    let mut out = form_urlencoded::Serializer::new(String::new());
+    let mut kept = false;
+    for (key, value) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+        if !RULES_PAGING.contains(&key.as_ref()) {
+            out.append_pair(&key, &value);
+            kept = true;
+        }
+    }
+    kept.then(|| out.finish())
+}
+
 /// Reads a successful `rules`/`alerts` response and keeps only what carries
 /// the tenant label with one of the tenant's values. A response that cannot
 /// be read or understood is refused (502), never passed through unfiltered.
@@ -183,6 +208,11 @@ pub fn filter_document(
                 }
             }
             groups.retain(|group| group["rules"].as_array().is_some_and(|r| !r.is_empty()));
+            // Unasked for (`unpaged_rules_query`), yet never passed on: it
+            // names another tenant's group.
+            if let Some(data) = doc.get_mut("data").and_then(Value::as_object_mut) {
+                data.remove(RULES_NEXT_PAGE);
+            }
         }
     }
     Ok(Bytes::from(doc.to_string()))
@@ -379,7 +409,7 @@ mod tests {
                 {"name": "global", "labels": {}},
             ]},
             {"name": "only-b", "rules": [{"name": "B2", "labels": {"namespace": "b"}}]},
-        ]}});
+        ], "groupNextToken": "digest-of-a-group-of-b"}});
         let out =
             filter_document(doc.to_string().as_bytes(), ResponseFilter::Rules, &tenant()).unwrap();
         let out: Value = serde_json::from_slice(&out).unwrap();
@@ -389,6 +419,25 @@ mod tests {
         assert_eq!(rules.len(), 1);
         assert_eq!(rules[0]["name"], "A");
         assert_eq!(rules[0]["alerts"].as_array().unwrap().len(), 1);
+        let fields: Vec<&String> = out["data"].as_object().unwrap().keys().collect();
+        assert_eq!(fields, ["groups"]);
+    }
+
+    #[test]
+    fn rules_are_asked_for_unpaged_with_the_other_parameters_as_sent() {
+        let unpaged = |query| unpaged_rules_query(Some(query));
+        assert_eq!(
+            unpaged("type=alert&group_limit=1&rule_name[]=a+b&group%5Fnext%5Ftoken=x&file[]=f"),
+            Some("type=alert&rule_name%5B%5D=a+b&file%5B%5D=f".to_owned())
+        );
+        assert_eq!(unpaged("group_limit=1&group_next_token=x"), None);
+        assert_eq!(unpaged_rules_query(None), None);
+        // Read as Go reads a query: a `;` is not a separator, the pair is
+        // one (that Go's parser drops).
+        assert_eq!(
+            unpaged("a=1;group_limit=1"),
+            Some("a=1%3Bgroup_limit%3D1".to_owned())
+        );
     }
 
     #[test]

@@ -29,7 +29,7 @@ use http_body_util::{BodyExt, Limited};
 use hyper::body::{Body as _, Incoming};
 
 use crate::admission::{Admitted, Kind};
-use crate::enforce::prometheus::{self, EMPTY_METADATA};
+use crate::enforce::prometheus::{self, ResponseFilter, EMPTY_METADATA};
 use crate::enforce::remote_write;
 use crate::http::address_text::{AddressText, Peer};
 use crate::http::body::{self, ProxyBody};
@@ -384,6 +384,12 @@ async fn proxy(
         // The response is parsed to be filtered: ask for it uncompressed.
         parts.headers.remove(header::ACCEPT_ENCODING);
     }
+    let query = match (route.operation, query) {
+        (Operation::Filter(ResponseFilter::Rules), _) => {
+            Query::Rewritten(prometheus::unpaged_rules_query(parts.uri.query()))
+        }
+        (_, query) => query,
+    };
     let upstream = target.upstream_for(route.operation);
     let query = match &query {
         Query::AsReceived => parts.uri.query(),

@@ -294,6 +294,9 @@ async fn handle(
     if received.path == "/api/v1/receive" {
         return Ok(thanos_receive(&state, &received));
     }
+    if received.path == "/api/v1/rules" && received.org_ids().is_empty() {
+        return Ok(prometheus3_rules(&received));
+    }
     // Loki: exactly one org id, or the request is refused.
     let org_ids = received.org_ids();
     let tenant = match org_ids.as_slice() {
@@ -368,6 +371,75 @@ async fn handle(
         "data": {"resultType": "streams", "tenant": tenant, "result": lines},
     });
     Ok(reply(StatusCode::OK, body.to_string()))
+}
+
+/// The rule groups [`prometheus3_rules`] lists, by group name and the
+/// `namespace` its one alerting rule's labels name, in the order
+/// Prometheus lists groups (by file, then name).
+pub const PROMETHEUS_RULE_GROUPS: [(&str, &str); 3] = [
+    ("a-first", "team-a"),
+    ("b-only", "team-b"),
+    ("c-also-a", "team-a"),
+];
+
+/// `GET /api/v1/rules` of a Prometheus 3.x holding every tenant's groups in
+/// one file (`web/api/v1/api.go`, `rules`, with the paging of 3.x): with
+/// `group_limit` (a positive integer, else 400) at most that many groups and
+/// `groupNextToken` naming the first group left out; `group_next_token`
+/// only with `group_limit` (else 400), starting at the group it names (400
+/// if none). Prometheus's token is the SHA-1 of `file;name` in hex; here the
+/// hex of `file;name` itself, which the proxy can as little tell from it.
+/// Skipped: the rule filters (`type`, `rule_name[]`, ...), alerts' states.
+fn prometheus3_rules(received: &Received) -> Response<Full<Bytes>> {
+    const FILE: &str = "/etc/prometheus/rules.yaml";
+    let token = |name: &str| {
+        (format!("{FILE};{name}").bytes())
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    };
+    let bad = |why: &str| {
+        let body = serde_json::json!({"status": "error", "errorType": "bad_data", "error": why});
+        reply(StatusCode::BAD_REQUEST, body.to_string())
+    };
+    let limit = match received.read_by_label_policy("group_limit") {
+        None => None,
+        Some(text) => match text.parse::<usize>() {
+            Ok(limit) if limit > 0 => Some(limit),
+            _ => return bad("group_limit needs to be a positive number"),
+        },
+    };
+    let start = match received.read_by_label_policy("group_next_token") {
+        None => 0,
+        Some(_) if limit.is_none() => {
+            return bad("group_limit needs to be present in order to paginate over the groups")
+        }
+        Some(next) => {
+            match (PROMETHEUS_RULE_GROUPS.iter()).position(|(name, _)| token(name) == next) {
+                Some(at) => at,
+                None => return bad("invalid group_next_token"),
+            }
+        }
+    };
+    let end = limit.map_or(PROMETHEUS_RULE_GROUPS.len(), |limit| {
+        (start + limit).min(PROMETHEUS_RULE_GROUPS.len())
+    });
+    let groups: Vec<serde_json::Value> = PROMETHEUS_RULE_GROUPS[start..end]
+        .iter()
+        .map(|(name, namespace)| {
+            serde_json::json!({
+                "name": name, "file": FILE, "interval": 60, "limit": 0,
+                "rules": [{"name": format!("{name}-alert"), "type": "alerting",
+                           "query": "vector(1)", "labels": {"namespace": namespace},
+                           "alerts": [], "health": "ok", "state": "inactive"}],
+            })
+        })
+        .collect();
+    let mut data = serde_json::json!({ "groups": groups });
+    if let Some((next, _)) = PROMETHEUS_RULE_GROUPS.get(end) {
+        data["groupNextToken"] = token(next).into();
+    }
+    let body = serde_json::json!({"status": "success", "data": data});
+    reply(StatusCode::OK, body.to_string())
 }
 
 /// The `query` of a label names or values request, as Loki's querier reads
