@@ -216,6 +216,7 @@ fn client_body_fault(error: &(dyn std::error::Error + 'static), limit: u64) -> O
 mod tests {
     use super::*;
     use crate::http::headers::X_SCOPE_ORGID;
+    use proptest::strategy::Strategy;
 
     #[test]
     fn strips_spoofed_identity_and_sets_the_tenant_once() {
@@ -327,6 +328,89 @@ mod tests {
             assert_eq!(left, expected, "{tenant_header:?}");
             if tenant_header.is_some() {
                 assert_eq!(h[X_SCOPE_ORGID], "team-a");
+            }
+        }
+    }
+
+    /// A name the proxy removes or sets, as some reader could take `name`:
+    /// letter case ignored, `_` read as `-`.
+    fn reads_as_protected(name: &str, tenant: Option<&HeaderName>) -> bool {
+        let read = name.to_ascii_lowercase().replace('_', "-");
+        (IDENTITY_HEADERS.iter().chain(&TRUSTED_CALLER_HEADERS))
+            .chain(tenant)
+            .any(|protected| protected.as_str() == read)
+    }
+
+    proptest::proptest! {
+        /// Whatever names and spellings a client sends, what goes on holds
+        /// no header some reader could take for one the proxy removes or
+        /// sets, and no name with `_`; the tenant header (header mode) is
+        /// the proxy's alone; every other header goes on with all its
+        /// values, in order (`Host` and `X-Forwarded-For` aside: the
+        /// proxy writes those).
+        #[test]
+        fn what_goes_on_is_the_clients_headers_less_those_a_reader_could_misread(
+            sent in proptest::collection::vec(
+                (
+                    proptest::prop_oneof![
+                        proptest::sample::select(vec![
+                            "x-scope-orgid", "thanos-tenant", "x-prom-label-policy",
+                            "authorization", "x-loki-query-limits",
+                            "x-mimir-skiplabelnamevalidation", "x-query-tags",
+                            "x-grafana-org-id", "accept", "user-agent",
+                        ]).prop_map(str::to_owned),
+                        "[a-z][a-z0-9]{0,6}",
+                    ],
+                    proptest::collection::vec(proptest::bool::ANY, 0..24),
+                    proptest::collection::vec(proptest::bool::ANY, 0..24),
+                    "[ -~]{0,12}",
+                ),
+                0..10,
+            ),
+            header_mode in proptest::bool::ANY,
+        ) {
+            let peer = Peer::new("127.0.0.1:4711".parse().unwrap());
+            let (orgid, team_a) = (X_SCOPE_ORGID, HeaderValue::from_static("team-a"));
+            let tenant_header = header_mode.then_some((&orgid, &team_a));
+            let mut h = HeaderMap::new();
+            for (name, upper, underscore, value) in &sent {
+                // Each letter upper-cased and each `-` written `_` by the flags.
+                let name: String = (name.chars().enumerate())
+                    .map(|(i, c)| match c {
+                        '-' if underscore.get(i) == Some(&true) => '_',
+                        c if upper.get(i) == Some(&true) => c.to_ascii_uppercase(),
+                        c => c,
+                    })
+                    .collect();
+                h.append(
+                    HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                    HeaderValue::from_str(value).unwrap(),
+                );
+            }
+            let before = h.clone();
+            prepare_request_headers(&mut h, &peer, None, tenant_header, None).unwrap();
+            for name in h.keys() {
+                proptest::prop_assert!(!name.as_str().contains('_'), "{name} went on");
+                if Some(name) != tenant_header.map(|(tenant, _)| tenant) {
+                    proptest::prop_assert!(
+                        !reads_as_protected(name.as_str(), None),
+                        "{name} went on"
+                    );
+                }
+            }
+            if let Some((tenant, value)) = tenant_header {
+                let set: Vec<_> = h.get_all(tenant).iter().collect();
+                proptest::prop_assert_eq!(set, vec![value]);
+            }
+            let tenant = tenant_header.map(|(tenant, _)| tenant);
+            for name in before.keys() {
+                let written = [header::HOST, X_FORWARDED_FOR].contains(name);
+                if written || name.as_str().contains('_') || reads_as_protected(name.as_str(), tenant) {
+                    continue;
+                }
+                let kept: Vec<_> = h.get_all(name).iter().collect();
+                let sent: Vec<_> = before.get_all(name).iter().collect();
+                proptest::prop_assert_eq!(kept, sent, "{}", name);
             }
         }
     }
