@@ -161,6 +161,14 @@ async fn every_rules_and_delete_route_against_every_scope_set() {
     }
 }
 
+/// A proxy with the logs and the metrics (label mode) both at `upstream`.
+async fn label_mode_before(upstream: &LokiStandIn) -> RunningProxy {
+    let mut options = ProxyOptions::new(upstream.url());
+    options.tenants = Some(tenants());
+    options.metrics = Some(format!("  upstream: {}\n  mode: label\n", upstream.url()));
+    RunningProxy::start(options).await
+}
+
 /// Prometheus 3.x pages `rules` over every tenant's groups, each page
 /// naming the next by a digest of another tenant's group. Grafana asks for
 /// pages; in label mode the request goes up unpaged (its other parameters
@@ -168,15 +176,7 @@ async fn every_rules_and_delete_route_against_every_scope_set() {
 #[tokio::test]
 async fn rules_are_listed_unpaged_in_label_mode() {
     let prometheus = LokiStandIn::start().await;
-    let mut options = ProxyOptions::new(prometheus.url());
-    options.tenants = Some(tenants());
-    options.metrics = Some(format!(
-        "  upstream: {}
-  mode: label
-",
-        prometheus.url()
-    ));
-    let proxy = RunningProxy::start(options).await;
+    let proxy = label_mode_before(&prometheus).await;
     let query = "type=alert&group_limit=1&rule_name%5B%5D=x&group%5Fnext%5Ftoken=abc&rule_name[]=y";
     let reply = send(
         Method::GET,
@@ -226,10 +226,7 @@ async fn rules_are_listed_unpaged_in_label_mode() {
 #[tokio::test]
 async fn in_label_mode_every_loki_rule_pins_the_tenant_label() {
     let loki = LokiStandIn::start().await;
-    let mut options = ProxyOptions::new(loki.url());
-    options.tenants = Some(tenants());
-    options.metrics = Some(format!("  upstream: {}\n  mode: label\n", loki.url()));
-    let proxy = RunningProxy::start(options).await;
+    let proxy = label_mode_before(&loki).await;
     let group = concat!(
         "name: g\nrules:\n",
         "  - record: errors:rate5m\n",

@@ -376,7 +376,7 @@ async fn handle(
 /// The rule groups [`prometheus3_rules`] lists, by group name and the
 /// `namespace` its one alerting rule's labels name, in the order
 /// Prometheus lists groups (by file, then name).
-pub const PROMETHEUS_RULE_GROUPS: [(&str, &str); 3] = [
+const PROMETHEUS_RULE_GROUPS: [(&str, &str); 3] = [
     ("a-first", "team-a"),
     ("b-only", "team-b"),
     ("c-also-a", "team-a"),
@@ -387,8 +387,9 @@ pub const PROMETHEUS_RULE_GROUPS: [(&str, &str); 3] = [
 /// `group_limit` (a positive integer, else 400) at most that many groups and
 /// `groupNextToken` naming the first group left out; `group_next_token`
 /// only with `group_limit` (else 400), starting at the group it names (400
-/// if none). Prometheus's token is the SHA-1 of `file;name` in hex; here the
-/// hex of `file;name` itself, which the proxy can as little tell from it.
+/// if none). Prometheus's token is a hash of the group's file and name in
+/// hex; here the hex of `file;name` itself, which the proxy can as little
+/// tell from a real one.
 /// Skipped: the rule filters (`type`, `rule_name[]`, ...), alerts' states.
 fn prometheus3_rules(received: &Received) -> Response<Full<Bytes>> {
     const FILE: &str = "/etc/prometheus/rules.yaml";
