@@ -37,6 +37,13 @@ pub struct Conventions {
     /// grantable-scopes annotation (`--grantable-scopes`); `None`: no cap.
     /// The annotation, where present, decides instead.
     pub default_grantable: Option<Scopes>,
+    /// The most credentials one tenant's Secrets may put in the file
+    /// (`--max-credentials-per-tenant`), the oldest Secrets first; `None`:
+    /// no cap. Every credential is in every replica's memory and in every
+    /// reload, and a plaintext one costs an argon2id hash before the first
+    /// file: without a cap, one tenant's flood of Secrets would cost all
+    /// tenants.
+    pub max_credentials_per_tenant: Option<usize>,
 }
 
 pub const SECRET_TYPE: &str = "kubernetes.io/basic-auth";
@@ -151,6 +158,9 @@ pub enum SkipReason {
     /// `@` and the Secret's tenant.
     UsernameNotOfTenant,
     DuplicateUsername,
+    /// Its tenant already holds `max_credentials_per_tenant` credentials
+    /// from older Secrets.
+    TooManyCredentials,
 }
 
 impl SkipReason {
@@ -168,6 +178,7 @@ impl SkipReason {
             Self::ScopeNotGrantable => "scope_not_grantable",
             Self::UsernameNotOfTenant => "username_not_of_tenant",
             Self::DuplicateUsername => "duplicate_username",
+            Self::TooManyCredentials => "too_many_credentials",
         }
     }
 }
@@ -483,7 +494,9 @@ impl Index {
     /// Applies the rules: a Secret speaks only for its own namespace's tenant,
     /// with no scope its Namespace does not let it grant; of several Secrets
     /// with one username the oldest wins (then the first by namespace/name);
-    /// invalid Secrets are skipped with a reason.
+    /// a tenant holds at most `max_credentials_per_tenant` credentials, its
+    /// oldest Secrets'; invalid Secrets are skipped with a reason. A Secret
+    /// skipped holds no username.
     pub fn desired(&self) -> Desired {
         let mut desired = Desired::default();
         for (namespace, entry) in &self.namespaces.current {
@@ -555,7 +568,7 @@ impl Index {
                     .push((key.clone(), SkipReason::ScopeNotGrantable));
                 continue;
             }
-            if !taken.insert(credential.username.clone()) {
+            if taken.contains(&credential.username) {
                 desired
                     .skipped
                     .push((key.clone(), SkipReason::DuplicateUsername));
@@ -566,6 +579,19 @@ impl Index {
                 .get_mut(tenant)
                 .expect("tenant listed above")
                 .users;
+            // Oldest first (the order above): a tenant's newest Secrets are
+            // the ones left out, never the credentials already in use.
+            if self
+                .conventions
+                .max_credentials_per_tenant
+                .is_some_and(|cap| users.len() >= cap)
+            {
+                desired
+                    .skipped
+                    .push((key.clone(), SkipReason::TooManyCredentials));
+                continue;
+            }
+            taken.insert(credential.username.clone());
             users.push(DesiredUser {
                 source: key.clone(),
                 credential: credential.clone(),

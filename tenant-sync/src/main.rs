@@ -49,6 +49,13 @@ struct Cli {
     /// out (`scope_not_grantable`). Default: no cap there.
     #[arg(long, value_parser = scope_list)]
     grantable_scopes: Option<Scopes>,
+    /// The most credentials one tenant's Secrets may put in the file, the
+    /// oldest Secrets first; newer ones are left out
+    /// (`too_many_credentials`). Every credential is in every proxy
+    /// replica's memory, and a plaintext one costs a hash before the
+    /// first file. `0`: no cap.
+    #[arg(long, default_value_t = 1000)]
+    max_credentials_per_tenant: usize,
     /// Watch Secrets only in these namespaces (comma-separated; RBAC by Role).
     #[arg(long, value_delimiter = ',')]
     secret_namespaces: Vec<String>,
@@ -105,6 +112,7 @@ async fn main() -> anyhow::Result<()> {
             scopes_annotation: cli.scopes_annotation,
             usernames_name_their_tenant: cli.usernames_name_their_tenant,
             default_grantable: cli.grantable_scopes,
+            max_credentials_per_tenant: Some(cli.max_credentials_per_tenant).filter(|&cap| cap > 0),
         },
         secret_selector: cli.secret_selector,
         namespace_selector: cli.namespace_selector,

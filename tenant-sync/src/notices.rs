@@ -178,6 +178,9 @@ fn why(reason: SkipReason) -> &'static str {
         SkipReason::DuplicateUsername => {
             "an older Secret already holds this username; choose another"
         }
+        SkipReason::TooManyCredentials => {
+            "this namespace's tenant already holds as many credentials as tenant-sync's --max-credentials-per-tenant allows, from older Secrets; delete a credential Secret the tenant no longer uses"
+        }
     }
 }
 

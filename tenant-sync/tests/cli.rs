@@ -172,6 +172,40 @@ async fn grantable_scopes_cap_namespaces_from_the_command_line() {
     refused_at_start(dir.path(), &typo, "--grantable-scopes", "unknown scope");
 }
 
+/// `--max-credentials-per-tenant` reaches the rule: with a cap of 1 the
+/// tenant keeps its first Secret's credential (by age, then name) and the
+/// next is left out (`too_many_credentials`); by default (1,000) and with
+/// `0` (no cap) both are in. A value that is not a count refuses to start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_credentials_a_tenant_may_hold_are_capped_from_the_command_line() {
+    let (api, dir) = cluster().await;
+    api.secret(
+        "team-a",
+        "t",
+        &[("username", "bob"), ("password", "pw")],
+        json!({}),
+    );
+    let (stderr, store) = run_once(dir.path(), &["--max-credentials-per-tenant", "1"]).await;
+    assert!(store.credential("alice").unwrap().verifier.verify("pw"));
+    assert!(store.credential("bob").is_none());
+    assert!(stderr.contains("too_many_credentials"), "{stderr}");
+
+    for args in [&[][..], &["--max-credentials-per-tenant", "0"]] {
+        let (stderr, store) = run_once(dir.path(), args).await;
+        assert!(store.credential("alice").is_some(), "{args:?}");
+        assert!(store.credential("bob").is_some(), "{args:?}");
+        assert!(!stderr.contains("too_many_credentials"), "{stderr}");
+    }
+
+    let words = ["--once", "--max-credentials-per-tenant", "many"];
+    refused_at_start(
+        dir.path(),
+        &words,
+        "--max-credentials-per-tenant",
+        "invalid value",
+    );
+}
+
 /// Starts tenant-sync with `args`, which it must refuse: it exits with an
 /// error naming `flag` and saying `why`.
 fn refused_at_start(dir: &std::path::Path, args: &[&str], flag: &str, why: &str) {

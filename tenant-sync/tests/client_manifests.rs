@@ -47,6 +47,7 @@ fn credential_secret(objects: &[serde_yaml_ng::Value], scopes: &[Scope]) -> (Sec
         scopes_annotation: "tenant-proxy/scopes".into(),
         usernames_name_their_tenant: false,
         default_grantable: None,
+        max_credentials_per_tenant: None,
     };
     let read = index::read_secret(&secret, &conventions);
     let credential = read.credential.expect("tenant-sync accepts the Secret");

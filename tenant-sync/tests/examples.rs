@@ -57,6 +57,7 @@ fn namespaces_group_into_one_tenant_with_the_documented_label() {
         scopes_annotation: "tenant-proxy/scopes".into(),
         usernames_name_their_tenant: false,
         default_grantable: None,
+        max_credentials_per_tenant: None,
     };
     for doc in documents("tenant-namespaces.yaml") {
         let ns: Namespace = typed(doc);
@@ -74,6 +75,7 @@ fn example_secrets_are_read_as_valid_credentials() {
         scopes_annotation: "tenant-proxy/scopes".into(),
         usernames_name_their_tenant: false,
         default_grantable: None,
+        max_credentials_per_tenant: None,
     };
     let secrets: Vec<Secret> = documents("credentials-secret.yaml")
         .into_iter()

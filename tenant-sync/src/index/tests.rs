@@ -16,6 +16,7 @@ pub(crate) fn conventions(tenant_label: Option<&str>) -> Conventions {
         scopes_annotation: "tenant-proxy/scopes".into(),
         usernames_name_their_tenant: false,
         default_grantable: None,
+        max_credentials_per_tenant: None,
     }
 }
 
@@ -243,6 +244,70 @@ fn duplicate_usernames_go_to_the_oldest_secret() {
     assert_eq!(
         desired.skipped,
         [(("a".into(), "new".into()), SkipReason::DuplicateUsername)]
+    );
+}
+
+/// A tenant holds at most the cap's credentials, its oldest Secrets'
+/// across its namespaces: the newest are left out and hold no username
+/// (another tenant's newer Secret takes it), a duplicate is told as such
+/// and takes no place, other tenants count on their own, and a deleted
+/// credential makes room for the next Secret in line.
+#[test]
+fn a_tenant_holds_at_most_the_cap_of_credentials_its_oldest_first() {
+    let mut conventions = conventions(Some("team"));
+    conventions.max_credentials_per_tenant = Some(2);
+    let mut index = Index::new(conventions, &[String::new()]);
+    let made = |ns: &str, name: &str, month: u32, user: &str| {
+        secret(
+            ns,
+            name,
+            &format!("2026-{month:02}-01T00:00:00Z"),
+            json!({"username": b64(user), "password": b64("pw")}),
+            json!({}),
+        )
+    };
+    let first = made("a1", "first", 1, "u1");
+    synced(
+        &mut index,
+        vec![
+            namespace("a1", json!({"team": "a"})),
+            namespace("a2", json!({"team": "a"})),
+            namespace("b", json!({"team": "b"})),
+        ],
+        vec![
+            made("a2", "newest", 5, "shared"),
+            first.clone(),
+            made("a1", "dup", 2, "u1"),
+            made("a2", "second", 3, "u2"),
+            made("b", "other", 6, "shared"),
+            made("b", "b-own", 4, "u3"),
+        ],
+    );
+    let desired = index.desired();
+    assert_eq!(users(&desired, "a"), ["u1", "u2"]);
+    assert_eq!(users(&desired, "b"), ["shared", "u3"]);
+    assert_eq!(
+        skip_reasons(&desired),
+        [
+            ("dup", SkipReason::DuplicateUsername),
+            ("newest", SkipReason::TooManyCredentials)
+        ]
+    );
+
+    index.secret_event("", Event::Delete(first));
+    let desired = index.desired();
+    // `dup` is next in line now that `u1` is free; `newest` still waits
+    // and `shared` stays team b's.
+    assert_eq!(users(&desired, "a"), ["u1", "u2"]);
+    assert_eq!(
+        desired.tenants[&TenantId::parse("a").unwrap()].users[0]
+            .source
+            .1,
+        "dup"
+    );
+    assert_eq!(
+        skip_reasons(&desired),
+        [("newest", SkipReason::TooManyCredentials)]
     );
 }
 

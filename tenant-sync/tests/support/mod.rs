@@ -23,6 +23,7 @@ pub fn options(tenants_file: PathBuf) -> Options {
             scopes_annotation: "tenant-proxy/scopes".into(),
             usernames_name_their_tenant: false,
             default_grantable: None,
+            max_credentials_per_tenant: None,
         },
         secret_selector: "tenant-proxy/credentials=true".into(),
         namespace_selector: None,
