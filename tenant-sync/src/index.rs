@@ -579,8 +579,8 @@ impl Index {
                 .get_mut(tenant)
                 .expect("tenant listed above")
                 .users;
-            // Oldest first (the order above): a tenant's newest Secrets are
-            // the ones left out, never the credentials already in use.
+            // Oldest first (the order above): a Secret created later never
+            // pushes out a credential already in the file.
             if self
                 .conventions
                 .max_credentials_per_tenant
