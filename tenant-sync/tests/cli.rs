@@ -340,3 +340,62 @@ fn a_zero_resync_interval_is_refused_at_start() {
     let args = ["--resync-interval", "0s"];
     refused_at_start(dir.path(), &args, "--resync-interval", "must be above zero");
 }
+
+/// docs/tenant-sync.md's table of flags is the binary's: every flag
+/// `--help` lists has a row and every row names a flag it lists, and a
+/// flag with a default shows that default in its row.
+#[test]
+fn the_flags_table_in_the_docs_is_the_binarys() {
+    let help = Command::new(BIN).arg("--help").output().unwrap();
+    let help = String::from_utf8(help.stdout).unwrap();
+    // (flag, default) from each option's first line and its description.
+    let mut flags: Vec<(String, Option<String>)> = Vec::new();
+    for line in help.lines().map(str::trim_start) {
+        if let Some(rest) = line.strip_prefix("--") {
+            let name = rest.split_whitespace().next().unwrap();
+            flags.push((format!("--{name}"), None));
+        } else if let Some((_, default)) = line.rsplit_once("[default: ") {
+            let default = default.split(']').next().unwrap();
+            flags.last_mut().unwrap().1 = Some(default.to_owned());
+        }
+    }
+    flags.retain(|(name, _)| !matches!(name.as_str(), "--help" | "--version"));
+    assert!(flags.len() > 10, "{help}");
+
+    let docs = include_str!("../../docs/tenant-sync.md");
+    let table = docs
+        .split("## Flags")
+        .nth(1)
+        .unwrap()
+        .split("\n## ")
+        .next()
+        .unwrap();
+    let rows: Vec<(&str, &str)> = table
+        .lines()
+        .filter_map(|row| row.strip_prefix("| `--"))
+        .map(|row| {
+            let name = row.split([' ', '`']).next().unwrap();
+            let default = row.split(" | ").nth(1).unwrap_or_default();
+            (name, default)
+        })
+        .collect();
+    for (name, default) in &flags {
+        let row = rows.iter().find(|(n, _)| format!("--{n}") == *name);
+        let Some((_, documented)) = row else {
+            panic!("{name} has no row in docs/tenant-sync.md's flags table");
+        };
+        if let Some(default) = default {
+            assert!(
+                documented.contains(&format!("`{default}`")),
+                "{name}: the docs give {documented:?}, the binary {default:?}"
+            );
+        }
+    }
+    for (name, _) in &rows {
+        let name = format!("--{name}");
+        assert!(
+            flags.iter().any(|(flag, _)| *flag == name),
+            "docs/tenant-sync.md documents {name}, which the binary does not have"
+        );
+    }
+}
