@@ -98,6 +98,13 @@ pub const LIMITS_ANNOTATION: &str = "tenant-proxy/limits";
 /// namespace otherwise mints any scope for the whole tenant.
 pub const GRANTABLE_SCOPES_ANNOTATION: &str = "tenant-proxy/grantable-scopes";
 
+/// The annotation on a Namespace that sets how many credentials its
+/// tenant's Secrets may put in the file, in place of
+/// `--max-credentials-per-tenant` (`0`: no cap). The platform's, like the
+/// limits: a tenant's own Secrets cannot lift the cap that keeps its flood
+/// from costing other tenants.
+pub const MAX_CREDENTIALS_ANNOTATION: &str = "tenant-proxy/max-credentials";
+
 /// What a Namespace contributes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NamespaceEntry {
@@ -107,6 +114,9 @@ pub struct NamespaceEntry {
     /// The most a Secret here may grant; `None`: no cap. `Err`: the
     /// annotation lists no known scope (why), which grants nothing.
     pub grantable: Result<Option<Scopes>, String>,
+    /// The tenant's credential cap this Namespace sets (`0`: none); `Err`:
+    /// the annotation is not a count (why), and left out.
+    pub max_credentials: Result<Option<usize>, String>,
 }
 
 /// Reads the limits annotation of a Namespace, checked as the proxy checks
@@ -119,6 +129,30 @@ pub fn limits_of(namespace: &Namespace) -> Result<Option<TenantLimitsOverride>, 
         serde_json::from_str(text).map_err(|e| format!("{LIMITS_ANNOTATION}: {e}"))?;
     limits.validate(LIMITS_ANNOTATION)?;
     Ok(Some(limits))
+}
+
+/// Reads the max-credentials annotation of a Namespace: a whole number.
+/// One that is not is left out, and the tenant keeps the command line's
+/// cap: a typo must not lift it.
+pub fn max_credentials_of(namespace: &Namespace) -> Result<Option<usize>, String> {
+    let Some(text) = namespace.annotations().get(MAX_CREDENTIALS_ANNOTATION) else {
+        return Ok(None);
+    };
+    match text.trim().parse() {
+        Ok(count) => Ok(Some(count)),
+        Err(_) => Err(format!(
+            "{MAX_CREDENTIALS_ANNOTATION}: {text:?} is not a whole number of credentials (0 for no cap); the tenant keeps --max-credentials-per-tenant"
+        )),
+    }
+}
+
+/// The stricter of two credential caps: the smaller, where `0` (no cap)
+/// yields to any other.
+fn stricter_cap(a: usize, b: usize) -> usize {
+    match (a, b) {
+        (0, other) | (other, 0) => other,
+        (a, b) => a.min(b),
+    }
 }
 
 /// Reads the grantable-scopes annotation of a Namespace (`None`: it has
@@ -158,8 +192,9 @@ pub enum SkipReason {
     /// `@` and the Secret's tenant.
     UsernameNotOfTenant,
     DuplicateUsername,
-    /// Its tenant already holds `max_credentials_per_tenant` credentials
-    /// from older Secrets.
+    /// Its tenant already holds as many credentials as its cap allows
+    /// (its Namespaces' annotation, or `max_credentials_per_tenant`), from
+    /// older Secrets.
     TooManyCredentials,
 }
 
@@ -382,7 +417,8 @@ pub struct Desired {
     pub tenants: BTreeMap<TenantId, DesiredTenant>,
     /// Secrets left out, with why.
     pub skipped: Vec<(SecretKey, SkipReason)>,
-    /// Namespaces whose limits annotation was left out, with why.
+    /// Namespaces whose limits or max-credentials annotation was left
+    /// out, with why (one entry per annotation).
     pub invalid_limits: Vec<(String, String)>,
     /// Namespaces whose grantable-scopes annotation cannot be read, with
     /// why: their Secrets grant nothing.
@@ -454,6 +490,7 @@ impl Index {
                 tenant: tenant_of(ns, conventions),
                 limits: limits_of(ns),
                 grantable: grantable_of(ns),
+                max_credentials: max_credentials_of(ns),
             };
             (ns.name_any(), entry)
         });
@@ -494,16 +531,28 @@ impl Index {
     /// Applies the rules: a Secret speaks only for its own namespace's tenant,
     /// with no scope its Namespace does not let it grant; of several Secrets
     /// with one username the oldest wins (then the first by namespace/name);
-    /// a tenant holds at most `max_credentials_per_tenant` credentials, its
-    /// oldest Secrets'; invalid Secrets are skipped with a reason. A Secret
+    /// a tenant holds at most the credentials its Namespaces' cap or
+    /// `max_credentials_per_tenant` allows, its oldest Secrets'; invalid Secrets are skipped with a reason. A Secret
     /// skipped holds no username.
     pub fn desired(&self) -> Desired {
         let mut desired = Desired::default();
+        // Per tenant, the cap its Namespaces set, the strictest of them.
+        let mut caps: BTreeMap<&TenantId, usize> = BTreeMap::new();
         for (namespace, entry) in &self.namespaces.current {
-            let Some(tenant) = &entry.tenant else {
+            let Some(tenant_id) = &entry.tenant else {
                 continue;
             };
-            let tenant = desired.tenants.entry(tenant.clone()).or_default();
+            match &entry.max_credentials {
+                Ok(None) => {}
+                Ok(Some(cap)) => {
+                    let set = caps.entry(tenant_id).or_insert(*cap);
+                    *set = stricter_cap(*set, *cap);
+                }
+                Err(why) => desired
+                    .invalid_limits
+                    .push((namespace.clone(), why.clone())),
+            }
+            let tenant = desired.tenants.entry(tenant_id.clone()).or_default();
             tenant.namespaces.insert(namespace.clone());
             match &entry.limits {
                 Ok(None) => {}
@@ -581,11 +630,12 @@ impl Index {
                 .users;
             // Oldest first (the order above): a Secret created later never
             // pushes out a credential already in the file.
-            if self
-                .conventions
-                .max_credentials_per_tenant
-                .is_some_and(|cap| users.len() >= cap)
-            {
+            let cap = match caps.get(tenant) {
+                Some(0) => None,
+                Some(&cap) => Some(cap),
+                None => self.conventions.max_credentials_per_tenant,
+            };
+            if cap.is_some_and(|cap| users.len() >= cap) {
                 desired
                     .skipped
                     .push((key.clone(), SkipReason::TooManyCredentials));

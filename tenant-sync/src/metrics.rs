@@ -73,7 +73,7 @@ impl Default for Metrics {
         let invalid_limits = Gauge::default();
         registry.register(
             "invalid_limit_annotations",
-            "Namespaces whose tenant-proxy/limits annotation is currently left out as invalid",
+            "Annotations tenant-proxy/limits and tenant-proxy/max-credentials on Namespaces currently left out as invalid",
             invalid_limits.clone(),
         );
         let invalid_caps = Gauge::default();

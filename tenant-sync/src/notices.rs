@@ -179,7 +179,7 @@ fn why(reason: SkipReason) -> &'static str {
             "an older Secret already holds this username; choose another"
         }
         SkipReason::TooManyCredentials => {
-            "this namespace's tenant already holds as many credentials as tenant-sync's --max-credentials-per-tenant allows, from older Secrets; delete a credential Secret the tenant no longer uses"
+            "this namespace's tenant already holds as many credentials as its cap allows (the Namespace annotation tenant-proxy/max-credentials, or tenant-sync's --max-credentials-per-tenant), from older Secrets; delete a credential Secret the tenant no longer uses"
         }
     }
 }

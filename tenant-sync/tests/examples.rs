@@ -133,6 +133,15 @@ fn the_limits_annotation_example_is_valid() {
 }
 
 #[test]
+fn the_credential_cap_example_is_valid() {
+    let caps: Vec<_> = documents("tenant-namespaces.yaml")
+        .into_iter()
+        .map(|doc| index::max_credentials_of(&typed::<Namespace>(doc)).unwrap())
+        .collect();
+    assert_eq!(caps, [Some(50), None]);
+}
+
+#[test]
 fn the_grantable_scopes_example_caps_staging_to_the_default_set() {
     use tenant_proxy::tenants::Scopes;
     let caps: Vec<_> = documents("tenant-namespaces.yaml")

@@ -311,6 +311,85 @@ fn a_tenant_holds_at_most_the_cap_of_credentials_its_oldest_first() {
     );
 }
 
+/// A Namespace's `tenant-proxy/max-credentials` sets its tenant's cap in
+/// place of the command line's, raising or lowering it; several
+/// Namespaces of one tenant give the strictest (`0`, no cap, yields to
+/// any other); one that is not a count is left out with why, and its
+/// tenant keeps the command line's cap; a Secret's own annotation sets
+/// nothing.
+#[test]
+fn a_namespace_sets_its_tenants_credential_cap() {
+    let mut conventions = conventions(Some("team"));
+    conventions.max_credentials_per_tenant = Some(1);
+    let mut index = Index::new(conventions, &[String::new()]);
+    let capped = |name: &str, team: &str, cap: Option<&str>| {
+        let annotations = match cap {
+            Some(cap) => json!({MAX_CREDENTIALS_ANNOTATION: cap}),
+            None => json!({}),
+        };
+        serde_json::from_value::<Namespace>(json!({"metadata": {
+            "name": name, "labels": {"team": team}, "annotations": annotations,
+        }}))
+        .unwrap()
+    };
+    // Each Secret asks for no cap itself, which sets nothing: the cap is
+    // the platform's, on Namespaces.
+    let three = |ns: &str| -> Vec<Secret> {
+        (1..=3)
+            .map(|i| {
+                let data = json!({"username": b64(&format!("{ns}-{i}")), "password": b64("pw")});
+                let annotations = json!({MAX_CREDENTIALS_ANNOTATION: "0"});
+                secret(
+                    ns,
+                    &format!("s{i}"),
+                    "2026-01-01T00:00:00Z",
+                    data,
+                    annotations,
+                )
+            })
+            .collect()
+    };
+    synced(
+        &mut index,
+        vec![
+            capped("raised", "raised", Some("3")),
+            capped("none", "none", Some("0")),
+            // Three namespaces of one tenant: 2, 5 and 0 give 2.
+            capped("two", "two", Some("2")),
+            capped("two-again", "two", Some("5")),
+            capped("two-more", "two", Some(" 0 ")),
+            capped("typo", "typo", Some("3 credentials")),
+            capped("default", "default", None),
+        ],
+        ["raised", "none", "two", "typo", "default"]
+            .into_iter()
+            .flat_map(three)
+            .collect(),
+    );
+    let desired = index.desired();
+    let held = |tenant| users(&desired, tenant).len();
+    assert_eq!(held("raised"), 3);
+    assert_eq!(held("none"), 3);
+    assert_eq!(held("two"), 2);
+    assert_eq!(held("typo"), 1);
+    assert_eq!(held("default"), 1);
+    let over = desired
+        .skipped
+        .iter()
+        .filter(|(_, reason)| *reason == SkipReason::TooManyCredentials)
+        .count();
+    assert_eq!(over, 1 + 2 + 2);
+    assert_eq!(
+        desired.invalid_limits.len(),
+        1,
+        "{:?}",
+        desired.invalid_limits
+    );
+    let (namespace, why) = &desired.invalid_limits[0];
+    assert_eq!(namespace, "typo");
+    assert!(why.contains(MAX_CREDENTIALS_ANNOTATION), "{why}");
+}
+
 /// With the rule, a username names its tenant after `@`: a tenant's
 /// Secret cannot hold a name that another tenant's Secrets could use, even
 /// an older one, and the name a namespace's tenant is, with a tenant
