@@ -532,8 +532,9 @@ impl Index {
     /// with no scope its Namespace does not let it grant; of several Secrets
     /// with one username the oldest wins (then the first by namespace/name);
     /// a tenant holds at most the credentials its Namespaces' cap or
-    /// `max_credentials_per_tenant` allows, its oldest Secrets'; invalid Secrets are skipped with a reason. A Secret
-    /// skipped holds no username.
+    /// `max_credentials_per_tenant` allows, its oldest Secrets'; invalid
+    /// Secrets are skipped with a reason. A Secret skipped holds no
+    /// username.
     pub fn desired(&self) -> Desired {
         let mut desired = Desired::default();
         // Per tenant, the cap its Namespaces set, the strictest of them.
