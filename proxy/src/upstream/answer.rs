@@ -44,7 +44,7 @@ pub enum AnswerError {
     HeadTooLarge,
     #[error("the upstream switched protocols unasked, or sent too many informational answers")]
     UnexpectedStatus,
-    #[error("the upstream's answer has a Transfer-Encoding other than chunked alone, or one beside a Content-Length")]
+    #[error("the upstream's answer has a Transfer-Encoding other than chunked alone, or one beside a Content-Length or on a 204")]
     UnsupportedFraming,
     #[error("the upstream's answer has an invalid or conflicting Content-Length")]
     BadContentLength,
@@ -317,27 +317,37 @@ fn read_head(buf: &mut BytesMut, closed: bool) -> Result<Option<Parsed>, AnswerE
 
 /// RFC 9112 §6.3 for an answer to a `GET`, refusing what it allows only
 /// with doubt: a `Transfer-Encoding` other than `chunked` alone, one
-/// beside a `Content-Length` or in an HTTP/1.0 answer (§6.1: never sent
-/// to 1.1 requests), and lengths that disagree.
+/// beside a `Content-Length`, in an HTTP/1.0 answer (§6.1: never sent to
+/// 1.1 requests) or on a 204 (§6.1: never sent there), and lengths that
+/// disagree. These hold for the answers without a body too (204, 304): a
+/// sender confused about framing there may send a body all the same, and
+/// hyper drops a `Content-Length` beside a `Transfer-Encoding` from the
+/// head it hands on, so that the head would read two ways.
 fn framing(
     status: StatusCode,
     version: Version,
     headers: &HeaderMap,
 ) -> Result<Framing, AnswerError> {
+    let codings = headers.get_all(header::TRANSFER_ENCODING);
+    let coded = codings.iter().next().is_some();
+    if coded
+        && (version != Version::HTTP_11
+            || status == StatusCode::NO_CONTENT
+            || headers.contains_key(header::CONTENT_LENGTH))
+    {
+        return Err(AnswerError::UnsupportedFraming);
+    }
     if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+        // §6.1 lets a 304 name the coding a 200 would have had.
         return Ok(Framing::Length(0));
     }
-    let codings = headers.get_all(header::TRANSFER_ENCODING);
-    if codings.iter().next().is_some() {
-        if version != Version::HTTP_11 {
-            return Err(AnswerError::UnsupportedFraming);
-        }
+    if coded {
         let mut tokens = codings.iter().flat_map(elements);
         let chunked_alone = tokens
             .next()
             .is_some_and(|t| t.eq_ignore_ascii_case(b"chunked"))
             && tokens.next().is_none();
-        if !chunked_alone || headers.contains_key(header::CONTENT_LENGTH) {
+        if !chunked_alone {
             return Err(AnswerError::UnsupportedFraming);
         }
         return Ok(Framing::Chunked);
