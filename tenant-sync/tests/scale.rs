@@ -6,6 +6,8 @@
 //!
 //! 5,000 Secrets over 1,000 namespaces: cold start to the first complete
 //! file, with pre-hashed (`password-hash`) and with plaintext passwords.
+//! And one namespace flooding 3,000 plaintext Secrets beside 100 quiet
+//! tenants: the cold start with the credential cap and without.
 
 mod support;
 
@@ -80,4 +82,49 @@ async fn cold_start_with_5000_secrets() {
     // One plaintext Secret in ten: 500 argon2id hashes on a cold start.
     let mixed = cluster(10, &hash).await;
     cold_start("1 in 10 plaintext", &mixed).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "a measurement: run with --ignored --release"]
+async fn cold_start_with_one_namespace_flooding_plaintext_secrets() {
+    const FLOOD: usize = 3_000;
+    const QUIET: usize = 100;
+    let api = ApiServer::start().await;
+    api.namespace("flood", json!({}));
+    for s in 0..FLOOD {
+        api.secret(
+            "flood",
+            &format!("cred-{s:04}"),
+            &[("username", &format!("flood-{s:04}")), ("password", "pw")],
+            json!({}),
+        );
+    }
+    let hash = tenant_proxy::auth::password::hash_password("a-password").unwrap();
+    for n in 0..QUIET {
+        let ns = format!("quiet-{n:03}");
+        api.namespace(&ns, json!({}));
+        api.secret(
+            &ns,
+            "cred",
+            &[
+                ("username", &format!("user-{n:03}")),
+                ("password-hash", &hash),
+            ],
+            json!({}),
+        );
+    }
+    for cap in [Some(1_000), None] {
+        let started = Instant::now();
+        let mut sync = RunningSync::start(&api, |options| {
+            options.conventions.max_credentials_per_tenant = cap;
+        });
+        let users = sync.next_write().await;
+        println!(
+            "cap {cap:?}: {} credentials, cold start {:.2} s",
+            users.len(),
+            started.elapsed().as_secs_f64()
+        );
+        assert_eq!(users.len(), QUIET + cap.unwrap_or(FLOOD));
+        sync.stop().await.unwrap();
+    }
 }
