@@ -53,7 +53,8 @@ struct Cli {
     /// oldest Secrets first; newer ones are left out
     /// (`too_many_credentials`). Every credential is in every proxy
     /// replica's memory, and a plaintext one costs a hash before the
-    /// first file. `0`: no cap.
+    /// first file. `0`: no cap. A Namespace's `tenant-proxy/max-credentials`
+    /// annotation sets its tenant's cap instead.
     #[arg(long, default_value_t = 1000)]
     max_credentials_per_tenant: usize,
     /// Watch Secrets only in these namespaces (comma-separated; RBAC by Role).
