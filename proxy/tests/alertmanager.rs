@@ -13,6 +13,13 @@ use support::{basic, send, tenants_with_namespaces, ProxyOptions, RunningProxy, 
 async fn setup() -> (AlertmanagerProcess, RunningProxy) {
     let am = AlertmanagerProcess::start().await;
     am.fire("Down", &["team-a", "team-a-2", "team-b"]).await;
+    let proxy = proxy_for(&am).await;
+    (am, proxy)
+}
+
+/// The proxy in label mode in front of `am`: team-a (`alice`, `viewer`)
+/// owns two namespaces, team-b (`bob`) one.
+async fn proxy_for(am: &AlertmanagerProcess) -> RunningProxy {
     let tenants = tenants_with_namespaces(&[
         (
             TenantSpec {
@@ -37,7 +44,7 @@ async fn setup() -> (AlertmanagerProcess, RunningProxy) {
     let mut options = ProxyOptions::metrics(tenants, section);
     let alerts = format!("alerts:\n  upstream: {}\n", am.url);
     options.extra = Box::leak(alerts.into_boxed_str());
-    (am, RunningProxy::start(options).await)
+    RunningProxy::start(options).await
 }
 
 async fn call(
@@ -151,6 +158,65 @@ async fn each_tenant_sees_only_its_own_alerts_and_no_configuration() {
             reply.status
         );
     }
+}
+
+/// Receivers named for each team, routed by namespace the ways a platform
+/// writes it (`matchers`, the older `match` and `match_re`, a nested route,
+/// a catch-all on another label): each tenant is shown the root's receiver
+/// and those its alerts can reach, never another team's, while Alertmanager
+/// itself lists them all to anyone.
+#[tokio::test]
+async fn each_tenant_is_shown_only_the_receivers_its_alerts_can_reach() {
+    let am = AlertmanagerProcess::start_with(
+        r#"route:
+  receiver: platform
+  group_by: [namespace]
+  routes:
+    - matchers: ['namespace=~"team-a|team-a-2"', 'severity!="info"']
+      receiver: team-a-slack
+    - match: {namespace: team-b}
+      receiver: team-b-mail
+      routes:
+        - matchers: ['alertname="Down"']
+          receiver: team-b-pager
+    - match_re: {namespace: "team-c.*"}
+      receiver: team-c-hook
+    - matchers: ['severity="critical"']
+      receiver: on-call
+receivers:
+  - name: platform
+  - name: team-a-slack
+  - name: team-b-mail
+  - name: team-b-pager
+  - name: team-c-hook
+  - name: on-call
+"#,
+    )
+    .await;
+    let proxy = proxy_for(&am).await;
+    let names = |reply: support::Reply| -> Vec<String> {
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+        reply
+            .json()
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    for base in ["/api/v2", "/alertmanager/api/v2", "/am/api/v2"] {
+        let path = format!("{base}/receivers");
+        let a = names(call(&proxy, "viewer", Method::GET, &path, "").await);
+        assert_eq!(a, ["platform", "team-a-slack", "on-call"], "{path}");
+        let b = names(call(&proxy, "bob", Method::GET, &path, "").await);
+        assert_eq!(
+            b,
+            ["platform", "team-b-mail", "team-b-pager", "on-call"],
+            "{path}"
+        );
+    }
+    let all = names(am.call(Method::GET, "/api/v2/receivers", "").await.unwrap());
+    assert_eq!(all.len(), 6, "{all:?}");
 }
 
 #[tokio::test]

@@ -11,7 +11,9 @@
 //!   no matcher on the label at all (the pin is then added); an update or
 //!   a delete of a silence that is not the tenant's is refused;
 //! - status: the configuration (receivers' URLs and credentials) is
-//!   blanked. Receivers: names only, as Alertmanager lists them.
+//!   blanked;
+//! - receivers: only those the tenant's alerts can reach, read from the
+//!   routing tree (`receivers.rs`).
 //!
 //! Bodies are parsed and written again from what was checked: Go's JSON
 //! decoder matches field names case-insensitively and keeps the last of
@@ -23,6 +25,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::http::error::ProxyError;
+
+mod receivers;
+
+pub use receivers::tenant_receivers;
 
 /// The tenant as Alertmanager sees it.
 #[derive(Debug, Clone, Copy)]

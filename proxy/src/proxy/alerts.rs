@@ -56,9 +56,9 @@ pub(super) async fn request(
             check_silence_owner(state, target, id, tenant).await?;
             Ok((None, body::empty()))
         }
-        AlertmanagerCall::Read(_) | AlertmanagerCall::Receivers | AlertmanagerCall::Silence => {
-            Ok((query, body::empty()))
-        }
+        // Asked of the status, which takes no parameters.
+        AlertmanagerCall::Receivers => Ok((None, body::empty())),
+        AlertmanagerCall::Read(_) | AlertmanagerCall::Silence => Ok((query, body::empty())),
     }
 }
 
@@ -95,19 +95,20 @@ async fn check_silence_owner(
     }
 }
 
-/// Label mode's Alertmanager answers (200 only): filtered to the tenant,
-/// or, for one silence, shown only if it is the tenant's.
+/// Label mode's Alertmanager answers (200 only): filtered to the tenant;
+/// for one silence, shown only if it is the tenant's; for the receivers
+/// (asked of the status), those the tenant's alerts can reach.
 pub(super) async fn answer(
     call: AlertmanagerCall,
     headers: &http::HeaderMap,
     body: UpstreamBody,
     tenant: &TenantAlerts<'_>,
 ) -> Result<Bytes, ProxyError> {
-    let filtered = matches!(
+    let read = !matches!(
         call,
-        AlertmanagerCall::Read(_) | AlertmanagerCall::ReadFiltered(_) | AlertmanagerCall::Silence
+        AlertmanagerCall::PostSilence | AlertmanagerCall::DeleteSilence
     );
-    if filtered {
+    if read {
         prometheus::refuse_compressed(headers)?;
     }
     let answer = prometheus::read_filtered_response(body).await?;
@@ -118,6 +119,9 @@ pub(super) async fn answer(
         AlertmanagerCall::Silence if !alertmanager::silence_is_owned(&answer, tenant)? => Err(
             ProxyError::Foreign("that silence is not one of this tenant's".into()),
         ),
+        AlertmanagerCall::Receivers => {
+            alertmanager::tenant_receivers(&answer, tenant).map(Bytes::from)
+        }
         _ => Ok(answer),
     }
 }

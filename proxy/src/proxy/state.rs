@@ -22,7 +22,8 @@ use crate::http::headers::X_SCOPE_ORGID;
 use crate::ops::metrics::Metrics;
 use crate::ops::otel::Tracing;
 use crate::routes::{
-    Operation, Route, RouteTable, Signal, ALERTMANAGER_DATASOURCE_ROOT, ALERTMANAGER_PREFIXES,
+    AlertmanagerCall, Operation, Route, RouteTable, Signal, ALERTMANAGER_DATASOURCE_ROOT,
+    ALERTMANAGER_PREFIXES,
 };
 use crate::tenants::reload::Tenants;
 use crate::tenants::{Credential, Tenant};
@@ -91,7 +92,11 @@ impl Target {
     /// root what the proxy also serves under `/alertmanager` and `/am`;
     /// Mimir (header mode) at its root what the proxy also serves under
     /// `/am`. The route table only has these prefixes as whole segments.
+    /// Label mode lists receivers from the routing tree in the status.
     pub(super) fn upstream_path<'p>(&self, route: &Route, path: &'p str) -> &'p str {
+        if route.operation == Operation::Alertmanager(AlertmanagerCall::Receivers) {
+            return "/api/v2/status";
+        }
         let prefixes: &[&str] = match (route.signal, &self.tenant_label) {
             (Signal::Alerts, Some(_)) => &ALERTMANAGER_PREFIXES,
             (Signal::Alerts, None) => &[ALERTMANAGER_DATASOURCE_ROOT],

@@ -24,7 +24,8 @@ pub enum AlertmanagerCall {
     Read(AnswerFilter),
     /// Alerts and groups: the tenant's `filter` added, the answer filtered.
     ReadFiltered(AnswerFilter),
-    /// Forwarded as it is (receivers: names only).
+    /// Receivers: answered from Alertmanager's status, only those the
+    /// tenant's alerts can reach.
     Receivers,
     /// One silence: shown only if it is the tenant's.
     Silence,

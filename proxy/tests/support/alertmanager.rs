@@ -27,12 +27,18 @@ impl Drop for AlertmanagerProcess {
 }
 
 impl AlertmanagerProcess {
+    /// One receiver, `hook`, whose URL carries [`WEBHOOK_SECRET`].
     pub async fn start() -> Self {
-        let dir = tempfile::tempdir().unwrap();
         let config = format!(
             "route:\n  receiver: hook\n  group_by: [namespace]\nreceivers:\n  - name: hook\n    \
              webhook_configs:\n      - url: http://127.0.0.1:9/hook?token={WEBHOOK_SECRET}\n"
         );
+        Self::start_with(&config).await
+    }
+
+    /// With `config` as its `alertmanager.yml`.
+    pub async fn start_with(config: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("alertmanager.yml"), config).unwrap();
         let addr = super::closed_port().await;
         let child = Command::new("prometheus-alertmanager")
