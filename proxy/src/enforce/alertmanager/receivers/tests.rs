@@ -1,4 +1,5 @@
 use super::*;
+use proptest::prelude::*;
 
 /// A routing tree as Alertmanager 0.25 prints it in its status (the
 /// `matchers` of each route in its own spelling; trimmed of the global
@@ -196,6 +197,9 @@ fn matchers_are_read_as_alertmanager_prints_them() {
     assert_eq!(read(r#"namespace=="a""#), None);
     assert_eq!(read(r#"namespace="a"#), None);
     assert_eq!(read(r#""namespace"#), None);
+    // An escape Go refuses, which promql-parser's unquoting panics on.
+    assert_eq!(read("namespace=\"\\é\""), None);
+    assert_eq!(read("\"\\日\"=\"v\""), None);
 }
 
 #[test]
@@ -217,5 +221,93 @@ fn a_status_whose_configuration_cannot_be_read_is_refused() {
             matches!(refused, ProxyError::UpstreamUnavailable(_)),
             "{refused:?}"
         );
+    }
+}
+
+/// Alertmanager's `labels.Matcher.String`: a name holding a reserved
+/// character (`isReserved`: white space or one of ``{}!=~,\"'` ``) and its
+/// value Go-quoted (`strconv.Quote`); otherwise the name bare and the value
+/// escaped the OpenMetrics way.
+fn printed_by_alertmanager(name: &str, op: Op, value: &str) -> String {
+    let op = match op {
+        Op::Equal => "=",
+        Op::NotEqual => "!=",
+        Op::Regex => "=~",
+        Op::NotRegex => "!~",
+    };
+    let reserved = |c: char| c.is_whitespace() || "{}!=~,\\\"'`".contains(c);
+    if name.contains(reserved) {
+        return format!("{}{op}{}", go_quote(name), go_quote(value));
+    }
+    let escaped = value
+        .replace('\\', "\\\\")
+        .replace('\n', "\\n")
+        .replace('"', "\\\"");
+    format!("{name}{op}\"{escaped}\"")
+}
+
+/// Go's `strconv.Quote` for the characters the strategy below makes
+/// (ASCII, and printable characters beyond it, which Go keeps as they are).
+fn go_quote(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\x07' => out.push_str("\\a"),
+            '\x08' => out.push_str("\\b"),
+            '\x0c' => out.push_str("\\f"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\x0b' => out.push_str("\\v"),
+            c if c.is_ascii_control() => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+fn op_strategy() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        Just(Op::Equal),
+        Just(Op::NotEqual),
+        Just(Op::Regex),
+        Just(Op::NotRegex)
+    ]
+}
+
+/// Text of the characters that matter to the printing: quotes, escapes,
+/// operators, white space, control characters, and beyond ASCII.
+fn text_strategy() -> impl Strategy<Value = String> {
+    "[a-z_\"\\\\=!~{},'` \t\n\r\x01\x7féü日]{0,12}"
+}
+
+proptest! {
+    /// Every matcher, however Alertmanager had to print it, reads back as
+    /// the matcher it printed.
+    #[test]
+    fn a_matcher_reads_back_as_alertmanager_printed_it(
+        name in text_strategy().prop_filter("a matcher has a name", |n| !n.is_empty()),
+        op in op_strategy(),
+        value in text_strategy(),
+    ) {
+        let printed = printed_by_alertmanager(&name, op, &value);
+        prop_assert_eq!(
+            RouteMatcher::parse(&printed),
+            Some(RouteMatcher { name, op, value }),
+            "{}", printed
+        );
+    }
+
+    /// Reading any text at all gives a matcher or nothing, never a panic,
+    /// and what it gives prints back as that text would have been printed.
+    #[test]
+    fn any_text_reads_as_a_matcher_or_none(text in "\\PC{0,24}|[a-z\"\\\\=!~]{0,12}") {
+        if let Some(m) = RouteMatcher::parse(&text) {
+            let again = printed_by_alertmanager(&m.name, m.op, &m.value);
+            prop_assert_eq!(RouteMatcher::parse(&again), Some(m));
+        }
     }
 }
