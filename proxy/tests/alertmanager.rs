@@ -162,7 +162,8 @@ async fn each_tenant_sees_only_its_own_alerts_and_no_configuration() {
 
 /// Receivers named for each team, routed by namespace the ways a platform
 /// writes it (`matchers`, the older `match` and `match_re`, a nested route,
-/// a catch-all on another label): each tenant is shown the root's receiver
+/// a catch-all on another label; a regex with an escape, which Alertmanager
+/// prints escaped again): each tenant is shown the root's receiver
 /// and those its alerts can reach, never another team's, while Alertmanager
 /// itself lists them all to anyone.
 #[tokio::test]
@@ -177,7 +178,7 @@ async fn each_tenant_is_shown_only_the_receivers_its_alerts_can_reach() {
     - match: {namespace: team-b}
       receiver: team-b-mail
       routes:
-        - matchers: ['alertname="Down"']
+        - matchers: ['alertname="Down"', 'namespace=~"team\\-b"']
           receiver: team-b-pager
     - match_re: {namespace: "team-c.*"}
       receiver: team-c-hook
