@@ -94,10 +94,12 @@ impl Target {
     /// `/am`. The route table only has these prefixes as whole segments.
     /// Label mode lists receivers from the routing tree in the status.
     pub(super) fn upstream_path<'p>(&self, route: &Route, path: &'p str) -> &'p str {
-        if route.operation == Operation::Alertmanager(AlertmanagerCall::Receivers) {
-            return "/api/v2/status";
-        }
         let prefixes: &[&str] = match (route.signal, &self.tenant_label) {
+            (Signal::Alerts, Some(_))
+                if route.operation == Operation::Alertmanager(AlertmanagerCall::Receivers) =>
+            {
+                return "/api/v2/status";
+            }
             (Signal::Alerts, Some(_)) => &ALERTMANAGER_PREFIXES,
             (Signal::Alerts, None) => &[ALERTMANAGER_DATASOURCE_ROOT],
             _ => return path,
