@@ -39,8 +39,8 @@ struct Receiver {
     name: String,
 }
 
-/// One node of the routing tree (the fields that select alerts; timers,
-/// grouping and `continue` do not narrow where an alert may go).
+/// One node of the routing tree: the fields that select alerts (timers and
+/// grouping do not; `continue` is not followed, above).
 #[derive(Deserialize)]
 struct Route {
     #[serde(default)]
