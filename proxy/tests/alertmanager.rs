@@ -220,6 +220,124 @@ receivers:
     assert_eq!(all.len(), 6, "{all:?}");
 }
 
+/// A platform's configuration with what a tenant must not read: other
+/// teams' receivers and routes (one shared with team-a, one excluding it),
+/// credentials in receivers and globals, templates, inhibit rules; and what
+/// it may: its routes' grouping, timers, `continue`, a time interval.
+const SHARED_CONFIG: &str = r#"global:
+  smtp_smarthost: 127.0.0.1:9
+  smtp_from: alertmanager@example.com
+  smtp_auth_password: smtp-s3cr3t
+route:
+  receiver: platform
+  group_by: [namespace]
+  routes:
+    - matchers: ['namespace=~"team-a|team-b"', 'severity="critical"']
+      receiver: a-and-b-pager
+      continue: true
+    - matchers: ['namespace="team-a"']
+      receiver: team-a-slack
+      group_wait: 1m
+      mute_time_intervals: [weekends]
+      routes:
+        - matchers: ['alertname="Down"']
+          receiver: team-a-pager
+    - match: {namespace: team-b}
+      receiver: team-b-mail
+    - match_re: {namespace: "team-a-.*"}
+      receiver: team-a-others
+    - matchers: ['namespace!="team-b"', 'severity="info"']
+      receiver: quiet
+receivers:
+  - name: platform
+  - name: a-and-b-pager
+    webhook_configs: [{url: "http://127.0.0.1:9/p?token=s3cr3t-webhook-token"}]
+  - name: team-a-slack
+  - name: team-a-pager
+  - name: team-b-mail
+    email_configs: [{to: team-b@example.com}]
+  - name: team-a-others
+  - name: quiet
+time_intervals:
+  - name: weekends
+    time_intervals: [{weekdays: ["saturday", "sunday"]}]
+  - name: team-b-holidays
+    time_intervals: [{months: ["december"]}]
+inhibit_rules:
+  - source_matchers: ['namespace="team-b"', 'severity="critical"']
+    target_matchers: ['namespace="team-b"', 'severity="info"']
+    equal: [namespace]
+templates: ['/etc/alertmanager/team-b-*.tmpl']
+"#;
+
+/// Where `amtool` (Alertmanager 0.25's own routing code) sends an alert
+/// with `labels` under the configuration in `file`.
+fn routed(file: &std::path::Path, labels: &[String]) -> String {
+    let out = std::process::Command::new("amtool")
+        .args(["config", "routes", "test", "--config.file"])
+        .arg(file)
+        .args(labels)
+        .output()
+        .expect("amtool (Debian's prometheus-alertmanager)");
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+/// A tenant reading the status is shown, in place of the configuration,
+/// its own routes and the receivers they name, by name: Alertmanager's
+/// own `amtool` takes it as a valid configuration, and routes every alert
+/// of the tenant's namespaces under it exactly as under the whole one,
+/// which it never shows: no other team's receiver, route, value, interval
+/// or template, no credential.
+#[tokio::test]
+async fn each_tenant_is_shown_its_own_routes_which_route_its_alerts_as_the_whole_tree() {
+    let am = AlertmanagerProcess::start_with(SHARED_CONFIG).await;
+    let proxy = proxy_for(&am).await;
+    let dir = tempfile::tempdir().unwrap();
+    let whole = dir.path().join("whole.yml");
+    std::fs::write(&whole, SHARED_CONFIG).unwrap();
+    for (user, owned, foreign) in [
+        ("viewer", &["team-a", "team-a-2"][..], "team-b"),
+        ("bob", &["team-b"][..], "team-a"),
+    ] {
+        let status = call(&proxy, user, Method::GET, "/am/api/v2/status", "").await;
+        assert_eq!(status.status, StatusCode::OK, "{}", status.text());
+        let shown = status.json()["config"]["original"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        for hidden in [foreign, "s3cr3t", "example.com", "tmpl", "inhibit", "smtp"] {
+            assert!(
+                !shown.contains(hidden),
+                "{user} is shown {hidden:?}:\n{shown}"
+            );
+        }
+        let file = dir.path().join(format!("{user}.yml"));
+        std::fs::write(&file, &shown).unwrap();
+        let check = std::process::Command::new("amtool")
+            .arg("check-config")
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(check.status.success(), "{shown}\n{check:?}");
+        for namespace in owned {
+            for severity in ["critical", "info", "warning"] {
+                for alertname in ["Down", "Other"] {
+                    let labels = [
+                        format!("namespace={namespace}"),
+                        format!("severity={severity}"),
+                        format!("alertname={alertname}"),
+                    ];
+                    assert_eq!(
+                        routed(&file, &labels),
+                        routed(&whole, &labels),
+                        "{labels:?} under what {user} is shown:\n{shown}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[tokio::test]
 async fn silences_are_created_listed_and_expired_only_by_their_tenant() {
     let (am, proxy) = setup().await;

@@ -10,10 +10,10 @@
 //! - a silence is created or updated only if it pins the label so, or has
 //!   no matcher on the label at all (the pin is then added); an update or
 //!   a delete of a silence that is not the tenant's is refused;
-//! - status: the configuration (receivers' URLs and credentials) is
-//!   blanked;
-//! - receivers: only those the tenant's alerts can reach, read from the
-//!   routing tree (`receivers.rs`).
+//! - status and receivers: the configuration (receivers' URLs and
+//!   credentials of every tenant) is replaced by the routes the tenant's
+//!   alerts can take and the receivers they name, by name only
+//!   (`routing.rs`).
 //!
 //! Bodies are parsed and written again from what was checked: Go's JSON
 //! decoder matches field names case-insensitively and keeps the last of
@@ -26,9 +26,9 @@ use serde_json::Value;
 
 use crate::http::error::ProxyError;
 
-mod receivers;
+mod routing;
 
-pub use receivers::tenant_receivers;
+pub use routing::tenant_receivers;
 
 /// The tenant as Alertmanager sees it.
 #[derive(Debug, Clone, Copy)]
@@ -226,7 +226,7 @@ pub enum AnswerFilter {
     AlertGroups,
     /// `[gettableSilence]`: the tenant's only.
     Silences,
-    /// `alertmanagerStatus`: the configuration blanked.
+    /// `alertmanagerStatus`: the configuration as the tenant is shown it.
     Status,
 }
 
@@ -257,8 +257,11 @@ pub fn filter_answer(
                 .get_mut("config")
                 .and_then(Value::as_object_mut)
                 .ok_or_else(|| unfilterable("a status without config".into()))?;
-            // Receivers' URLs, keys and passwords of every tenant.
-            config.insert("original".into(), Value::String(String::new()));
+            // Receivers' URLs, keys and passwords of every tenant: the
+            // tenant's routes and receivers' names in their place.
+            let original = config.get("original").and_then(Value::as_str).unwrap_or("");
+            let shown = routing::tenant_configuration(original, tenant);
+            config.insert("original".into(), Value::String(shown));
         }
     }
     Ok(Bytes::from(doc.to_string()))

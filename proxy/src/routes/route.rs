@@ -25,7 +25,7 @@ pub enum AlertmanagerCall {
     /// Alerts and groups: the tenant's `filter` added, the answer filtered.
     ReadFiltered(AnswerFilter),
     /// Receivers: answered from Alertmanager's status, only those the
-    /// tenant's alerts can reach.
+    /// tenant's routes name (`enforce::alertmanager::routing`).
     Receivers,
     /// One silence: shown only if it is the tenant's.
     Silence,

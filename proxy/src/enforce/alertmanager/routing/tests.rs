@@ -311,3 +311,109 @@ proptest! {
         }
     }
 }
+#[test]
+fn a_tenant_is_shown_its_routes_with_only_its_own_values_on_the_label() {
+    let config = r#"global:
+  resolve_timeout: 5m
+route:
+  receiver: root
+  group_by: [namespace]
+  routes:
+  - receiver: shared
+    match:
+      namespace: team-a
+      severity: critical
+    match_re:
+      alertname: Disk.*
+    group_interval: 10m
+    continue: true
+  - receiver: others
+    matchers:
+    - namespace!="team-a"
+    - team="payments"
+    active_time_intervals: [office]
+  - receiver: b-only
+    match_re:
+      namespace: team-b|team-c
+    mute_time_intervals: [b-nights]
+receivers:
+- name: root
+- name: shared
+  webhook_configs: [{url: "http://127.0.0.1:9/?token=t0ken"}]
+- name: others
+- name: b-only
+time_intervals:
+- name: office
+  time_intervals: [{weekdays: [monday]}]
+- name: b-nights
+  time_intervals: [{times: [{start_time: "00:00", end_time: "06:00"}]}]
+inhibit_rules:
+- equal: [namespace]
+templates: [x.tmpl]
+"#;
+    let owned = |values: &[&str]| values.iter().map(|v| (*v).to_owned()).collect::<Vec<_>>();
+    let shown = |values: &[String]| {
+        let tenant = TenantAlerts {
+            label: "namespace",
+            owned: values,
+        };
+        let text = tenant_configuration(config, &tenant);
+        serde_yaml_ng::from_str::<Yaml>(&text).unwrap()
+    };
+    let expected = |text: &str| serde_yaml_ng::from_str::<Yaml>(text).unwrap();
+    // The label's matchers give way to one on the tenant's own values;
+    // the other labels', grouping, timers and `continue` stay as they are.
+    assert_eq!(
+        shown(&owned(&["team-a", "team-d"])),
+        expected(
+            r#"route:
+  receiver: root
+  group_by: [namespace]
+  routes:
+  - receiver: shared
+    continue: true
+    group_interval: 10m
+    match: {severity: critical}
+    match_re: {alertname: Disk.*}
+    matchers: ['namespace="team-a"']
+  - receiver: others
+    matchers: ['team="payments"', 'namespace="team-d"']
+    active_time_intervals: [office]
+receivers: [{name: root}, {name: shared}, {name: others}]
+time_intervals:
+- name: office
+  time_intervals: [{weekdays: [monday]}]
+"#
+        )
+    );
+    assert_eq!(
+        shown(&owned(&["team-b", "team-c"])),
+        expected(
+            r#"route:
+  receiver: root
+  group_by: [namespace]
+  routes:
+  - receiver: others
+    matchers: ['team="payments"', 'namespace=~"team-b|team-c"']
+    active_time_intervals: [office]
+  - receiver: b-only
+    matchers: ['namespace=~"team-b|team-c"']
+    mute_time_intervals: [b-nights]
+receivers: [{name: root}, {name: others}, {name: b-only}]
+time_intervals:
+- name: office
+  time_intervals: [{weekdays: [monday]}]
+- name: b-nights
+  time_intervals: [{times: [{start_time: "00:00", end_time: "06:00"}]}]
+"#
+        )
+    );
+    // Nothing to show from a configuration not read: shown as empty.
+    let owned_a = owned(&["team-a"]);
+    let tenant = TenantAlerts {
+        label: "namespace",
+        owned: &owned_a,
+    };
+    assert_eq!(tenant_configuration("route: [not, a, route]", &tenant), "");
+    assert_eq!(tenant_configuration("", &tenant), "");
+}
