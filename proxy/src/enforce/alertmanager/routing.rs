@@ -80,20 +80,27 @@ struct Route {
     matchers: Vec<String>,
     #[serde(default)]
     routes: Vec<Route>,
-    #[serde(default)]
-    group_by: Option<Yaml>,
-    #[serde(default, rename = "continue")]
-    continues: Option<Yaml>,
-    #[serde(default)]
-    group_wait: Option<Yaml>,
-    #[serde(default)]
-    group_interval: Option<Yaml>,
-    #[serde(default)]
-    repeat_interval: Option<Yaml>,
+    #[serde(flatten)]
+    settings: Settings,
     #[serde(default)]
     mute_time_intervals: Vec<String>,
     #[serde(default)]
     active_time_intervals: Vec<String>,
+}
+
+/// What a route does with the alerts it takes, shown as it is.
+#[derive(Deserialize, Serialize)]
+struct Settings {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    group_by: Option<Yaml>,
+    #[serde(default, rename = "continue", skip_serializing_if = "Option::is_none")]
+    continues: Option<Yaml>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    group_wait: Option<Yaml>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    group_interval: Option<Yaml>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    repeat_interval: Option<Yaml>,
 }
 
 /// A kept route as it is shown.
@@ -101,16 +108,8 @@ struct Route {
 struct ShownRoute<'c> {
     #[serde(skip_serializing_if = "Option::is_none")]
     receiver: Option<&'c str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    group_by: Option<&'c Yaml>,
-    #[serde(rename = "continue", skip_serializing_if = "Option::is_none")]
-    continues: Option<&'c Yaml>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    group_wait: Option<&'c Yaml>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    group_interval: Option<&'c Yaml>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    repeat_interval: Option<&'c Yaml>,
+    #[serde(flatten)]
+    settings: &'c Settings,
     #[serde(rename = "match", skip_serializing_if = "BTreeMap::is_empty")]
     equal: BTreeMap<&'c str, &'c str>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
@@ -246,11 +245,7 @@ impl Route {
             .collect();
         Some(ShownRoute {
             receiver: self.receiver.as_deref(),
-            group_by: self.group_by.as_ref(),
-            continues: self.continues.as_ref(),
-            group_wait: self.group_wait.as_ref(),
-            group_interval: self.group_interval.as_ref(),
-            repeat_interval: self.repeat_interval.as_ref(),
+            settings: &self.settings,
             equal: others(&self.equal),
             match_re: others(&self.match_re),
             matchers,
