@@ -96,7 +96,7 @@ fn silence(matchers: Value) -> String {
 }
 
 #[tokio::test]
-async fn each_tenant_sees_only_its_own_alerts_and_no_configuration() {
+async fn each_tenant_sees_only_its_own_alerts_and_no_credential() {
     let (am, proxy) = setup().await;
     for base in ["/api/v2", "/alertmanager/api/v2", "/am/api/v2"] {
         let a = call(&proxy, "viewer", Method::GET, &format!("{base}/alerts"), "").await;
