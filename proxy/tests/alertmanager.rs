@@ -771,3 +771,170 @@ fn no_silence_or_answer_of_team_a_reaches_beyond_its_namespaces() {
         refused.get()
     );
 }
+
+/// A route of a generated tree: matchers on `namespace` (every operator,
+/// owned, foreign and wide values) and on `severity`, a receiver or none,
+/// `continue`, routes under it.
+#[derive(Debug, Clone)]
+struct GeneratedRoute {
+    receiver: Option<usize>,
+    matchers: Vec<String>,
+    continues: bool,
+    routes: Vec<GeneratedRoute>,
+}
+
+const NAMESPACES: [&str; 4] = ["team-a", "team-a-2", "team-b", "team-c"];
+const SEVERITIES: [&str; 3] = ["critical", "info", "warning"];
+
+fn route_matcher_strategy() -> impl Strategy<Value = String> {
+    let op = prop::sample::select(vec!["=", "!=", "=~", "!~"]);
+    let value = prop::sample::select(vec![
+        "team-a",
+        "team-a-2",
+        "team-b",
+        "team-a.*",
+        "team-(a|b)",
+        "team-a|team-b",
+        "team-.-2",
+        ".*",
+    ]);
+    let severity = prop::sample::select(vec![r#"severity="critical""#, r#"severity!="info""#]);
+    prop_oneof![
+        3 => (op, value).prop_map(|(op, v)| format!("namespace{op}\"{v}\"")),
+        1 => severity.prop_map(str::to_owned),
+    ]
+}
+
+fn generated_route_strategy() -> impl Strategy<Value = GeneratedRoute> {
+    let leaf = (
+        prop::option::of(0..4usize),
+        prop::collection::vec(route_matcher_strategy(), 0..3),
+        any::<bool>(),
+    )
+        .prop_map(|(receiver, matchers, continues)| GeneratedRoute {
+            receiver,
+            matchers,
+            continues,
+            routes: vec![],
+        });
+    leaf.prop_recursive(3, 12, 3, |inner| {
+        (
+            prop::option::of(0..4usize),
+            prop::collection::vec(route_matcher_strategy(), 0..3),
+            any::<bool>(),
+            prop::collection::vec(inner, 0..3),
+        )
+            .prop_map(|(receiver, matchers, continues, routes)| GeneratedRoute {
+                receiver,
+                matchers,
+                continues,
+                routes,
+            })
+    })
+}
+
+impl GeneratedRoute {
+    fn yaml(&self, indent: usize, out: &mut String) {
+        let pad = " ".repeat(indent);
+        out.push_str(&format!("{pad}continue: {}\n", self.continues));
+        if let Some(r) = self.receiver {
+            out.push_str(&format!("{pad}receiver: r{r}\n"));
+        }
+        if !self.matchers.is_empty() {
+            out.push_str(&format!("{pad}matchers:\n"));
+            for m in &self.matchers {
+                out.push_str(&format!("{pad}- '{m}'\n"));
+            }
+        }
+        if !self.routes.is_empty() {
+            out.push_str(&format!("{pad}routes:\n"));
+            for child in &self.routes {
+                out.push_str(&format!("{pad}- "));
+                let mut text = String::new();
+                child.yaml(indent + 2, &mut text);
+                out.push_str(text.trim_start());
+            }
+        }
+    }
+}
+
+/// A whole configuration around generated routes under the root.
+fn generated_config(routes: &[GeneratedRoute]) -> String {
+    let mut out = String::from("route:\n  receiver: root\n");
+    if !routes.is_empty() {
+        out.push_str("  routes:\n");
+        for route in routes {
+            let mut text = String::new();
+            route.yaml(4, &mut text);
+            out.push_str("  - ");
+            out.push_str(text.trim_start());
+        }
+    }
+    out.push_str("receivers:\n- name: root\n");
+    for r in 0..4 {
+        out.push_str(&format!("- name: r{r}\n"));
+    }
+    out
+}
+
+/// What the status shows a tenant of any routing tree routes each of its
+/// alerts, under Alertmanager's own routing code (`amtool`), exactly as the
+/// whole tree does, and names no namespace but the tenant's.
+#[test]
+fn what_a_tenant_is_shown_of_any_routing_tree_routes_its_alerts_as_the_whole() {
+    use tenant_proxy::enforce::alertmanager::{tenant_configuration, TenantAlerts};
+    let dir = tempfile::tempdir().unwrap();
+    let (whole, shown) = (dir.path().join("whole.yml"), dir.path().join("shown.yml"));
+    let mut runner = support::property_runner(48);
+    let tenants = prop::sample::select(vec![&["team-a", "team-a-2"][..], &["team-b"][..]]);
+    let strategy = (
+        prop::collection::vec(generated_route_strategy(), 0..4),
+        tenants,
+    );
+    let result = runner.run(&strategy, |(routes, owned)| {
+        let config = generated_config(&routes);
+        std::fs::write(&whole, &config).unwrap();
+        let owned_values: Vec<String> = owned.iter().map(|v| (*v).to_owned()).collect();
+        let tenant = TenantAlerts {
+            label: "namespace",
+            owned: &owned_values,
+        };
+        let text = tenant_configuration(&config, &tenant);
+        std::fs::write(&shown, &text).unwrap();
+        let check = std::process::Command::new("amtool")
+            .arg("check-config")
+            .arg(&shown)
+            .output()
+            .unwrap();
+        prop_assert!(check.status.success(), "{text}\n{check:?}");
+        for foreign in NAMESPACES.iter().filter(|n| !owned.contains(n)) {
+            let named = text.match_indices(foreign).any(|(at, _)| {
+                // `team-a` inside `team-a-2` is the tenant's own.
+                !owned
+                    .iter()
+                    .any(|o| text[at..].starts_with(o) && o.len() > foreign.len())
+            });
+            prop_assert!(!named, "{foreign} in what {owned:?} is shown:\n{text}");
+        }
+        for namespace in owned {
+            for severity in SEVERITIES {
+                let labels = [
+                    format!("namespace={namespace}"),
+                    format!("severity={severity}"),
+                ];
+                prop_assert_eq!(
+                    routed(&shown, &labels),
+                    routed(&whole, &labels),
+                    "{:?}\nwhole:\n{}\nshown:\n{}",
+                    labels,
+                    config,
+                    text
+                );
+            }
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
