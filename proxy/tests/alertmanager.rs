@@ -879,7 +879,8 @@ fn generated_config(routes: &[GeneratedRoute]) -> String {
 
 /// What the status shows a tenant of any routing tree routes each of its
 /// alerts, under Alertmanager's own routing code (`amtool`), exactly as the
-/// whole tree does, and names no namespace but the tenant's.
+/// whole tree does, names no namespace but the tenant's, and is shown as
+/// itself when read again.
 #[test]
 fn what_a_tenant_is_shown_of_any_routing_tree_routes_its_alerts_as_the_whole() {
     use tenant_proxy::enforce::alertmanager::{tenant_configuration, TenantAlerts};
@@ -907,6 +908,8 @@ fn what_a_tenant_is_shown_of_any_routing_tree_routes_its_alerts_as_the_whole() {
             .output()
             .unwrap();
         prop_assert!(check.status.success(), "{text}\n{check:?}");
+        // Shown again, what is shown is itself: nothing in it is another's.
+        prop_assert_eq!(tenant_configuration(&text, &tenant), text.clone());
         for foreign in NAMESPACES.iter().filter(|n| !owned.contains(n)) {
             let named = text.match_indices(foreign).any(|(at, _)| {
                 // `team-a` inside `team-a-2` is the tenant's own.
