@@ -282,6 +282,15 @@ fn routed(file: &std::path::Path, labels: &[String]) -> String {
     String::from_utf8(out.stdout).unwrap().trim().to_owned()
 }
 
+/// `amtool check-config` on `file`: whether Alertmanager 0.25 would load it.
+fn checked(file: &std::path::Path) -> std::process::Output {
+    std::process::Command::new("amtool")
+        .arg("check-config")
+        .arg(file)
+        .output()
+        .expect("amtool (Debian's prometheus-alertmanager)")
+}
+
 /// A tenant reading the status is shown, in place of the configuration,
 /// its own routes and the receivers they name, by name: Alertmanager's
 /// own `amtool` takes it as a valid configuration, and routes every alert
@@ -313,11 +322,7 @@ async fn each_tenant_is_shown_its_own_routes_which_route_its_alerts_as_the_whole
         }
         let file = dir.path().join(format!("{user}.yml"));
         std::fs::write(&file, &shown).unwrap();
-        let check = std::process::Command::new("amtool")
-            .arg("check-config")
-            .arg(&file)
-            .output()
-            .unwrap();
+        let check = checked(&file);
         assert!(check.status.success(), "{shown}\n{check:?}");
         for namespace in owned {
             for severity in ["critical", "info", "warning"] {
@@ -902,11 +907,7 @@ fn what_a_tenant_is_shown_of_any_routing_tree_routes_its_alerts_as_the_whole() {
         };
         let text = tenant_configuration(&config, &tenant);
         std::fs::write(&shown, &text).unwrap();
-        let check = std::process::Command::new("amtool")
-            .arg("check-config")
-            .arg(&shown)
-            .output()
-            .unwrap();
+        let check = checked(&shown);
         prop_assert!(check.status.success(), "{text}\n{check:?}");
         // Shown again, what is shown is itself: nothing in it is another's.
         prop_assert_eq!(tenant_configuration(&text, &tenant), text.clone());
