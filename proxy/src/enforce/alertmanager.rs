@@ -78,17 +78,12 @@ impl TenantAlerts<'_> {
 
     /// The values as a regex Alertmanager anchors: literal alternation.
     fn alternation(&self) -> String {
-        let escaped: Vec<String> = self.owned.iter().map(|v| escape_regex(v)).collect();
-        escaped.join("|")
+        alternation(self.owned.iter().map(String::as_str))
     }
 
     /// The `filter` parameter value that keeps the tenant's alerts only.
     pub fn filter(&self) -> String {
-        let quoted = self
-            .alternation()
-            .replace('\\', "\\\\")
-            .replace('"', "\\\"");
-        format!("{}=~\"{quoted}\"", self.label)
+        printed_matcher(self.label, "=~", &self.alternation())
     }
 
     /// The matcher added to a silence that names no tenant label.
@@ -137,6 +132,23 @@ impl TenantAlerts<'_> {
             .as_str()
             .is_some_and(|v| self.owns(v))
     }
+}
+
+/// `values` as a regex Alertmanager anchors: their literal alternation.
+fn alternation<'v>(values: impl IntoIterator<Item = &'v str>) -> String {
+    let escaped: Vec<String> = values.into_iter().map(escape_regex).collect();
+    escaped.join("|")
+}
+
+/// A matcher in Alertmanager's matcher syntax, `label<op>"value"`, the
+/// value escaped the OpenMetrics way (`\`, `"`, newline), which its
+/// parsers read back.
+fn printed_matcher(label: &str, op: &str, value: &str) -> String {
+    let escaped = value
+        .replace('\\', "\\\\")
+        .replace('\n', "\\n")
+        .replace('"', "\\\"");
+    format!("{label}{op}\"{escaped}\"")
 }
 
 /// Escapes RE2's metacharacters only (namespace names carry none, so the

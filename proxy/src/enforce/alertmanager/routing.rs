@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use serde_yaml_ng::Value as Yaml;
 
-use super::{escape_regex, unfilterable, TenantAlerts};
+use super::{alternation, printed_matcher, unfilterable, TenantAlerts};
 use crate::http::error::ProxyError;
 
 /// What of Alertmanager's configuration a tenant may be shown.
@@ -272,21 +272,12 @@ impl Route {
 }
 
 /// The one matcher on `label` a kept route is shown with: the values that
-/// pass there, as Alertmanager prints a matcher (the value escaped the
-/// OpenMetrics way, which its parsers read back).
+/// pass there.
 fn pin(label: &str, values: &[&str]) -> String {
-    let (op, value) = match values {
-        [one] => ("=", (*one).to_owned()),
-        many => {
-            let alternation: Vec<String> = many.iter().map(|v| escape_regex(v)).collect();
-            ("=~", alternation.join("|"))
-        }
-    };
-    let escaped = value
-        .replace('\\', "\\\\")
-        .replace('\n', "\\n")
-        .replace('"', "\\\"");
-    format!("{label}{op}\"{escaped}\"")
+    match values {
+        [one] => printed_matcher(label, "=", one),
+        many => printed_matcher(label, "=~", &alternation(many.iter().copied())),
+    }
 }
 
 /// A matcher on the tenant label, ready to be asked about each value.
