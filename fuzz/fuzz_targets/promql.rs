@@ -17,12 +17,23 @@ use promql_parser::parser::{self, Expr, VectorSelector};
 use tenant_proxy::enforce::promql::{enforce_query, enforce_selector, Memo, TenantMatcher};
 
 fuzz_target!(|data: &[u8]| {
-    // libfuzzer-sys aborts on any panic, even one the proxy catches:
-    // promql::parse turns promql-parser's panics into parse errors on
-    // purpose. Back to the default hook (which only prints); a panic that
-    // escapes the target still aborts (libfuzzer-sys's catch_unwind).
-    static DEFAULT_HOOK: std::sync::Once = std::sync::Once::new();
-    DEFAULT_HOOK.call_once(|| drop(std::panic::take_hook()));
+    // libfuzzer-sys's hook aborts on any panic, even one the proxy
+    // survives: promql::parse turns promql-parser's panics into parse
+    // errors on purpose. The default hook instead, left silent for those;
+    // a panic that escapes the target still aborts (libfuzzer-sys's
+    // catch_unwind), its message printed.
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        // The first take removes libfuzzer-sys's hook, leaving the
+        // default, which the second takes.
+        let _ = std::panic::take_hook();
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !tenant_proxy::ops::panics::surviving() {
+                default(info);
+            }
+        }));
+    });
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };

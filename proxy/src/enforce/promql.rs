@@ -440,11 +440,11 @@ fn check_bounds(query: &str) -> Result<(), EnforceError> {
 /// promql-parser, with its panics turned into parse errors. Some inputs
 /// make promql-parser 0.11 panic: a range of 99999999999999999999999 (plain
 /// seconds) overflows `Duration::from_secs_f64` (found by fuzzing). Parsing
-/// touches no shared state, so catching the unwind leaves nothing broken.
-/// The panic hook still prints the panic's own message (never the query).
+/// touches no shared state, so surviving the unwind leaves nothing broken;
+/// the panic is logged as a warning, without its message (`ops/panics.rs`).
 fn parse(text: &str) -> Result<Expr, String> {
-    std::panic::catch_unwind(|| parser::parse(text))
-        .unwrap_or_else(|_| Err("the PromQL parser cannot handle this expression".into()))
+    crate::ops::panics::survive(|| parser::parse(text))
+        .unwrap_or_else(|| Err("the PromQL parser cannot handle this expression".into()))
 }
 
 /// Counts what can deepen the tree: brackets and operator characters outside

@@ -7,4 +7,5 @@ pub mod admin;
 pub mod metrics;
 pub mod open_files;
 pub mod otel;
+pub mod panics;
 pub mod process;

@@ -1,5 +1,6 @@
-//! Process plumbing both binaries share: logging set-up and the signals
-//! (SIGTERM and SIGINT stop, SIGHUP re-reads files).
+//! Process plumbing both binaries share: logging set-up (panics too:
+//! `panics.rs`) and the signals (SIGTERM and SIGINT stop, SIGHUP re-reads
+//! files).
 
 use std::future::Future;
 use std::io::IsTerminal;
@@ -24,7 +25,7 @@ pub fn init_logging(format: &str) -> Result<(), String> {
     subscriber(format, filter, ansi, std::io::stderr)?
         .try_init()
         .map_err(|e| e.to_string())?;
-    log_panics();
+    crate::ops::panics::log_panics();
     Ok(())
 }
 
@@ -55,22 +56,6 @@ where
         )),
         other => Err(format!("unknown log format {other:?} (text or json)")),
     }
-}
-
-/// Panics become log events (one JSON line in `json` mode) instead of the
-/// default hook's free text on stderr, which log pipelines mangle. The
-/// proxy survives some on purpose (promql-parser's, answered 400): the
-/// message and location are logged, as the default hook would print them,
-/// never the request.
-fn log_panics() {
-    std::panic::set_hook(Box::new(|info| {
-        let location = info.location().map(ToString::to_string).unwrap_or_default();
-        let payload = info.payload();
-        let message = (payload.downcast_ref::<&str>().copied())
-            .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
-            .unwrap_or("(not a string)");
-        tracing::error!(panic = message, location, "panic");
-    }));
 }
 
 /// Takes over SIGTERM (Kubernetes) and SIGINT (a terminal) now, and
