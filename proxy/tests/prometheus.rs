@@ -568,6 +568,11 @@ async fn rules_and_alerts_are_filtered_to_the_tenant() {
         .map(|r| r["name"].as_str().unwrap())
         .collect();
     assert_eq!(names, ["TeamAErrors"]);
+    // The group holds team-b's rule too: its evaluation time is shown as
+    // that of team-a's rule alone.
+    let group = &rules["groups"][0];
+    assert!(group["evaluationTime"].is_f64(), "{group}");
+    assert_eq!(group["evaluationTime"], group["rules"][0]["evaluationTime"]);
     let alerts = success(
         &send(
             Method::GET,

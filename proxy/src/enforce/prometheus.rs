@@ -200,10 +200,23 @@ pub fn filter_document(
             let groups = array_at(&mut doc, "/data/groups")?;
             for group in groups.iter_mut() {
                 let rules = array_at(group, "/rules")?;
+                let all = rules.len();
                 rules.retain(|rule| owned(&rule["labels"]));
                 for rule in rules.iter_mut() {
                     if let Some(alerts) = rule.get_mut("alerts").and_then(Value::as_array_mut) {
                         alerts.retain(|alert| owned(&alert["labels"]));
+                    }
+                }
+                if rules.len() < all {
+                    // A group's evaluation time is its every rule's, so
+                    // it would tell what other tenants' rules cost: shown
+                    // as the sum of what is kept, as if the group held no
+                    // more.
+                    let kept: f64 = (rules.iter())
+                        .filter_map(|rule| rule["evaluationTime"].as_f64())
+                        .sum();
+                    if let Some(time) = group.get_mut("evaluationTime") {
+                        *time = Value::from(kept);
                     }
                 }
             }
@@ -402,23 +415,30 @@ mod tests {
     #[test]
     fn rules_keep_only_the_tenants_rules_and_alerts() {
         let doc = serde_json::json!({"status": "success", "data": {"groups": [
-            {"name": "mixed", "rules": [
-                {"name": "A", "labels": {"namespace": "a"}, "alerts": [
+            {"name": "mixed", "evaluationTime": 0.75, "rules": [
+                {"name": "A", "labels": {"namespace": "a"}, "evaluationTime": 0.25, "alerts": [
                     {"labels": {"namespace": "a"}}, {"labels": {"namespace": "b"}}]},
-                {"name": "B", "labels": {"namespace": "b"}, "alerts": []},
+                {"name": "B", "labels": {"namespace": "b"}, "evaluationTime": 0.5, "alerts": []},
                 {"name": "global", "labels": {}},
             ]},
             {"name": "only-b", "rules": [{"name": "B2", "labels": {"namespace": "b"}}]},
+            {"name": "only-a", "evaluationTime": 0.125, "rules": [
+                {"name": "A2", "labels": {"namespace": "a"}, "evaluationTime": 0.0625}]},
         ], "groupNextToken": "digest-of-a-group-of-b"}});
         let out =
             filter_document(doc.to_string().as_bytes(), ResponseFilter::Rules, &tenant()).unwrap();
         let out: Value = serde_json::from_slice(&out).unwrap();
         let groups = out["data"]["groups"].as_array().unwrap();
-        assert_eq!(groups.len(), 1);
+        assert_eq!(groups.len(), 2);
         let rules = groups[0]["rules"].as_array().unwrap();
         assert_eq!(rules.len(), 1);
         assert_eq!(rules[0]["name"], "A");
         assert_eq!(rules[0]["alerts"].as_array().unwrap().len(), 1);
+        // What the group's other rules cost is not shown; a group left
+        // whole keeps its own figure (which also counts the time between
+        // rules).
+        assert_eq!(groups[0]["evaluationTime"], 0.25);
+        assert_eq!(groups[1]["evaluationTime"], 0.125);
         let fields: Vec<&String> = out["data"].as_object().unwrap().keys().collect();
         assert_eq!(fields, ["groups"]);
     }
