@@ -500,6 +500,62 @@ async fn behind_a_trusted_proxy_failures_are_counted_per_forwarded_client() {
     }
 }
 
+/// A guesser at one username from one address does not keep the
+/// username's real client out of its first, uncached login (after a
+/// restart or a rollout every login is one): a username out of failures
+/// still takes one attempt from each address that has failed nothing, up
+/// to `max_failures_per_user_from_fresh_addresses`. Set to 0, the guesser
+/// locks the username out, as before.
+#[tokio::test]
+async fn a_guesser_from_one_address_does_not_keep_a_usernames_real_client_out() {
+    support::captured_logs();
+    let loki = LokiStandIn::start().await;
+    let auth = |reserve| match reserve {
+        1 => "  max_failures_per_user: 2\n  max_failures_per_user_from_fresh_addresses: 1\n",
+        _ => "  max_failures_per_user: 2\n  max_failures_per_user_from_fresh_addresses: 0\n",
+    };
+    for reserve in [1, 0] {
+        let mut options = ProxyOptions::new(loki.url());
+        options.auth = auth(reserve);
+        options.extra = "trusted_proxies: [127.0.0.0/8]\n";
+        let proxy = RunningProxy::start(options).await;
+        let from = |address: &'static str, password: &'static str| {
+            let url = proxy.url(QUERY);
+            async move {
+                let headers = [("x-forwarded-for", address)];
+                let auth = basic("alice", password);
+                send(Method::GET, &url, Some(&auth), &headers, "").await
+            }
+        };
+        for guess in ["guess-1", "guess-2"] {
+            let status = from("203.0.113.1", guess).await.status;
+            assert_eq!(status, StatusCode::UNAUTHORIZED);
+        }
+        let guesser = from("203.0.113.1", "guess-3").await.status;
+        assert_eq!(guesser, StatusCode::TOO_MANY_REQUESTS, "reserve {reserve}");
+        let before = loki.received().len();
+        let real = from("203.0.113.2", "alice-pw").await;
+        if reserve == 0 {
+            assert_eq!(real.status, StatusCode::TOO_MANY_REQUESTS);
+            assert_eq!(loki.received().len(), before, "nothing forwarded");
+            continue;
+        }
+        assert_eq!(real.status, StatusCode::OK);
+        assert_eq!(loki.last().org_ids(), vec!["team-a"]);
+        // Only once an address: another guess from one that has failed is
+        // refused, and the reserve (one) is spent by the next fresh one.
+        let second = from("203.0.113.3", "guess-4").await.status;
+        assert_eq!(second, StatusCode::UNAUTHORIZED);
+        for address in ["203.0.113.3", "203.0.113.4"] {
+            let status = from(address, "guess-5").await.status;
+            assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{address}");
+        }
+        // Cached now, the real client is never throttled.
+        let again = from("203.0.113.2", "alice-pw").await.status;
+        assert_eq!(again, StatusCode::OK);
+    }
+}
+
 /// A live tail as a client holds it.
 type Tail =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;

@@ -7,10 +7,11 @@
 //!    fingerprint of the password hash it was verified against; it counts only
 //!    while the current tenants file still holds that hash for the user, so a
 //!    changed or removed credential stops working on the next request;
-//! 2. otherwise, failure throttles per username and client address are
-//!    checked (429), then the hash is verified on one of a fixed set of
-//!    verifier threads, behind a semaphore (503 when no slot frees up in
-//!    time). An attempt counts as failed from when its verification starts
+//! 2. otherwise, failure counts per username and client address are
+//!    checked (429; a username out of failures still takes a few from
+//!    addresses that failed nothing: `guessing.rs`), then the hash is
+//!    verified on one of a fixed set of verifier threads, behind a
+//!    semaphore (503 when no slot frees up in time). An attempt counts as failed from when its verification starts
 //!    until it succeeds, so guesses sent together, or abandoned halfway,
 //!    get no more argon2 runs than the failure counts allow. argon2's
 //!    working memory is kept for reuse and bounded as a whole
@@ -27,6 +28,7 @@
 mod basic;
 pub mod decoys;
 mod failure;
+pub mod guessing;
 pub mod password;
 pub mod throttle;
 pub mod verifier_threads;
@@ -46,7 +48,7 @@ use tokio::sync::{OnceCell, Semaphore};
 pub use self::basic::{parse_basic, BasicCredentials};
 pub use self::failure::AuthFailure;
 use self::password::{Cost, Verifier};
-use crate::auth::throttle::{Charge, FailureThrottle};
+use crate::auth::guessing::{Attempt, GuessingLimits};
 use crate::auth::verifier_threads::{VerifierThreads, RELEASE_AFTER_IDLE};
 use crate::auth::working_memory::{OverBudget, WorkingMemory};
 use crate::config::AuthConfig;
@@ -67,10 +69,7 @@ pub struct Authenticator {
     in_flight: Mutex<HashMap<InFlightKey, Arc<OnceCell<Verdict>>>>,
     verifications: Counter,
     verification_wait: Duration,
-    /// Keyed by [`Authenticator::username_key`]: a client chooses the
-    /// names it fails with, up to a header's size each.
-    per_user: FailureThrottle<[u8; 16]>,
-    per_client: FailureThrottle<IpAddr>,
+    guessing: GuessingLimits,
     decoy: Arc<Verifier>,
 }
 
@@ -100,8 +99,7 @@ impl Authenticator {
             in_flight: Mutex::new(HashMap::new()),
             verifications,
             verification_wait: config.verification_wait,
-            per_user: FailureThrottle::new(config.max_failures_per_user, config.failure_window),
-            per_client: FailureThrottle::new(config.max_failures_per_client, config.failure_window),
+            guessing: GuessingLimits::new(config),
             decoy: Arc::new(Verifier::decoy(&Cost::of_this_proxy())),
         }
     }
@@ -128,16 +126,18 @@ impl Authenticator {
         };
         // Refused here, a throttled client does not queue for a slot; its
         // attempt is counted when its verification starts (`verify`).
-        let now = Instant::now();
-        self.per_user
-            .check(&attempt.username, now)
-            .and_then(|()| self.per_client.check(&attempt.client, now))
+        self.guessing
+            .admits(&attempt, Instant::now())
             .map_err(AuthFailure::Throttled)?;
 
         let key = (digest, credential.as_ref().map(|c| c.fingerprint));
         let against = match &credential {
             Some(credential) => Against::Credential(credential.clone()),
-            None => Against::Decoy(store.decoy(attempt.pick()).unwrap_or(&self.decoy).clone()),
+            None => Against::Decoy(
+                (store.decoy(decoy_pick(&attempt)))
+                    .unwrap_or(&self.decoy)
+                    .clone(),
+            ),
         };
         let accepted = self
             .verify_once(key, attempt, against, presented.password().to_owned())
@@ -197,7 +197,9 @@ impl Authenticator {
         .await
         .map_err(|_| AuthFailure::VerifierBusy)?
         .map_err(|_| AuthFailure::VerifierBusy)?;
-        let charged = self.charge(attempt)?;
+        let counted = (self.guessing)
+            .count(&attempt, Instant::now())
+            .map_err(AuthFailure::Throttled)?;
         self.verifications.inc();
         let outcome = self.verifiers.run(move |memory| {
             let _permit = permit;
@@ -217,31 +219,9 @@ impl Authenticator {
         // Only a wrong password keeps its count; a busy verifier checked
         // nothing.
         if verdict != Ok(false) {
-            self.refund(attempt, charged);
+            self.guessing.give_back(&attempt, counted);
         }
         verdict
-    }
-
-    /// Counts `attempt` under its username and its client address, or
-    /// refuses it when either has no failures left.
-    fn charge(&self, attempt: Attempt) -> Result<(Charge, Charge), AuthFailure> {
-        let now = Instant::now();
-        let user = self
-            .per_user
-            .charge(attempt.username, now)
-            .map_err(AuthFailure::Throttled)?;
-        match self.per_client.charge(attempt.client, now) {
-            Ok(client) => Ok((user, client)),
-            Err(retry_after) => {
-                self.per_user.refund(&attempt.username, user);
-                Err(AuthFailure::Throttled(retry_after))
-            }
-        }
-    }
-
-    fn refund(&self, attempt: Attempt, (user, client): (Charge, Charge)) {
-        self.per_user.refund(&attempt.username, user);
-        self.per_client.refund(&attempt.client, client);
     }
 
     /// What failures are counted under for a username: a keyed digest of
@@ -328,23 +308,12 @@ enum Against {
     Decoy(Arc<Verifier>),
 }
 
-/// Whose failure counts an attempt goes to: the username's keyed digest
-/// ([`Authenticator::username_key`]) and the client address it is counted
-/// as (an IPv6 client's /64).
-#[derive(Debug, Clone, Copy)]
-struct Attempt {
-    username: [u8; 16],
-    client: IpAddr,
-}
-
-impl Attempt {
-    /// Which decoy an unknown username is checked against: the same on
-    /// every attempt, and neither chosen nor foreseen by the client (the
-    /// digest is keyed).
-    fn pick(&self) -> u64 {
-        let head: [u8; 8] = self.username[..8].try_into().expect("a 16-byte digest");
-        u64::from_le_bytes(head)
-    }
+/// Which decoy an unknown username is checked against: the same on every
+/// attempt, and neither chosen nor foreseen by the client (the username's
+/// digest is keyed: [`Authenticator::username_key`]).
+fn decoy_pick(attempt: &Attempt) -> u64 {
+    let head: [u8; 8] = attempt.username[..8].try_into().expect("a 16-byte digest");
+    u64::from_le_bytes(head)
 }
 
 /// (digest of the presented username and password, fingerprint of the hash

@@ -56,6 +56,22 @@ impl<K: Hash + Eq> FailureThrottle<K> {
         }
     }
 
+    /// Whether `key` has failed nothing in its window (false when the
+    /// throttle is off: it keeps no count to tell).
+    pub fn is_fresh<Q>(&self, key: &Q, now: Instant) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        if self.limit == 0 {
+            return false;
+        }
+        let windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
+        windows.get(key).is_none_or(|w| {
+            w.failures == 0 || now.saturating_duration_since(w.started) >= self.window
+        })
+    }
+
     /// Counts an attempt as failed before it is made: `Err(retry_after)`
     /// when `key` has no failures left in this window. Counting up front is
     /// what bounds the attempts: ones made at the same moment, or abandoned
@@ -63,7 +79,10 @@ impl<K: Hash + Eq> FailureThrottle<K> {
     /// succeeds, or could not be made, gives its count back ([`Self::refund`]).
     pub fn charge(&self, key: K, now: Instant) -> Result<Charge, Duration> {
         if self.limit == 0 {
-            return Ok(Charge { window: None });
+            return Ok(Charge {
+                window: None,
+                first: false,
+            });
         }
         let mut windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
         if windows.len() >= MAX_KEYS && !windows.contains_key(&key) {
@@ -90,6 +109,7 @@ impl<K: Hash + Eq> FailureThrottle<K> {
         w.failures += 1;
         Ok(Charge {
             window: Some(w.started),
+            first: w.failures == 1,
         })
     }
 
@@ -113,11 +133,22 @@ impl<K: Hash + Eq> FailureThrottle<K> {
 }
 
 /// One attempt counted by [`FailureThrottle::charge`]: the window it was
-/// counted in (`None` when the throttle is off).
+/// counted in (`None` when the throttle is off), and whether it is the
+/// key's first failure there.
 #[derive(Debug, Clone, Copy)]
 #[must_use = "an attempt that succeeds gives its count back"]
 pub struct Charge {
     window: Option<Instant>,
+    first: bool,
+}
+
+impl Charge {
+    /// The key had failed nothing in this window before (never when the
+    /// throttle is off). Told under the lock that counted it, so of
+    /// attempts made at once only one is first.
+    pub fn was_first(&self) -> bool {
+        self.first
+    }
 }
 
 #[cfg(test)]
@@ -140,6 +171,26 @@ mod tests {
         );
         assert!(t.check(&"other", start).is_ok());
         assert!(t.check(&"u", start + Duration::from_secs(60)).is_ok());
+    }
+
+    #[test]
+    fn a_key_is_fresh_until_it_fails_in_a_window_and_one_charge_is_first() {
+        let t = FailureThrottle::new(3, Duration::from_secs(60));
+        let start = Instant::now();
+        assert!(t.is_fresh(&"u", start));
+        let first = t.charge("u", start).unwrap();
+        assert!(first.was_first());
+        assert!(!t.is_fresh(&"u", start));
+        assert!(!t.charge("u", start).unwrap().was_first());
+        t.refund(&"u", first);
+        assert!(!t.is_fresh(&"u", start), "one failure still counted");
+        let next_window = start + Duration::from_secs(60);
+        assert!(t.is_fresh(&"u", next_window));
+        assert!(t.charge("u", next_window).unwrap().was_first());
+
+        let off = FailureThrottle::new(0, Duration::from_secs(60));
+        assert!(!off.is_fresh(&"u", start), "no count, nothing to tell");
+        assert!(!off.charge("u", start).unwrap().was_first());
     }
 
     #[test]

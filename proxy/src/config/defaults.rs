@@ -80,6 +80,9 @@ pub fn verification_wait() -> Duration {
 pub fn max_failures_per_user() -> u32 {
     10
 }
+pub fn max_failures_per_user_from_fresh_addresses() -> u32 {
+    10
+}
 pub fn max_failures_per_client() -> u32 {
     30
 }

@@ -490,6 +490,12 @@ pub struct AuthConfig {
     /// uncached attempts get 429.
     #[serde(default = "defaults::max_failures_per_user")]
     pub max_failures_per_user: u32,
+    /// Failed attempts a username out of failures may still make within
+    /// the window, one from each client address that has failed nothing in
+    /// it: so that a guesser from one address cannot keep the username's
+    /// real clients out of an uncached login. Needs the per-address count.
+    #[serde(default = "defaults::max_failures_per_user_from_fresh_addresses")]
+    pub max_failures_per_user_from_fresh_addresses: u32,
     /// Failed attempts per client address within `failure_window` before 429.
     #[serde(default = "defaults::max_failures_per_client")]
     pub max_failures_per_client: u32,
@@ -505,6 +511,8 @@ impl Default for AuthConfig {
             verification_wait: defaults::verification_wait(),
             verification_memory_bytes: defaults::verification_memory_bytes(),
             max_failures_per_user: defaults::max_failures_per_user(),
+            max_failures_per_user_from_fresh_addresses:
+                defaults::max_failures_per_user_from_fresh_addresses(),
             max_failures_per_client: defaults::max_failures_per_client(),
             failure_window: defaults::failure_window(),
         }
