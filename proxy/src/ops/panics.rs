@@ -58,37 +58,20 @@ fn log(location: &str, message: &str) {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
-
     use tracing_subscriber::EnvFilter;
 
     use super::*;
 
-    /// What `log` writes (JSON lines) while `call` runs on this thread.
-    fn logged(call: impl FnOnce()) -> String {
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let writer = {
-            let lines = lines.clone();
-            move || Capture(lines.clone())
-        };
-        let subscriber =
-            crate::ops::process::subscriber("json", EnvFilter::new("debug"), false, writer)
-                .unwrap();
-        tracing::subscriber::with_default(subscriber, call);
-        let bytes = lines.lock().unwrap().clone();
-        String::from_utf8(bytes).unwrap()
-    }
-
-    struct Capture(Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Capture {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
+    /// What `call` logs on this thread, as JSON lines.
+    fn logged(call: &dyn Fn()) -> String {
+        crate::ops::access_log::test_support::logged(
+            |captured| {
+                let writer = move || captured.clone();
+                crate::ops::process::subscriber("json", EnvFilter::new("debug"), false, writer)
+                    .unwrap()
+            },
+            call,
+        )
     }
 
     #[test]
@@ -107,14 +90,14 @@ mod tests {
     #[test]
     fn a_survived_panic_is_a_warning_without_its_message() {
         let quoting = "byte index 3 is not a char boundary of `secret-query`";
-        let warned = logged(|| {
+        let warned = logged(&|| {
             survive(|| log("deps/lex.rs:1:1", quoting));
         });
         assert!(warned.contains(r#""level":"WARN""#), "{warned}");
         assert!(warned.contains("deps/lex.rs:1:1"), "{warned}");
         assert!(!warned.contains("secret-query"), "{warned}");
 
-        let bug = logged(|| log("src/x.rs:1:1", "the proxy's own bug"));
+        let bug = logged(&|| log("src/x.rs:1:1", "the proxy's own bug"));
         assert!(bug.contains(r#""level":"ERROR""#), "{bug}");
         assert!(bug.contains("the proxy's own bug"), "{bug}");
     }

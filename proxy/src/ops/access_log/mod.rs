@@ -111,9 +111,10 @@ mod tests {
 }
 
 /// What the tests of both formats share: a writer that keeps what it is
-/// given, and the events they compare.
+/// given, and the events they compare (the panic hook's tests read its
+/// lines with them too).
 #[cfg(test)]
-mod test_support {
+pub(crate) mod test_support {
     use std::sync::{Arc, Mutex};
 
     use tracing::Subscriber;
