@@ -177,6 +177,67 @@ mod tests {
         assert!(!l.count(&guesser, next_window).unwrap().from_reserve);
     }
 
+    /// What the counts must decide, written plainly: within one window, an
+    /// attempt is let through while its address has failures left, and its
+    /// username has, or the reserve has and the address has failed nothing.
+    /// A success gives its count back; a failure keeps it.
+    #[derive(Default)]
+    struct Model {
+        failed_per_address: [u32; 6],
+        failed_under_username: u32,
+        failed_from_reserve: u32,
+    }
+
+    impl Model {
+        /// `None` when refused, else whether the reserve counts it.
+        fn lets_through(&self, address: usize, limits: (u32, u32, u32)) -> Option<bool> {
+            let (per_user, reserve, per_client) = limits;
+            let failed = self.failed_per_address[address];
+            let address_ok = per_client == 0 || failed < per_client;
+            let username_ok = per_user == 0 || self.failed_under_username < per_user;
+            let reserve_ok = per_client > 0 && failed == 0 && self.failed_from_reserve < reserve;
+            match (address_ok, username_ok, reserve_ok) {
+                (false, _, _) | (true, false, false) => None,
+                (true, true, _) => Some(false),
+                (true, false, true) => Some(true),
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// Any run of attempts from six addresses at one username, within
+        /// one window, is let through or refused exactly as the model says,
+        /// and the look before (`admits`) says the same as the count.
+        #[test]
+        fn the_counts_decide_as_the_model(
+            limits_given in (0u32..4, 0u32..4, 0u32..5),
+            attempts in proptest::collection::vec((0usize..6, proptest::bool::ANY), 0..40),
+        ) {
+            let (per_user, reserve, per_client) = limits_given;
+            let l = limits(per_user, reserve, per_client);
+            let now = Instant::now();
+            let mut model = Model::default();
+            for (address, succeeds) in attempts {
+                let attempt = from(address as u8);
+                let expected = model.lets_through(address, limits_given);
+                proptest::prop_assert_eq!(l.admits(&attempt, now).is_ok(), expected.is_some());
+                let counted = l.count(&attempt, now).ok();
+                proptest::prop_assert_eq!(counted.map(|c| c.from_reserve), expected);
+                match (counted, expected) {
+                    (Some(counted), _) if succeeds => l.give_back(&attempt, counted),
+                    (_, Some(from_reserve)) => {
+                        model.failed_per_address[address] += 1;
+                        match from_reserve {
+                            true => model.failed_from_reserve += 1,
+                            false => model.failed_under_username += 1,
+                        }
+                    }
+                    (_, None) => {}
+                }
+            }
+        }
+    }
+
     #[test]
     fn no_reserve_without_one_or_without_counts_per_address() {
         let now = Instant::now();
