@@ -21,7 +21,8 @@ use crate::config::AuthConfig;
 
 #[derive(Debug)]
 pub struct GuessingLimits {
-    /// Keyed by a digest of the username (`Authenticator::username_key`).
+    /// Keyed by a digest of the username (`Authenticator::username_key`):
+    /// a client chooses the names it fails with, up to a header's size.
     per_user: FailureThrottle<[u8; 16]>,
     per_client: FailureThrottle<IpAddr>,
     /// A username's failures beyond `per_user`, from fresh addresses;

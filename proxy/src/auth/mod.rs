@@ -11,9 +11,10 @@
 //!    checked (429; a username out of failures still takes a few from
 //!    addresses that failed nothing: `guessing.rs`), then the hash is
 //!    verified on one of a fixed set of verifier threads, behind a
-//!    semaphore (503 when no slot frees up in time). An attempt counts as failed from when its verification starts
-//!    until it succeeds, so guesses sent together, or abandoned halfway,
-//!    get no more argon2 runs than the failure counts allow. argon2's
+//!    semaphore (503 when no slot frees up in time). An attempt counts as
+//!    failed from when its verification starts until it succeeds, so
+//!    guesses sent together, or abandoned halfway, get no more argon2 runs
+//!    than the failure counts allow. argon2's
 //!    working memory is kept for reuse and bounded as a whole
 //!    (`auth.verification_memory_bytes`, whatever each hash asks:
 //!    `working_memory.rs`), and drops to nothing once logins stop; a hash
