@@ -17,7 +17,9 @@
 
 use libfuzzer_sys::fuzz_target;
 use serde_yaml_ng::Value;
-use tenant_proxy::enforce::alertmanager::{tenant_configuration, tenant_receivers, TenantAlerts};
+use tenant_proxy::enforce::alertmanager::{
+    closing_quote, go_unquote, tenant_configuration, tenant_receivers, TenantAlerts,
+};
 
 #[derive(serde::Deserialize)]
 struct Original {
@@ -72,43 +74,23 @@ const ROUTE_KEYS: [&str; 12] = [
     "routes",
 ];
 
-/// A Go-quoted string, unquoted; `None` where promql-parser would panic.
-fn unquote(quoted: &str) -> Option<String> {
-    let mut chars = quoted.chars();
-    while let Some(c) = chars.next() {
-        if c == '\\' && !chars.next().is_some_and(|e| e.is_ascii()) {
-            return None;
-        }
-    }
-    promql_parser::util::unquote_string(quoted).ok()
-}
-
 /// The label name a matcher's text starts with, read the way Alertmanager
 /// prints one (bare, or Go-quoted).
 fn name_of(text: &str) -> Option<String> {
     if text.starts_with('"') {
-        let mut escaped = false;
-        for (at, c) in text.char_indices().skip(1) {
-            match (escaped, c) {
-                (true, _) => escaped = false,
-                (false, '\\') => escaped = true,
-                (false, '"') => return unquote(&text[..=at]),
-                _ => {}
-            }
-        }
-        return None;
+        return go_unquote(&text[..=closing_quote(text)?]);
     }
     text.find(['=', '!']).map(|end| text[..end].to_owned())
 }
 
 fn check_pin(text: &str, owned: &[&str]) {
     if let Some(value) = text.strip_prefix("namespace=\"") {
-        let value = unquote(&format!("\"{value}")).expect(text);
+        let value = go_unquote(&format!("\"{value}")).expect(text);
         assert!(owned.contains(&value.as_str()), "{text} names {value:?}");
         return;
     }
     let value = text.strip_prefix("namespace=~").expect(text);
-    let regex = unquote(value).expect(text);
+    let regex = go_unquote(value).expect(text);
     let anchored = regex::Regex::new(&format!("^(?:{regex})$")).expect(text);
     assert!(owned.iter().any(|v| anchored.is_match(v)), "{text}");
     for other in OTHERS.iter().chain(TENANTS.iter().flat_map(|t| t.iter())) {

@@ -28,7 +28,7 @@ use crate::http::error::ProxyError;
 
 mod routing;
 
-pub use routing::{tenant_configuration, tenant_receivers};
+pub use routing::{closing_quote, go_unquote, tenant_configuration, tenant_receivers};
 
 /// The tenant as Alertmanager sees it.
 #[derive(Debug, Clone, Copy)]

@@ -371,7 +371,7 @@ impl RouteMatcher {
 /// A Go-quoted string's text. promql-parser 0.11's `unquote_string` panics
 /// on a `\` before a character beyond ASCII (it slices inside it), an
 /// escape Go refuses too: refused here before it is called.
-fn go_unquote(quoted: &str) -> Option<String> {
+pub fn go_unquote(quoted: &str) -> Option<String> {
     let mut chars = quoted.chars();
     while let Some(c) = chars.next() {
         if c == '\\' && !chars.next().is_some_and(|escaped| escaped.is_ascii()) {
@@ -382,7 +382,7 @@ fn go_unquote(quoted: &str) -> Option<String> {
 }
 
 /// The byte offset of the quote closing the Go-quoted string `text` opens.
-fn closing_quote(text: &str) -> Option<usize> {
+pub fn closing_quote(text: &str) -> Option<usize> {
     let mut escaped = false;
     for (at, c) in text.char_indices().skip(1) {
         match (escaped, c) {
