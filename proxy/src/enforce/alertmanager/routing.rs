@@ -216,7 +216,7 @@ impl Route {
         mut values: Vec<&str>,
         named: &mut Named<'c>,
     ) -> Option<ShownRoute<'c>> {
-        let tests = self.tests_on(label);
+        let (tests, mut matchers) = self.read_matchers(label);
         values.retain(|v| tests.iter().all(|t| t.accepts(v)));
         if values.is_empty() {
             return None;
@@ -233,10 +233,6 @@ impl Route {
                 .map(|(name, value)| (name.as_str(), value.as_str()))
                 .collect()
         };
-        let mut matchers: Vec<String> = (self.matchers.iter())
-            .filter(|text| RouteMatcher::parse(text).is_some_and(|m| m.name != label))
-            .cloned()
-            .collect();
         if !tests.is_empty() {
             matchers.push(pin(label, &values));
         }
@@ -255,19 +251,22 @@ impl Route {
         })
     }
 
-    /// This route's matchers on `label`, each compiled once.
-    fn tests_on(&self, label: &str) -> Vec<Test> {
+    /// This route's matchers on `label` (the three forms), each compiled
+    /// once, and the texts of its `matchers` on other labels, kept as they
+    /// are. One that cannot be read is a test nothing passes.
+    fn read_matchers(&self, label: &str) -> (Vec<Test>, Vec<String>) {
         let equal = self.equal.get(label).map(|v| Test::Equal(v.clone()));
         let regex = self.match_re.get(label).map(|re| Test::regex(re, true));
-        let matchers = self
-            .matchers
-            .iter()
-            .filter_map(|text| match RouteMatcher::parse(text) {
-                Some(m) if m.name != label => None,
-                Some(m) => Some(m.test()),
-                None => Some(Test::Never),
-            });
-        equal.into_iter().chain(regex).chain(matchers).collect()
+        let mut tests: Vec<Test> = equal.into_iter().chain(regex).collect();
+        let mut others = Vec::new();
+        for text in &self.matchers {
+            match RouteMatcher::parse(text) {
+                Some(m) if m.name != label => others.push(text.clone()),
+                Some(m) => tests.push(m.test()),
+                None => tests.push(Test::Never),
+            }
+        }
+        (tests, others)
     }
 }
 
