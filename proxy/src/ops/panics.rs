@@ -9,9 +9,15 @@
 //! A message may quote the input (one of `str`'s slicing panics quotes up
 //! to 256 bytes of the string), and the input is a tenant's; nor should a
 //! tenant be able to write error lines into the platform's log at will.
+//! A panic anywhere else in a request's handling is [`caught`] around it:
+//! still logged as the bug it is, but that request is answered (500, 503 on
+//! a push path) and its connection goes on serving.
 
 use std::cell::Cell;
-use std::panic::{PanicHookInfo, UnwindSafe};
+use std::future::Future;
+use std::panic::{AssertUnwindSafe, PanicHookInfo, UnwindSafe};
+
+use futures_util::FutureExt as _;
 
 thread_local! {
     /// Set on this thread while [`survive`] runs a call: the panic hook
@@ -26,6 +32,16 @@ pub fn survive<T>(call: impl FnOnce() -> T + UnwindSafe) -> Option<T> {
     let outcome = std::panic::catch_unwind(call);
     SURVIVING.set(outer);
     outcome.ok()
+}
+
+/// Runs `work`, turning a panic in it into `None`. Without it a panic
+/// unwinds the task serving the connection: its client gets no answer, and
+/// on HTTP/1 the connection closes under whatever it had queued. Asserted
+/// unwind-safe: what requests share is counters, permits released on drop,
+/// and state behind locks; a lock poisoned by a panic fails the next
+/// request to take it just as it did before this catch.
+pub async fn caught<F: Future>(work: F) -> Option<F::Output> {
+    AssertUnwindSafe(work).catch_unwind().await.ok()
 }
 
 /// Whether this thread is inside [`survive`] (for a fuzz target's hook,
@@ -85,6 +101,17 @@ mod tests {
             Some((true, Some(1)))
         );
         assert!(!SURVIVING.get());
+    }
+
+    #[tokio::test]
+    async fn caught_returns_what_the_work_returned_or_none_after_a_panic() {
+        assert_eq!(caught(async { 7 }).await, Some(7));
+        // A panic after the first poll: the catch holds across awaits.
+        let late = async {
+            tokio::task::yield_now().await;
+            panic!("the proxy's own bug");
+        };
+        assert_eq!(caught::<_>(late).await, None::<u8>);
     }
 
     #[test]

@@ -39,6 +39,7 @@ use crate::http::path;
 use crate::ops::access_log;
 use crate::ops::metrics::{self, ReasonLabels, TenantLabels};
 use crate::ops::otel::RequestSpan;
+use crate::ops::panics;
 use crate::routes::{self, Operation, Signal};
 use crate::tenants::Credential;
 use crate::upstream;
@@ -106,14 +107,18 @@ pub async fn handle(
     let entered = state.admission.enter();
     let result = match &entered {
         Ok(_) => {
-            proxy(
+            let handled = proxy(
                 &state,
                 (&peer, client),
                 request,
                 &mut outcome,
                 span.as_ref(),
-            )
-            .await
+            );
+            panics::caught(handled).await.unwrap_or_else(|| {
+                Err(ProxyError::Internal(
+                    "the request's handling failed unexpectedly".into(),
+                ))
+            })
         }
         Err(_) => Err(ProxyError::Overloaded),
     };
