@@ -1,53 +1,80 @@
-//! Panics as log events, and the few the proxy survives on purpose.
+//! Panics as log events, and the ones the proxy survives.
 //!
-//! A panic is a bug: logged at error level with its message and where it
-//! happened, one log line (one JSON object in `json` mode) rather than the
-//! default hook's free text, which log pipelines mangle. A panic inside
-//! [`survive`] is a dependency's, on an input a client chose
-//! (promql-parser 0.11 panics on some queries): the client is refused and
-//! the proxy carries on, so it is a warning, and its message is left out.
-//! A message may quote the input (one of `str`'s slicing panics quotes up
-//! to 256 bytes of the string), and the input is a tenant's; nor should a
-//! tenant be able to write error lines into the platform's log at will.
-//! A panic anywhere else in a request's handling is [`caught`] around it:
-//! still logged as the bug it is, but that request is answered (500, 503 on
-//! a push path) and its connection goes on serving.
+//! A panic is a bug: logged at error level with where it happened, one log
+//! line (one JSON object in `json` mode) rather than the default hook's
+//! free text, which log pipelines mangle. Its message is logged only for a
+//! panic outside any request: a message may quote what the code was
+//! handling (one of `str`'s slicing panics quotes up to 256 bytes of the
+//! string), and in a request that is a tenant's input or its credential.
+//!
+//! Two kinds are caught, so that the proxy carries on:
+//! - a panic inside [`survive`], a dependency's on an input a client chose
+//!   (promql-parser 0.11 panics on some queries): the client is refused,
+//!   and it is a warning, since a tenant should not be able to write error
+//!   lines into the platform's log at will;
+//! - any other panic in a request's handling, [`caught`] around it: still
+//!   an error, but that request is answered (500, 503 on a push path) and
+//!   its connection goes on serving.
 
 use std::cell::Cell;
-use std::future::Future;
+use std::future::{poll_fn, Future};
 use std::panic::{AssertUnwindSafe, PanicHookInfo, UnwindSafe};
+use std::pin::pin;
+use std::task::Poll;
 
-use futures_util::FutureExt as _;
+/// What a panic on this thread would unwind into.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Catch {
+    /// Nothing of ours: the thread or task ends.
+    None,
+    /// [`caught`]: a request, answered 500.
+    Request,
+    /// [`survive`]: a call whose panic is expected of a dependency.
+    Survive,
+}
 
 thread_local! {
-    /// Set on this thread while [`survive`] runs a call: the panic hook
-    /// runs on the panicking thread, before the unwind reaches the catch.
-    static SURVIVING: Cell<bool> = const { Cell::new(false) };
+    /// Set on this thread while a catching call runs: the panic hook runs
+    /// on the panicking thread, before the unwind reaches the catch.
+    static CATCH: Cell<Catch> = const { Cell::new(Catch::None) };
+}
+
+fn catching<T>(catch: Catch, call: impl FnOnce() -> T + UnwindSafe) -> Option<T> {
+    let outer = CATCH.replace(catch);
+    let outcome = std::panic::catch_unwind(call);
+    CATCH.set(outer);
+    outcome.ok()
 }
 
 /// Runs `call`, turning its panic into `None`. Only for calls that touch
 /// no shared state, so that nothing is left half-changed by the unwind.
 pub fn survive<T>(call: impl FnOnce() -> T + UnwindSafe) -> Option<T> {
-    let outer = SURVIVING.replace(true);
-    let outcome = std::panic::catch_unwind(call);
-    SURVIVING.set(outer);
-    outcome.ok()
+    catching(Catch::Survive, call)
 }
 
-/// Runs `work`, turning a panic in it into `None`. Without it a panic
-/// unwinds the task serving the connection: its client gets no answer, and
-/// on HTTP/1 the connection closes under whatever it had queued. Asserted
-/// unwind-safe: what requests share is counters, permits released on drop,
-/// and state behind locks; a lock poisoned by a panic fails the next
-/// request to take it just as it did before this catch.
+/// Runs a request's `work`, turning a panic in it into `None`. Without it
+/// a panic unwinds the task serving the connection: its client gets no
+/// answer, and on HTTP/1 the connection closes under whatever it had
+/// queued. Asserted unwind-safe: what requests share is counters, permits
+/// released on drop, and state behind locks; a lock poisoned by a panic
+/// fails the next request to take it just as it did before this catch.
 pub async fn caught<F: Future>(work: F) -> Option<F::Output> {
-    AssertUnwindSafe(work).catch_unwind().await.ok()
+    let mut work = pin!(work);
+    // Each poll caught, on whichever thread it runs.
+    poll_fn(
+        |cx| match catching(Catch::Request, AssertUnwindSafe(|| work.as_mut().poll(cx))) {
+            Some(Poll::Ready(output)) => Poll::Ready(Some(output)),
+            Some(Poll::Pending) => Poll::Pending,
+            None => Poll::Ready(None),
+        },
+    )
+    .await
 }
 
 /// Whether this thread is inside [`survive`] (for a fuzz target's hook,
 /// which prints only the panics that would escape).
 pub fn surviving() -> bool {
-    SURVIVING.get()
+    CATCH.get() == Catch::Survive
 }
 
 /// Makes every panic a log event (`init_logging` calls it once).
@@ -65,10 +92,10 @@ fn report(info: &PanicHookInfo<'_>) {
 }
 
 fn log(location: &str, message: &str) {
-    if surviving() {
-        tracing::warn!(location, "panic survived; its request is refused");
-    } else {
-        tracing::error!(panic = message, location, "panic");
+    match CATCH.get() {
+        Catch::Survive => tracing::warn!(location, "panic survived; its request is refused"),
+        Catch::Request => tracing::error!(location, "panic in a request's handling"),
+        Catch::None => tracing::error!(panic = message, location, "panic"),
     }
 }
 
@@ -95,23 +122,32 @@ mod tests {
         assert_eq!(survive(|| 7), Some(7));
         assert_eq!(survive(|| -> u8 { panic!("a dependency's bug") }), None);
         // Left as it was found, also when calls nest.
-        assert!(!SURVIVING.get());
+        assert!(!surviving());
         assert_eq!(
-            survive(|| (SURVIVING.get(), survive(|| 1))),
+            survive(|| (surviving(), survive(|| 1))),
             Some((true, Some(1)))
         );
-        assert!(!SURVIVING.get());
+        assert!(!surviving());
     }
 
     #[tokio::test]
     async fn caught_returns_what_the_work_returned_or_none_after_a_panic() {
         assert_eq!(caught(async { 7 }).await, Some(7));
-        // A panic after the first poll: the catch holds across awaits.
+        // A panic after the first poll: each poll is caught. Between polls
+        // the thread is as it was: other tasks' panics are not requests'.
         let late = async {
+            assert_eq!(CATCH.get(), Catch::Request);
             tokio::task::yield_now().await;
+            // A survived call inside a request leaves it a request.
+            assert_eq!(survive(|| CATCH.get()), Some(Catch::Survive));
+            assert_eq!(CATCH.get(), Catch::Request);
             panic!("the proxy's own bug");
         };
-        assert_eq!(caught::<_>(late).await, None::<u8>);
+        let mut late = pin!(caught::<_>(late));
+        assert!(futures_util::poll!(late.as_mut()).is_pending());
+        assert_eq!(CATCH.get(), Catch::None);
+        assert_eq!(late.await, None::<u8>);
+        assert_eq!(CATCH.get(), Catch::None);
     }
 
     #[test]
@@ -127,5 +163,21 @@ mod tests {
         let bug = logged(&|| log("src/x.rs:1:1", "the proxy's own bug"));
         assert!(bug.contains(r#""level":"ERROR""#), "{bug}");
         assert!(bug.contains("the proxy's own bug"), "{bug}");
+    }
+
+    #[test]
+    fn a_panic_in_a_request_is_an_error_without_its_message() {
+        let quoting = "byte index 3 is not a char boundary of `dXNlcjpzZWNyZXQ=`";
+        let request = || async { log("src/proxy/x.rs:1:1", quoting) };
+        let error = logged(&|| {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap();
+            runtime.block_on(caught(request()));
+        });
+        assert!(error.contains(r#""level":"ERROR""#), "{error}");
+        assert!(error.contains("src/proxy/x.rs:1:1"), "{error}");
+        assert!(error.contains("panic in a request's handling"), "{error}");
+        assert!(!error.contains("dXNlcjpzZWNyZXQ="), "{error}");
     }
 }
