@@ -17,10 +17,10 @@
 //!   its connection goes on serving.
 
 use std::cell::Cell;
-use std::future::{poll_fn, Future};
+use std::future::Future;
 use std::panic::{AssertUnwindSafe, PanicHookInfo, UnwindSafe};
-use std::pin::pin;
-use std::task::Poll;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 /// What a panic on this thread would unwind into.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,23 +52,38 @@ pub fn survive<T>(call: impl FnOnce() -> T + UnwindSafe) -> Option<T> {
     catching(Catch::Survive, call)
 }
 
+pin_project_lite::pin_project! {
+    /// A request's future, its panic turned into `None` ([`caught`]).
+    pub struct Caught<F> {
+        #[pin]
+        work: F,
+    }
+}
+
 /// Runs a request's `work`, turning a panic in it into `None`. Without it
 /// a panic unwinds the task serving the connection: its client gets no
 /// answer, and on HTTP/1 the connection closes under whatever it had
 /// queued. Asserted unwind-safe: what requests share is counters, permits
 /// released on drop, and state behind locks; a lock poisoned by a panic
 /// fails the next request to take it just as it did before this catch.
-pub async fn caught<F: Future>(work: F) -> Option<F::Output> {
-    let mut work = pin!(work);
-    // Each poll caught, on whichever thread it runs.
-    poll_fn(
-        |cx| match catching(Catch::Request, AssertUnwindSafe(|| work.as_mut().poll(cx))) {
+/// A future of its own rather than an `async fn`: one wrapping the work
+/// moved the request's 4 KiB future once more per request.
+pub fn caught<F: Future>(work: F) -> Caught<F> {
+    Caught { work }
+}
+
+impl<F: Future> Future for Caught<F> {
+    type Output = Option<F::Output>;
+
+    /// Each poll caught, on whichever thread it runs.
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let work = self.project().work;
+        match catching(Catch::Request, AssertUnwindSafe(|| work.poll(cx))) {
             Some(Poll::Ready(output)) => Poll::Ready(Some(output)),
             Some(Poll::Pending) => Poll::Pending,
             None => Poll::Ready(None),
-        },
-    )
-    .await
+        }
+    }
 }
 
 /// Whether this thread is inside [`survive`] (for a fuzz target's hook,
@@ -101,6 +116,8 @@ fn log(location: &str, message: &str) {
 
 #[cfg(test)]
 mod tests {
+    use std::pin::pin;
+
     use tracing_subscriber::EnvFilter;
 
     use super::*;
