@@ -26,7 +26,7 @@ use std::task::{Context, Poll};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Catch {
     /// Nothing of ours: the thread or task ends.
-    None,
+    Nothing,
     /// [`caught`]: a request, answered 500.
     Request,
     /// [`survive`]: a call whose panic is expected of a dependency.
@@ -36,7 +36,7 @@ enum Catch {
 thread_local! {
     /// Set on this thread while a catching call runs: the panic hook runs
     /// on the panicking thread, before the unwind reaches the catch.
-    static CATCH: Cell<Catch> = const { Cell::new(Catch::None) };
+    static CATCH: Cell<Catch> = const { Cell::new(Catch::Nothing) };
 }
 
 fn catching<T>(catch: Catch, call: impl FnOnce() -> T + UnwindSafe) -> Option<T> {
@@ -110,7 +110,7 @@ fn log(location: &str, message: &str) {
     match CATCH.get() {
         Catch::Survive => tracing::warn!(location, "panic survived; its request is refused"),
         Catch::Request => tracing::error!(location, "panic in a request's handling"),
-        Catch::None => tracing::error!(panic = message, location, "panic"),
+        Catch::Nothing => tracing::error!(panic = message, location, "panic"),
     }
 }
 
@@ -160,11 +160,11 @@ mod tests {
             assert_eq!(CATCH.get(), Catch::Request);
             panic!("the proxy's own bug");
         };
-        let mut late = pin!(caught::<_>(late));
+        let mut late = pin!(caught(late));
         assert!(futures_util::poll!(late.as_mut()).is_pending());
-        assert_eq!(CATCH.get(), Catch::None);
+        assert_eq!(CATCH.get(), Catch::Nothing);
         assert_eq!(late.await, None::<u8>);
-        assert_eq!(CATCH.get(), Catch::None);
+        assert_eq!(CATCH.get(), Catch::Nothing);
     }
 
     #[test]
