@@ -6,7 +6,7 @@
 //! first read then ends inside the request head, and the next one grows
 //! its 8 KiB buffer by reallocating it (about a tenth of what a new
 //! connection costs the proxy in user space, docs/benchmarks.md). Here the
-//! first read takes what has arrived, up to [`FIRST_READ`], and hyper's
+//! first read takes what has arrived, up to `FIRST_READ`, and hyper's
 //! first read gets all of it: a request head that came in one segment is
 //! parsed from one read.
 
