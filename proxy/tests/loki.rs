@@ -188,6 +188,39 @@ async fn backfill_headers_never_reach_loki() {
     }
 }
 
+/// A chunked body may end in trailer fields, which Go's server reads into
+/// the request (`r.Trailer`) once the body is read: a second place a
+/// reader could look for the tenant. A streamed push's trailers, declared
+/// or not, never reach Loki; the push lands under the credential's tenant.
+#[tokio::test]
+async fn trailers_after_a_streamed_push_never_reach_loki() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (loki, proxy) = setup().await;
+    let body = loki_push::json("a line");
+    let request = format!(
+        "POST {PUSH} HTTP/1.1\r\nHost: proxy\r\nAuthorization: {}\r\n\
+         Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\
+         Trailer: X-Scope-OrgID, X-Prom-Label-Policy, X-Other\r\nConnection: close\r\n\r\n\
+         {:x}\r\n{}\r\n0\r\nX-Scope-OrgID: team-b\r\n\
+         X-Prom-Label-Policy: team-b:%7B%7D\r\nX-Other: 1\r\n\r\n",
+        basic("alice", "alice-pw"),
+        body.len(),
+        body,
+    );
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await.unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 204"), "{answer}");
+    let seen = loki.last();
+    assert_eq!(seen.path, PUSH);
+    assert_eq!(seen.body, body.as_bytes(), "the body reached Loki as sent");
+    assert_eq!(seen.org_ids(), vec!["team-a"]);
+    assert!(!seen.headers.contains_key("trailer"));
+    assert_eq!(seen.trailers, None, "trailers reached Loki");
+}
+
 /// Headers Loki's query path takes from its own gateway: with one, its
 /// engine leaves out an embedder's pipeline wrappers (where a Loki build
 /// would hold queries to a policy); with the other, its queriers take

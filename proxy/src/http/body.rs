@@ -26,8 +26,10 @@ pub fn empty() -> ProxyBody {
 
 /// A request body as the proxy lets it in: it must arrive in full before
 /// `deadline` (a slow sender must not hold a connection and a backend
-/// stream open), and its bytes are charged to the tenant's push allowance
-/// as they pass, if one applies.
+/// stream open), its bytes are charged to the tenant's push allowance
+/// as they pass, if one applies, and trailer fields never pass: a reader
+/// could take one for a header (Go's server hands them to the handler, in
+/// `Request.Trailer`), and no API behind the proxy reads them.
 pub struct Guarded<B> {
     inner: B,
     /// `None` for a body known to be empty (most queries): nothing to wait
@@ -72,13 +74,18 @@ where
                 return Poll::Ready(Some(Err(Box::new(BodyTimeout))));
             }
         }
-        let frame = ready!(Pin::new(&mut this.inner).poll_frame(cx));
-        if let (Some(meter), Some(Ok(frame))) = (&this.meter, &frame) {
-            if let Some(data) = frame.data_ref() {
-                meter.charge(data.len());
+        loop {
+            let frame = ready!(Pin::new(&mut this.inner).poll_frame(cx));
+            if let Some(Ok(frame)) = &frame {
+                if frame.is_trailers() {
+                    continue;
+                }
+                if let (Some(meter), Some(data)) = (&this.meter, frame.data_ref()) {
+                    meter.charge(data.len());
+                }
             }
+            return Poll::Ready(frame.map(|result| result.map_err(Into::into)));
         }
-        Poll::Ready(frame.map(|result| result.map_err(Into::into)))
     }
 
     fn is_end_stream(&self) -> bool {
@@ -178,6 +185,24 @@ mod tests {
         let nothing = guarded(Empty::<Bytes>::new(), Duration::ZERO, None);
         assert!(hyper::body::Body::is_end_stream(&nothing));
         assert_eq!(read_bounded(nothing, 100).await.unwrap(), &b""[..]);
+    }
+
+    #[tokio::test]
+    async fn a_guarded_body_passes_its_data_and_never_its_trailers() {
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("x-scope-orgid", "team-b".parse().unwrap());
+        let frames: Vec<Result<Frame<Bytes>, BoxError>> = vec![
+            Ok(Frame::data(Bytes::from_static(b"abc"))),
+            Ok(Frame::trailers(trailers)),
+        ];
+        let guarded = guarded(
+            StreamBody::new(stream::iter(frames)),
+            Duration::from_secs(5),
+            None,
+        );
+        let collected = guarded.collect().await.unwrap();
+        assert_eq!(collected.trailers(), None);
+        assert_eq!(collected.to_bytes(), &b"abc"[..]);
     }
 
     #[tokio::test]

@@ -36,6 +36,8 @@ pub struct Received {
     pub query: Option<String>,
     pub headers: HeaderMap,
     pub body: Bytes,
+    /// The trailer fields after a chunked body, if any came.
+    pub trailers: Option<HeaderMap>,
 }
 
 impl Received {
@@ -253,17 +255,20 @@ async fn handle(
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let upgrade = hyper::upgrade::on(&mut request);
     let (parts, body) = request.into_parts();
-    let body = body
-        .collect()
-        .await
-        .map(|b| b.to_bytes())
-        .unwrap_or_default();
+    let (body, trailers) = match body.collect().await {
+        Ok(collected) => {
+            let trailers = collected.trailers().cloned();
+            (collected.to_bytes(), trailers)
+        }
+        Err(_) => Default::default(),
+    };
     let received = Received {
         method: parts.method.clone(),
         path: parts.uri.path().to_owned(),
         query: parts.uri.query().map(str::to_owned),
         headers: parts.headers.clone(),
         body: body.clone(),
+        trailers,
     };
     state.received.lock().unwrap().push(received.clone());
     state.arrivals.send_modify(|n| *n += 1);
