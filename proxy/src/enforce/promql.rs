@@ -26,7 +26,7 @@ use promql_parser::parser::{self, Expr, VectorSelector};
 mod client_regex;
 mod shape;
 
-use shape::Shape;
+use shape::{Shape, Template};
 
 /// Longest query accepted. Large regex alternations from dashboards fit.
 pub const MAX_QUERY_BYTES: usize = 128 * 1024;
@@ -325,16 +325,6 @@ struct Enforced {
 }
 
 impl Enforced {
-    /// The text it holds, its swaps' included.
-    fn text_bytes(&self) -> usize {
-        let swaps: usize = self
-            .client_regexes
-            .iter()
-            .map(|(a, b)| a.len() + b.len())
-            .sum();
-        self.text.len() + swaps
-    }
-
     fn verified(self, tenant: &TenantMatcher) -> Result<String, EnforceError> {
         verify(&self.text, tenant, &self.client_regexes)?;
         Ok(self.text)
@@ -543,12 +533,13 @@ fn for_each_selector(
 /// matcher's printed form, so a tenant whose namespaces change never gets a
 /// stale rewrite. A query seen for the first time whose shape was seen
 /// before (the same query with other matcher values, `shape`) is enforced
-/// from the shape's template and verified.
+/// from the shape's verified template.
 #[derive(Debug)]
 pub struct Memo {
     entries: Cache<Result<Arc<str>, EnforceError>>,
-    /// `None`: the shape could not be enforced as a template.
-    templates: Cache<Option<Arc<Enforced>>>,
+    /// `None`: the shape could not be enforced as a template, or its
+    /// template failed the verification.
+    templates: Cache<Option<Arc<Template>>>,
 }
 
 #[derive(Debug, PartialEq, Eq, Hash)]
@@ -653,7 +644,7 @@ impl Memo {
             }),
             // Dashboards hold far fewer shapes than queries.
             templates: Cache::new(capacity / 4, |template| {
-                template.as_ref().map_or(0, |t| t.text_bytes())
+                template.as_ref().map_or(0, |t| t.text.len())
             }),
         }
     }
@@ -709,14 +700,13 @@ impl Memo {
             None => {
                 let template = enforce_unverified(&shape.text, input, tenant)
                     .ok()
+                    .and_then(|enforced| Template::verified(enforced, tenant))
                     .map(Arc::new);
                 self.templates.insert(key, template.clone());
                 template
             }
         }?;
-        let (filled, client_regexes) = shape.fill(&template)?;
-        verify(&filled, tenant, &client_regexes).ok()?;
-        Some(filled)
+        shape.fill(&template)
     }
 }
 

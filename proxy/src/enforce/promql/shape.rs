@@ -4,11 +4,30 @@
 //! (`pod=~"web-1.*"`, then `pod=~"web-2.*"`): each string is new to the
 //! memo, but its shape is not. The shape is the query with each plain
 //! matcher value replaced by a numbered placeholder ([`Shape::of`]). The
-//! shape is enforced once (parsed, injected, printed: its template, an
-//! `Enforced` text) and the client's values are written back into it
-//! ([`Shape::fill`]). The caller then verifies the filled text the full
-//! way, as every enforced text is: a shape saves the first parse and the
-//! printing, never the check.
+//! shape is enforced once (parsed, injected, printed) and that text is
+//! verified the full way, as every enforced text is (parsed again, every
+//! selector checked): its [`Template`]. The client's values are then
+//! written back into it ([`Shape::fill`]) in place of the placeholders'
+//! literals, and that text is forwarded without a parse of its own. It
+//! reads as the verified template does, but for the values in its
+//! matchers:
+//! - each value, between double quotes, is one literal to promql-parser's
+//!   lexer (checked on every fill, on the bytes written): a string is
+//!   lexed alike whatever it holds and wherever it stands, and the state
+//!   after it does not depend on what it held (promql-parser's
+//!   `accept_string`, Prometheus' `lexString`), so the filled text is the
+//!   template's tokens with other literals in the placeholders' places;
+//! - a parse's structure is decided by its tokens' kinds, and its actions
+//!   read a matcher's value only to build and judge that matcher (a regex
+//!   compiled, which the verifying parse does not do for a client's regex
+//!   either, `client_regex`; a selector whose every matcher matches the
+//!   empty string refused): a value can make the parse fail upstream,
+//!   never change its tree. The filled text parses to the verified tree
+//!   with the client's values in their matchers, and the tenant's
+//!   matchers, never placeholders, as verified.
+//!
+//! A shape saves two parses and the printing; the check is the template's,
+//! and each value's reading by the lexer.
 //!
 //! A value is plain, and stands for a placeholder, when neither the
 //! reading of the text nor the enforcement can depend on it:
@@ -26,8 +45,12 @@
 //! tenant matcher holding `tenant-proxy-` (every placeholder's and
 //! sentinel's prefix) has no shape.
 
-use super::client_regex::{skip_comment, skip_literal, Swap};
-use super::{Enforced, TenantMatcher};
+use lrpar::{Lexeme, Lexer};
+use promql_parser::parser::lexer;
+use promql_parser::parser::token::{T_EOF, T_STRING};
+
+use super::client_regex::{skip_comment, skip_literal};
+use super::{verify, Enforced, TenantMatcher};
 
 /// What every placeholder value starts with: `tenant-proxy-shape-<n>`.
 const PLACEHOLDER: &str = "tenant-proxy-shape-";
@@ -102,24 +125,15 @@ impl<'q> Shape<'q> {
         Some(Self { text, values })
     }
 
-    /// The template with the query's values written back, and its client
-    /// regex matchers likewise; `None` unless every placeholder stands in
-    /// the template exactly once, as a whole literal.
-    pub fn fill(&self, template: &Enforced) -> Option<(String, Vec<Swap>)> {
+    /// The template with the query's values written back; `None` unless
+    /// every placeholder stands in the template exactly once, as a whole
+    /// literal, none is left, and promql-parser's lexer reads each value
+    /// between double quotes as one literal.
+    pub fn fill(&self, template: &Template) -> Option<String> {
         let mut seen = vec![0; self.values.len()];
         let text = self.fill_text(&template.text, &mut seen)?;
-        if seen.iter().any(|&n| n != 1) {
-            return None;
-        }
-        let mut ignored = vec![0; self.values.len()];
-        let client_regexes = template
-            .client_regexes
-            .iter()
-            .map(|(printed, sentinel)| {
-                Some((self.fill_text(printed, &mut ignored)?, sentinel.clone()))
-            })
-            .collect::<Option<_>>()?;
-        Some((text, client_regexes))
+        let whole = seen.iter().all(|&n| n == 1) && !text.contains(RESERVED);
+        (whole && self.values.iter().all(|value| is_one_literal(value))).then_some(text)
     }
 
     /// `printed` with every `"<placeholder>"` replaced by its value between
@@ -149,6 +163,40 @@ impl<'q> Shape<'q> {
         out.push_str(&printed[copied..]);
         Some(out)
     }
+}
+
+/// A shape enforced, and its text verified the full way.
+#[derive(Debug)]
+pub(super) struct Template {
+    pub(super) text: String,
+}
+
+impl Template {
+    /// `None` if the enforced shape fails its verification (its queries are
+    /// then enforced the full way, each verified on its own).
+    pub fn verified(enforced: Enforced, tenant: &TenantMatcher) -> Option<Self> {
+        verify(&enforced.text, tenant, &enforced.client_regexes).ok()?;
+        Some(Self {
+            text: enforced.text,
+        })
+    }
+}
+
+/// Whether promql-parser's lexer reads `"<value>"` as one string literal,
+/// and nothing else (but the end it marks).
+pub(super) fn is_one_literal(value: &str) -> bool {
+    let literal = format!("\"{value}\"");
+    let Ok(lexer) = lexer(&literal) else {
+        return false;
+    };
+    let mut read = lexer.iter().map(|lexeme| {
+        let lexeme = lexeme.ok()?;
+        Some((lexeme.tok_id(), lexeme.span().start(), lexeme.span().end()))
+    });
+    let end = literal.len();
+    read.next() == Some(Some((T_STRING, 0, end)))
+        && read.next() == Some(Some((T_EOF, end, end)))
+        && read.next().is_none()
 }
 
 fn push_placeholder(text: &mut String, index: usize) {

@@ -844,11 +844,10 @@ fn an_invalid_client_regex_is_left_to_the_upstream() {
 /// literals in double quotes).
 fn shape_of(query: &str, tenant: &TenantMatcher) -> Option<(String, usize)> {
     let shape = shape::Shape::of(query, tenant)?;
-    let itself = Enforced {
+    let itself = shape::Template {
         text: shape.text.clone(),
-        client_regexes: Vec::new(),
     };
-    let (filled, _) = shape.fill(&itself).expect("the shape fills itself");
+    let filled = shape.fill(&itself).expect("the shape fills itself");
     assert_eq!(filled, query.replace(['\'', '`'], "\""));
     let placeholders = shape.text.matches("\"tenant-proxy-shape-").count();
     Some((shape.text, placeholders))
@@ -921,46 +920,82 @@ fn no_shape_where_the_query_is_not_lexed_with_certainty() {
 #[test]
 fn a_template_is_filled_only_where_each_placeholder_stands_once() {
     let shape = shape::Shape::of(r#"x{a="b", c=~"d.*"}"#, &one()).unwrap();
-    let template = |text: &str| Enforced {
-        text: text.into(),
-        client_regexes: vec![(
-            r#"c=~"tenant-proxy-shape-1""#.into(),
-            r#"c="tenant-proxy-verify-client""#.into(),
-        )],
-    };
-    let (filled, swaps) = shape
+    let template = |text: &str| shape::Template { text: text.into() };
+    let filled = shape
         .fill(&template(
             r#"x{a="tenant-proxy-shape-0",c=~"tenant-proxy-shape-1",namespace="team-a"}"#,
         ))
         .unwrap();
     assert_eq!(filled, r#"x{a="b",c=~"d.*",namespace="team-a"}"#);
-    assert_eq!(swaps[0].0, r#"c=~"d.*""#);
     for wrong in [
         // one missing, one twice, one unknown, one not a whole literal
         r#"x{a="tenant-proxy-shape-0"}"#,
         r#"x{a="tenant-proxy-shape-0",c=~"tenant-proxy-shape-1",d="tenant-proxy-shape-1"}"#,
         r#"x{a="tenant-proxy-shape-0",c=~"tenant-proxy-shape-1",d="tenant-proxy-shape-2"}"#,
         r#"x{a="tenant-proxy-shape-0",c=~"tenant-proxy-shape-1x"}"#,
+        // one more, outside a literal
+        r#"x{a="tenant-proxy-shape-0",c=~"tenant-proxy-shape-1"} # tenant-proxy-shape-0"#,
     ] {
         assert!(shape.fill(&template(wrong)).is_none(), "{wrong}");
     }
 }
 
-/// The shape memo's byte bound counts all a template holds: its key, its
-/// enforced text and the matchers it swaps for the verifying parse.
+/// A value is written back only if promql-parser's lexer reads it,
+/// between double quotes, as one literal: one that would close its
+/// literal early, end in an escape, or add a token is not.
 #[test]
-fn a_template_weighs_its_key_its_text_and_its_swaps() {
+fn a_value_is_filled_only_if_the_lexer_reads_it_as_one_literal() {
+    for one in ["b", "web-1.*", "a'b", "a`b", "(a|b)+", " x "] {
+        assert!(shape::is_one_literal(one), "{one}");
+    }
+    for not_one in [
+        r#"a"b"#,
+        r#"a\"#,
+        r#"b",namespace="team-b"#,
+        r#"b"} or up{a="c"#,
+        r#"\q"#,
+    ] {
+        assert!(!shape::is_one_literal(not_one), "{not_one}");
+    }
+}
+
+/// A template is verified like any enforced text before it is kept: one
+/// that fails is not kept, and its queries are enforced the full way.
+#[test]
+fn a_template_is_kept_only_once_verified() {
+    let tenant = one();
+    let enforced = |text: &str| Enforced {
+        text: text.into(),
+        client_regexes: Vec::new(),
+    };
+    assert!(shape::Template::verified(
+        enforced(r#"x{a="tenant-proxy-shape-0",namespace="team-a"}"#),
+        &tenant
+    )
+    .is_some());
+    for unverified in [
+        r#"x{a="tenant-proxy-shape-0"}"#,
+        r#"x{a="tenant-proxy-shape-0",namespace="team-a"} + y{b="tenant-proxy-shape-1"}"#,
+        r#"x{a="tenant-proxy-shape-0",namespace="team-b"}"#,
+    ] {
+        assert!(
+            shape::Template::verified(enforced(unverified), &tenant).is_none(),
+            "{unverified}"
+        );
+    }
+}
+
+/// The shape memo's byte bound counts all a template holds: its key and
+/// its enforced text.
+#[test]
+fn a_template_weighs_its_key_and_its_text() {
     let memo = Memo::new(100);
     memo.enforce_query(r#"sum(rate(x{pod=~"web-.*"}[5m]))"#, &two())
         .unwrap();
     let entries = memo.templates.entries.read().unwrap();
     let (key, template) = entries.map.iter().next().expect("one template");
     let template = template.as_ref().expect("enforced as a template");
-    let [(printed, verified)] = template.client_regexes.as_slice() else {
-        panic!("one swap: {:?}", template.client_regexes);
-    };
-    let held = key.text.len() + template.text.len() + printed.len() + verified.len();
-    assert_eq!(entries.bytes, held);
+    assert_eq!(entries.bytes, key.text.len() + template.text.len());
 }
 
 #[test]
