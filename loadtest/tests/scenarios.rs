@@ -427,6 +427,13 @@ async fn tls_server(
                         seen.clone(),
                     );
                     async move {
+                        // Made before this request counts itself in flight
+                        // (`notify_waiters` wakes every `Notified` made
+                        // before it, polled or not): the request that fills
+                        // the connection may wake the held ones before they
+                        // would otherwise have started waiting, and one then
+                        // waited out its 10 s and the load abandoned it.
+                        let wake = filled.notified();
                         let held = arrived.fetch_add(1, Ordering::SeqCst) < hold;
                         let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
                         seen.lock().unwrap().push(Seen {
@@ -445,8 +452,7 @@ async fn tls_server(
                         if now >= hold {
                             filled.notify_waiters();
                         } else if held {
-                            let wait = filled.notified();
-                            let _ = tokio::time::timeout(Duration::from_secs(10), wait).await;
+                            let _ = tokio::time::timeout(Duration::from_secs(10), wake).await;
                         }
                         in_flight.fetch_sub(1, Ordering::SeqCst);
                         Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
