@@ -47,7 +47,7 @@
 
 use lrpar::{Lexeme, Lexer};
 use promql_parser::parser::lexer;
-use promql_parser::parser::token::{T_EOF, T_STRING};
+use promql_parser::parser::token::T_STRING;
 
 use super::client_regex::{skip_comment, skip_literal};
 use super::{verify, Enforced, TenantMatcher};
@@ -183,20 +183,17 @@ impl Template {
 }
 
 /// Whether promql-parser's lexer reads `"<value>"` as one string literal,
-/// and nothing else (but the end it marks).
+/// the whole of it.
 pub(super) fn is_one_literal(value: &str) -> bool {
     let literal = format!("\"{value}\"");
     let Ok(lexer) = lexer(&literal) else {
         return false;
     };
-    let mut read = lexer.iter().map(|lexeme| {
-        let lexeme = lexeme.ok()?;
-        Some((lexeme.tok_id(), lexeme.span().start(), lexeme.span().end()))
-    });
-    let end = literal.len();
-    read.next() == Some(Some((T_STRING, 0, end)))
-        && read.next() == Some(Some((T_EOF, end, end)))
-        && read.next().is_none()
+    let first = lexer.iter().next().and_then(Result::ok);
+    first.is_some_and(|lexeme| {
+        let span = lexeme.span();
+        lexeme.tok_id() == T_STRING && span.start() == 0 && span.end() == literal.len()
+    })
 }
 
 fn push_placeholder(text: &mut String, index: usize) {
