@@ -130,15 +130,15 @@ impl<'q> Shape<'q> {
     /// literal, none is left, and promql-parser's lexer reads each value
     /// between double quotes as one literal.
     pub fn fill(&self, template: &Template) -> Option<String> {
-        let mut seen = vec![0; self.values.len()];
-        let text = self.fill_text(&template.text, &mut seen)?;
-        let whole = seen.iter().all(|&n| n == 1) && !text.contains(RESERVED);
-        (whole && self.values.iter().all(|value| is_one_literal(value))).then_some(text)
+        let text = self.fill_text(&template.text)?;
+        let none_left = !text.contains(RESERVED);
+        (none_left && self.values.iter().all(|value| is_one_literal(value))).then_some(text)
     }
 
     /// `printed` with every `"<placeholder>"` replaced by its value between
-    /// double quotes, counted in `seen`.
-    fn fill_text(&self, printed: &str, seen: &mut [usize]) -> Option<String> {
+    /// double quotes; `None` unless each placeholder stood there once.
+    fn fill_text(&self, printed: &str) -> Option<String> {
+        let mut seen = vec![0; self.values.len()];
         let mut out = String::with_capacity(printed.len() + 64);
         let mut copied = 0;
         let mut from = 0;
@@ -161,7 +161,7 @@ impl<'q> Shape<'q> {
             from = copied;
         }
         out.push_str(&printed[copied..]);
-        Some(out)
+        seen.iter().all(|&n| n == 1).then_some(out)
     }
 }
 
