@@ -7,8 +7,9 @@ use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::{Request, Response};
-use hyper::body::Incoming;
+use hyper::body::{Body, Incoming};
 use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -22,7 +23,7 @@ use tokio_rustls::TlsAcceptor;
 use crate::config::Limits;
 use crate::http::address_slots::AddressSlots;
 use crate::http::address_text::Peer;
-use crate::http::body::ProxyBody;
+use crate::http::body::BoxError;
 use crate::http::connection::{until_stopped, Marked, Transport};
 use crate::http::protocol::{sniff, Protocol};
 use crate::http::timer::ReusingTimer;
@@ -61,7 +62,7 @@ pub struct ListenerMetrics {
 /// Serves HTTP/1.1 (with upgrades, for live tail) and HTTP/2 on `listener`,
 /// over TLS when `tls` is set, calling `handler` per request with the
 /// connection's peer.
-pub async fn serve_connections<H, F>(
+pub async fn serve_connections<H, F, B>(
     listener: TcpListener,
     limits: &Limits,
     tls: Option<CurrentTls>,
@@ -70,7 +71,8 @@ pub async fn serve_connections<H, F>(
     metrics: Option<ListenerMetrics>,
 ) where
     H: Fn(Peer, Request<Incoming>) -> F + Clone + Send + Sync + 'static,
-    F: Future<Output = Result<Response<ProxyBody>, Infallible>> + Send + 'static,
+    F: Future<Output = Result<Response<B>, Infallible>> + Send + 'static,
+    B: Body<Data = Bytes, Error = BoxError> + Send + 'static,
 {
     let protocols = Arc::new(Protocols::new(limits));
     // Each connection holds a receiver: the sender's `closed()` is "every
@@ -382,9 +384,87 @@ impl Drop for Held {
 
 #[cfg(test)]
 mod tests {
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
     use futures_util::FutureExt;
+    use hyper::body::Frame;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::*;
+    use crate::ops::panics;
+
+    /// A response body: `partial`, then a panic on `/panics`, the end on
+    /// any other path.
+    struct Scripted {
+        first: Option<Bytes>,
+        panics: bool,
+    }
+
+    impl Body for Scripted {
+        type Data = Bytes;
+        type Error = BoxError;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+            match self.first.take() {
+                Some(first) => Poll::Ready(Some(Ok(Frame::data(first)))),
+                None if self.panics => panic!("a bug in a response body"),
+                None => Poll::Ready(None),
+            }
+        }
+    }
+
+    /// Sends `head` on a new connection and reads until the server closes it.
+    async fn exchange(address: std::net::SocketAddr, head: &str) -> String {
+        let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+        stream.write_all(head.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
+            .await
+            .expect("the server closes the connection")
+            .expect("read");
+        String::from_utf8(answer).unwrap()
+    }
+
+    /// A panic in a response body (caught, `panics::caught_body`) ends that
+    /// response without its last chunk: the client can tell it was cut
+    /// short. The listener serves on.
+    #[tokio::test]
+    async fn a_response_body_that_panics_is_cut_short_and_the_listener_serves_on() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let shutdown = Shutdown::new(async move {
+            let _ = stopped.await;
+        });
+        let limits = Limits::default();
+        let handler = |_, request: Request<Incoming>| async move {
+            let body = Scripted {
+                first: Some(Bytes::from("partial")),
+                panics: request.uri().path() == "/panics",
+            };
+            Ok::<_, Infallible>(Response::new(panics::caught_body(body)))
+        };
+        let server = serve_connections(listener, &limits, None, handler, shutdown, None);
+        let client = async {
+            let cut = exchange(address, "GET /panics HTTP/1.1\r\nHost: x\r\n\r\n").await;
+            let whole = exchange(
+                address,
+                "GET /fine HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            )
+            .await;
+            stop.send(()).unwrap();
+            (cut, whole)
+        };
+        let ((), (cut, whole)) = tokio::join!(server, client);
+        assert!(whole.starts_with("HTTP/1.1 200"), "{whole}");
+        assert!(whole.ends_with("7\r\npartial\r\n0\r\n\r\n"), "{whole}");
+        assert!(cut.is_empty() || cut.starts_with("HTTP/1.1 200"), "{cut}");
+        assert!(!cut.ends_with("0\r\n\r\n"), "never complete: {cut}");
+    }
 
     #[tokio::test(start_paused = true)]
     async fn shutdown_waits_for_its_trigger() {

@@ -14,13 +14,20 @@
 //!   lines into the platform's log at will;
 //! - any other panic in a request's handling, [`caught`] around it: still
 //!   an error, but that request is answered (500, 503 on a push path) and
-//!   its connection goes on serving.
+//!   its connection goes on serving. Its response body is polled after
+//!   the handling returned, by hyper, so it is caught too ([`CaughtBody`]):
+//!   a panic there ends that response as failed (the client sees it cut
+//!   short, never complete), and is logged the same way.
 
 use std::cell::Cell;
 use std::future::Future;
 use std::panic::{AssertUnwindSafe, PanicHookInfo, UnwindSafe};
 use std::pin::Pin;
 use std::task::{Context, Poll};
+
+use hyper::body::{Body, Frame, SizeHint};
+
+use crate::http::body::BoxError;
 
 /// What a panic on this thread would unwind into.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,6 +93,53 @@ impl<F: Future> Future for Caught<F> {
     }
 }
 
+pin_project_lite::pin_project! {
+    /// A response body whose every poll is caught like its request's
+    /// handling ([`caught_body`]).
+    pub struct CaughtBody<B> {
+        #[pin]
+        body: B,
+    }
+}
+
+/// Catches a panic in `body`'s polls. hyper polls a response body after the
+/// request's future has returned, outside [`caught`]: there a panic would
+/// unwind the connection's task (HTTP/1) or the stream's (HTTP/2), with its
+/// message logged, and the message may quote the answer being relayed. A
+/// panic becomes the body's error instead, which hyper turns into a
+/// response cut short (the connection closed, or the stream reset), never
+/// into a complete one.
+pub fn caught_body<B>(body: B) -> CaughtBody<B> {
+    CaughtBody { body }
+}
+
+/// What a response body that panicked ends with.
+#[derive(Debug, thiserror::Error)]
+#[error("the response body failed unexpectedly")]
+pub struct BodyPanicked;
+
+impl<B: Body<Error = BoxError>> Body for CaughtBody<B> {
+    type Data = B::Data;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let body = self.project().body;
+        catching(Catch::Request, AssertUnwindSafe(|| body.poll_frame(cx)))
+            .unwrap_or_else(|| Poll::Ready(Some(Err(BodyPanicked.into()))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
 /// Whether this thread is inside [`survive`] (for a fuzz target's hook,
 /// which prints only the panics that would escape).
 pub fn surviving() -> bool {
@@ -118,6 +172,8 @@ fn log(location: &str, message: &str) {
 mod tests {
     use std::pin::pin;
 
+    use bytes::Bytes;
+    use http_body_util::BodyExt;
     use tracing_subscriber::EnvFilter;
 
     use super::*;
@@ -164,6 +220,37 @@ mod tests {
         assert!(futures_util::poll!(late.as_mut()).is_pending());
         assert_eq!(CATCH.get(), Catch::Nothing);
         assert_eq!(late.await, None::<u8>);
+        assert_eq!(CATCH.get(), Catch::Nothing);
+    }
+
+    /// A body that checks it is polled under a request's catch, sends
+    /// `first`, then panics.
+    struct PanicsAfter(Option<Bytes>);
+
+    impl Body for PanicsAfter {
+        type Data = Bytes;
+        type Error = BoxError;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+            assert_eq!(CATCH.get(), Catch::Request);
+            match self.0.take() {
+                Some(first) => Poll::Ready(Some(Ok(Frame::data(first)))),
+                None => panic!("the proxy's own bug, quoting `dXNlcjpzZWNyZXQ=`"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_caught_body_ends_in_an_error_after_a_panic() {
+        let mut body = pin!(caught_body(PanicsAfter(Some(Bytes::from("partial")))));
+        let first = body.frame().await.expect("a frame").expect("data");
+        assert_eq!(first.into_data().unwrap(), "partial");
+        assert_eq!(CATCH.get(), Catch::Nothing, "between polls");
+        let failed = body.frame().await.expect("an error, not the end");
+        assert!(failed.unwrap_err().is::<BodyPanicked>());
         assert_eq!(CATCH.get(), Catch::Nothing);
     }
 

@@ -39,7 +39,7 @@ use crate::http::path;
 use crate::ops::access_log;
 use crate::ops::metrics::{self, ReasonLabels, TenantLabels};
 use crate::ops::otel::RequestSpan;
-use crate::ops::panics;
+use crate::ops::panics::{self, CaughtBody};
 use crate::routes::{self, Operation, Signal};
 use crate::tenants::Credential;
 use crate::upstream;
@@ -88,7 +88,7 @@ pub async fn handle(
     state: Arc<AppState>,
     peer: Peer,
     mut request: Request<Incoming>,
-) -> Result<Response<ProxyBody>, Infallible> {
+) -> Result<Response<CaughtBody<ProxyBody>>, Infallible> {
     let started = Instant::now();
     // Before anything could print the request: no Debug output or trace shows it.
     if let Some(value) = request.headers_mut().get_mut(header::AUTHORIZATION) {
@@ -196,7 +196,7 @@ pub async fn handle(
         duration_ms = started.elapsed().as_micros() as f64 / 1000.0,
     );
     let Some(span) = span else {
-        return Ok(response);
+        return Ok(response.map(panics::caught_body));
     };
     let span_end = span.record(
         outcome.path.as_deref(),
@@ -205,7 +205,7 @@ pub async fn handle(
         status,
         failure,
     );
-    Ok(response.map(|body| body::holding(body, span_end)))
+    Ok(response.map(|body| panics::caught_body(body::holding(body, span_end))))
 }
 
 /// `(peer, client)`: the TCP peer (appended to `X-Forwarded-For`), and the

@@ -115,7 +115,9 @@ pub(super) fn splice_upgraded(
     metrics: Arc<Metrics>,
 ) {
     let mut stopping = tails.stop.subscribe();
-    tokio::spawn(async move {
+    // Caught like the request that opened it: a panic here is logged
+    // without its message, which could quote what was relayed.
+    tokio::spawn(crate::ops::panics::caught(async move {
         let _held = held;
         let (client, upstream) = match tokio::try_join!(client, upstream) {
             Ok(pair) => pair,
@@ -175,7 +177,7 @@ pub(super) fn splice_upgraded(
             close_frame_sent = sent,
             "live tail closed by the proxy"
         );
-    });
+    }));
 }
 
 /// How long a tail's client gets to take the rest of the frame under way
