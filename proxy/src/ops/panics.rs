@@ -254,6 +254,19 @@ mod tests {
         assert_eq!(CATCH.get(), Catch::Nothing);
     }
 
+    /// hyper frames a response by its body's end and size (an empty one
+    /// as `Content-Length: 0`, or HTTP/2's end of stream on the head):
+    /// the catch leaves both as they were.
+    #[test]
+    fn a_caught_body_tells_the_end_and_size_of_its_body() {
+        let empty = caught_body(crate::http::body::empty());
+        assert!(empty.is_end_stream());
+        assert_eq!(empty.size_hint().exact(), Some(0));
+        let full = caught_body(crate::http::body::full("seven b"));
+        assert!(!full.is_end_stream());
+        assert_eq!(full.size_hint().exact(), Some(7));
+    }
+
     #[test]
     fn a_survived_panic_is_a_warning_without_its_message() {
         let quoting = "byte index 3 is not a char boundary of `secret-query`";
