@@ -365,3 +365,77 @@ async fn an_http2_client_that_makes_its_streams_fail_is_sent_away() {
     assert_sent_away(connection).await;
     assert!(sent > 1_024, "{sent}");
 }
+
+/// An upstream that answers each request with a chunked `{}` and a trailer
+/// field naming another tenant, and sends on the request line of each.
+async fn trailing_upstream() -> (
+    std::net::SocketAddr,
+    tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (seen, requests) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                // The head, then as many body bytes as it announces.
+                let mut read = Vec::new();
+                let mut buf = [0; 4096];
+                let complete = |read: &[u8]| {
+                    let text = String::from_utf8_lossy(read).to_ascii_lowercase();
+                    let Some(end) = text.find("\r\n\r\n") else {
+                        return false;
+                    };
+                    let length = text[..end]
+                        .lines()
+                        .find_map(|line| line.strip_prefix("content-length:"))
+                        .map_or(0, |n| n.trim().parse::<usize>().unwrap());
+                    read.len() >= end + 4 + length
+                };
+                while !complete(&read) {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => read.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let line = String::from_utf8_lossy(&read);
+                let _ = seen.send(line.lines().next().unwrap_or("").to_owned());
+                let answer = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\
+                              Transfer-Encoding: chunked\r\nTrailer: X-Scope-OrgID\r\n\
+                              Connection: close\r\n\r\n2\r\n{}\r\n0\r\nX-Scope-OrgID: team-b\r\n\r\n";
+                let _ = stream.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    (addr, requests)
+}
+
+/// Trailer fields an upstream sends never reach the client, also where
+/// hyper's client reads the answer (a query with a body: bodiless `GET`s
+/// take the proxy's own reader, which drops them, `upstream::answer`) and
+/// the client speaks HTTP/2, where they would pass whatever the answer's
+/// head declared.
+#[tokio::test]
+async fn an_upstreams_trailer_fields_never_reach_the_client() {
+    support::captured_logs();
+    let (addr, mut requests) = trailing_upstream().await;
+    let proxy = RunningProxy::start(ProxyOptions::new(format!("http://{addr}"))).await;
+    let client = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Full<Bytes>>();
+    let request = Request::post(proxy.url("/loki/api/v1/query_range"))
+        .header("authorization", basic("alice", "alice-pw"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(Full::new(Bytes::from_static(b"query=%7Bapp%3D%22x%22%7D")))
+        .unwrap();
+    let response = client.request(request).await.expect("an answer");
+    assert_eq!(response.version(), Version::HTTP_2);
+    assert_eq!(response.status(), StatusCode::OK);
+    let collected = response.into_body().collect().await.expect("the body");
+    assert_eq!(collected.trailers(), None);
+    assert_eq!(collected.to_bytes(), "{}");
+    let line = requests.recv().await.expect("the upstream was asked");
+    assert!(line.starts_with("POST /loki/api/v1/query_range"), "{line}");
+}

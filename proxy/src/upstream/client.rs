@@ -584,24 +584,35 @@ impl Body for UpstreamBody {
             Kind::Plain(body) => return Pin::new(body).poll_frame(cx).map_err(Into::into),
             Kind::Hyper { incoming, link } => (incoming, link),
         };
-        let frame = match link {
-            // The head's drive usually brought the body too.
-            Some(following) => ready!(following
-                .link
-                .then_drive(cx, || Pin::new(&mut *incoming).poll_frame(&mut quiet()))),
-            // The connection runs as a task of its own (a protocol switch),
-            // or the answer is complete.
-            None => ready!(Pin::new(&mut *incoming).poll_frame(cx)),
-        };
-        match &frame {
-            None => link.take().map_or((), Following::finished),
-            Some(Err(_)) => *link = None,
-            // A reader that knows the length stops at the last byte and
-            // never asks for the end: finish there.
-            Some(Ok(_)) if incoming.is_end_stream() => link.take().map_or((), Following::finished),
-            Some(Ok(_)) => {}
+        loop {
+            let frame = match link {
+                // The head's drive usually brought the body too.
+                Some(following) => ready!(following
+                    .link
+                    .then_drive(cx, || Pin::new(&mut *incoming).poll_frame(&mut quiet()))),
+                // The connection runs as a task of its own (a protocol
+                // switch), or the answer is complete.
+                None => ready!(Pin::new(&mut *incoming).poll_frame(cx)),
+            };
+            match &frame {
+                None => link.take().map_or((), Following::finished),
+                Some(Err(_)) => *link = None,
+                // A reader that knows the length stops at the last byte
+                // and never asks for the end: finish there.
+                Some(Ok(_)) if incoming.is_end_stream() => {
+                    link.take().map_or((), Following::finished)
+                }
+                Some(Ok(_)) => {}
+            }
+            // Trailer fields end here, as on the plain path (`answer.rs`
+            // reads and drops them): no API behind the proxy sends any a
+            // client needs, and an HTTP/2 client would get them whatever
+            // the answer's head declared. What follows them is the end.
+            if matches!(&frame, Some(Ok(frame)) if frame.is_trailers()) {
+                continue;
+            }
+            return Poll::Ready(frame.map(|frame| frame.map_err(Into::into)));
         }
-        Poll::Ready(frame.map(|frame| frame.map_err(Into::into)))
     }
 
     fn is_end_stream(&self) -> bool {
