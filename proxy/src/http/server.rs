@@ -384,38 +384,11 @@ impl Drop for Held {
 
 #[cfg(test)]
 mod tests {
-    use std::pin::Pin;
-    use std::task::{Context, Poll};
-
     use futures_util::FutureExt;
-    use hyper::body::Frame;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::*;
-    use crate::ops::panics;
-
-    /// A response body: `partial`, then a panic on `/panics`, the end on
-    /// any other path.
-    struct Scripted {
-        first: Option<Bytes>,
-        panics: bool,
-    }
-
-    impl Body for Scripted {
-        type Data = Bytes;
-        type Error = BoxError;
-
-        fn poll_frame(
-            mut self: Pin<&mut Self>,
-            _: &mut Context<'_>,
-        ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-            match self.first.take() {
-                Some(first) => Poll::Ready(Some(Ok(Frame::data(first)))),
-                None if self.panics => panic!("a bug in a response body"),
-                None => Poll::Ready(None),
-            }
-        }
-    }
+    use crate::ops::panics::{self, test_support::Scripted};
 
     /// Sends `head` on a new connection and reads until the server closes it.
     async fn exchange(address: std::net::SocketAddr, head: &str) -> String {
@@ -442,10 +415,7 @@ mod tests {
         });
         let limits = Limits::default();
         let handler = |_, request: Request<Incoming>| async move {
-            let body = Scripted {
-                first: Some(Bytes::from("partial")),
-                panics: request.uri().path() == "/panics",
-            };
+            let body = Scripted::new(request.uri().path() == "/panics");
             Ok::<_, Infallible>(Response::new(panics::caught_body(body)))
         };
         let server = serve_connections(listener, &limits, None, handler, shutdown, None);

@@ -168,14 +168,66 @@ fn log(location: &str, message: &str) {
     }
 }
 
+/// A response body for tests of the catch.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    use bytes::Bytes;
+    use hyper::body::{Body, Frame};
+
+    use super::{Catch, CATCH};
+    use crate::http::body::BoxError;
+
+    /// Sends `partial`, then panics (checking that it is polled under a
+    /// request's catch), or ends.
+    pub struct Scripted {
+        first: Option<Bytes>,
+        panics: bool,
+    }
+
+    impl Scripted {
+        pub fn panicking() -> Self {
+            Self::new(true)
+        }
+
+        pub fn new(panics: bool) -> Self {
+            Self {
+                first: Some(Bytes::from_static(b"partial")),
+                panics,
+            }
+        }
+    }
+
+    impl Body for Scripted {
+        type Data = Bytes;
+        type Error = BoxError;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+            match self.first.take() {
+                Some(first) => Poll::Ready(Some(Ok(Frame::data(first)))),
+                None if self.panics => {
+                    assert_eq!(CATCH.get(), Catch::Request);
+                    panic!("the proxy's own bug, quoting `dXNlcjpzZWNyZXQ=`")
+                }
+                None => Poll::Ready(None),
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::pin::pin;
 
-    use bytes::Bytes;
     use http_body_util::BodyExt;
     use tracing_subscriber::EnvFilter;
 
+    use super::test_support::Scripted;
     use super::*;
 
     /// What `call` logs on this thread, as JSON lines.
@@ -223,29 +275,9 @@ mod tests {
         assert_eq!(CATCH.get(), Catch::Nothing);
     }
 
-    /// A body that checks it is polled under a request's catch, sends
-    /// `first`, then panics.
-    struct PanicsAfter(Option<Bytes>);
-
-    impl Body for PanicsAfter {
-        type Data = Bytes;
-        type Error = BoxError;
-
-        fn poll_frame(
-            mut self: Pin<&mut Self>,
-            _: &mut Context<'_>,
-        ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-            assert_eq!(CATCH.get(), Catch::Request);
-            match self.0.take() {
-                Some(first) => Poll::Ready(Some(Ok(Frame::data(first)))),
-                None => panic!("the proxy's own bug, quoting `dXNlcjpzZWNyZXQ=`"),
-            }
-        }
-    }
-
     #[tokio::test]
     async fn a_caught_body_ends_in_an_error_after_a_panic() {
-        let mut body = pin!(caught_body(PanicsAfter(Some(Bytes::from("partial")))));
+        let mut body = pin!(caught_body(Scripted::panicking()));
         let first = body.frame().await.expect("a frame").expect("data");
         assert_eq!(first.into_data().unwrap(), "partial");
         assert_eq!(CATCH.get(), Catch::Nothing, "between polls");
