@@ -386,14 +386,25 @@ impl Syncer {
         }
     }
 
-    /// Logs newly skipped Secrets once (not at every sync), tells their
-    /// authors with an Event (and again once such a Secret is in the file:
-    /// not while its new password waits for its hash), and sets the gauges.
+    /// Logs newly skipped Secrets once (not at every sync), at most
+    /// [`NAMED_PER_SYNC`] by name, tells their authors with an Event (and
+    /// again once such a Secret is in the file: not while its new password
+    /// waits for its hash), and sets the gauges.
     fn report_skipped(&mut self, desired: &Desired, pending: &HashSet<SecretKey>) {
         let now: BTreeSet<_> = desired.skipped.iter().cloned().collect();
-        for (key, reason) in now.difference(&self.last_skipped) {
-            let (namespace, name) = key;
-            tracing::warn!(%namespace, secret = %name, reason = reason.as_str(), "Secret skipped");
+        let newly: Vec<_> = now.difference(&self.last_skipped).collect();
+        name_some(
+            &newly,
+            |((namespace, name), reason)| tracing::warn!(%namespace, secret = %name, reason = reason.as_str(), "Secret skipped"),
+            |more| {
+                tracing::warn!(
+                    more,
+                    "more Secrets skipped; tenant_sync_skipped_secrets counts them by reason, \
+                     and each has an Event saying why"
+                )
+            },
+        );
+        for (key, reason) in newly {
             self.tell(key, Notice::Skipped(*reason));
         }
         let desired_users: BTreeSet<&SecretKey> = desired
@@ -402,9 +413,12 @@ impl Syncer {
             .flat_map(|t| t.users.iter().map(|u| &u.source))
             .collect();
         let (in_again, awaited) = back_in(&self.last_skipped, &desired_users, pending);
+        name_some(
+            &in_again,
+            |(namespace, name)| tracing::info!(%namespace, secret = %name, "Secret in the file again"),
+            |more| tracing::info!(more, "more Secrets in the file again"),
+        );
         for key in in_again {
-            let (namespace, name) = key;
-            tracing::info!(%namespace, secret = %name, "Secret in the file again");
             self.tell(key, Notice::Loaded);
         }
         for reason in self
@@ -431,6 +445,21 @@ impl Syncer {
 fn resync_due(index: &Index, due: &mut Option<Instant>) {
     if index.is_synced() && due.is_none() {
         *due = Some(Instant::now());
+    }
+}
+
+/// Secrets named one by one in a sync's log lines of one kind, at most: a
+/// namespace that adds thousands at once (over its credential cap, say)
+/// must not flood the platform's log. The rest are counted in one line;
+/// each still gets its Event, and the gauges count them all.
+const NAMED_PER_SYNC: usize = 20;
+
+/// Calls `each` for the first [`NAMED_PER_SYNC`] of `items`, then `rest`
+/// with how many are left, if any.
+fn name_some<T>(items: &[T], each: impl Fn(&T), rest: impl FnOnce(usize)) {
+    items.iter().take(NAMED_PER_SYNC).for_each(each);
+    if items.len() > NAMED_PER_SYNC {
+        rest(items.len() - NAMED_PER_SYNC);
     }
 }
 

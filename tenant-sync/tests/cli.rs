@@ -206,6 +206,35 @@ async fn the_credentials_a_tenant_may_hold_are_capped_from_the_command_line() {
     );
 }
 
+/// A namespace that adds many Secrets tenant-sync must leave out, at once,
+/// gets the first 20 named in the log and the rest counted in one line,
+/// not a line each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_skipped_secrets_are_named_twenty_at_a_time() {
+    let (api, dir) = cluster().await;
+    for i in 0..25 {
+        let username = format!("user-{i}");
+        api.secret(
+            "team-a",
+            &format!("no-password-{i:02}"),
+            &[("username", username.as_str())],
+            json!({}),
+        );
+    }
+    let (stderr, store) = run_once(dir.path(), &[]).await;
+    assert!(store.credential("alice").is_some());
+    assert!(store.credential("user-0").is_none());
+    let lines = |text: &str| stderr.lines().filter(|l| l.contains(text)).count();
+    assert_eq!(lines("Secret skipped"), 20, "{stderr}");
+    assert_eq!(lines("missing_password"), 20, "{stderr}");
+    let summary: Vec<_> = stderr
+        .lines()
+        .filter(|l| l.contains("more Secrets skipped"))
+        .collect();
+    assert_eq!(summary.len(), 1, "{stderr}");
+    assert!(summary[0].contains("more=5"), "{stderr}");
+}
+
 /// Starts tenant-sync with `args`, which it must refuse: it exits with an
 /// error naming `flag` and saying `why`.
 fn refused_at_start(dir: &std::path::Path, args: &[&str], flag: &str, why: &str) {
