@@ -395,7 +395,10 @@ impl Syncer {
         let newly: Vec<_> = now.difference(&self.last_skipped).collect();
         name_some(
             &newly,
-            |((namespace, name), reason)| tracing::warn!(%namespace, secret = %name, reason = reason.as_str(), "Secret skipped"),
+            |((namespace, name), reason)| {
+                let reason = reason.as_str();
+                tracing::warn!(%namespace, secret = %name, reason, "Secret skipped")
+            },
             |more| {
                 tracing::warn!(
                     more,
