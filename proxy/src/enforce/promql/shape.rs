@@ -50,7 +50,7 @@ use promql_parser::parser::lexer;
 use promql_parser::parser::token::T_STRING;
 
 use super::client_regex::{skip_comment, skip_literal};
-use super::{verify, Enforced, TenantMatcher};
+use super::{Enforced, TenantMatcher};
 
 /// What every placeholder value starts with: `tenant-proxy-shape-<n>`.
 const PLACEHOLDER: &str = "tenant-proxy-shape-";
@@ -175,10 +175,8 @@ impl Template {
     /// `None` if the enforced shape fails its verification (its queries are
     /// then enforced the full way, each verified on its own).
     pub fn verified(enforced: Enforced, tenant: &TenantMatcher) -> Option<Self> {
-        verify(&enforced.text, tenant, &enforced.client_regexes).ok()?;
-        Some(Self {
-            text: enforced.text,
-        })
+        let text = enforced.verified(tenant).ok()?;
+        Some(Self { text })
     }
 }
 
