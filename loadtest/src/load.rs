@@ -43,10 +43,11 @@ pub struct Target {
 }
 
 /// What a TLS target's connections are made with: the certificates trusted,
-/// and the client configuration built from them.
+/// the key exchange offered, and the client configuration built from them.
 #[derive(Clone)]
 struct Tls {
     roots: Arc<rustls::RootCertStore>,
+    key_exchange: KeyExchange,
     config: Arc<rustls::ClientConfig>,
 }
 
@@ -61,11 +62,13 @@ impl Target {
         let mut roots = rustls::RootCertStore::empty();
         roots.add(certificate)?;
         let roots = Arc::new(roots);
+        let key_exchange = KeyExchange::PostQuantum;
         Ok(Self {
             addr,
             tls: Some(Tls {
-                config: client_config(roots.clone(), KeyExchange::PostQuantum),
+                config: client_config(roots.clone(), key_exchange),
                 roots,
+                key_exchange,
             }),
         })
     }
@@ -82,10 +85,16 @@ impl Target {
         }
     }
 
-    /// The same target, its TLS connections offering `key_exchange`.
+    /// The same target, its TLS connections offering `key_exchange`; the
+    /// configuration is rebuilt only if that changes what they offer.
     pub fn offering(mut self, key_exchange: KeyExchange) -> Self {
-        if let Some(tls) = &mut self.tls {
+        if let Some(tls) = self
+            .tls
+            .as_mut()
+            .filter(|tls| tls.key_exchange != key_exchange)
+        {
             tls.config = client_config(tls.roots.clone(), key_exchange);
+            tls.key_exchange = key_exchange;
         }
         self
     }

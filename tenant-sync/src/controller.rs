@@ -584,6 +584,25 @@ mod tests {
         assert_eq!(debounced, Some(later));
     }
 
+    /// Both sides of the skipped-Secret log (newly skipped, back in) name
+    /// at most [`NAMED_PER_SYNC`] a sync and count the rest in one call;
+    /// at the bound or under it, there is no count.
+    #[test]
+    fn name_some_names_the_first_twenty_and_counts_the_rest() {
+        for (items, rest) in [(0, None), (20, None), (21, Some(1)), (25, Some(5))] {
+            let all: Vec<usize> = (0..items).collect();
+            let named = std::cell::RefCell::new(Vec::new());
+            let mut counted = None;
+            name_some(
+                &all,
+                |&i| named.borrow_mut().push(i),
+                |more| counted = Some(more),
+            );
+            assert_eq!(named.into_inner(), all[..items.min(NAMED_PER_SYNC)]);
+            assert_eq!(counted, rest, "{items} items");
+        }
+    }
+
     /// A Secret left out before is told it is in once its credential is in
     /// the file: not while its password waits for its hash (it stays
     /// awaited), nor when it is gone.
