@@ -1103,3 +1103,71 @@ fn every_series_a_real_prometheus_stores_from_a_generated_push_is_the_tenants() 
     }
     assert!(accepted.get() >= 16, "only {} accepted", accepted.get());
 }
+
+/// A push large enough to be checked off its worker thread
+/// (`proxy/cpu_bound.rs`, from 256 KiB as sent) arrives whole: every
+/// series, each with the tenant's namespace, the foreign claims
+/// overwritten. Values of little repetition keep snappy from shrinking
+/// the body under that size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_push_is_checked_and_forwarded_whole() {
+    let receiver = LokiStandIn::start().await;
+    let proxy = label_mode_proxy(&receiver.url(), "").await;
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut noise = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        format!("{state:016x}")
+    };
+    let values: Vec<Vec<(String, String)>> = (0..4_000)
+        .map(|i| {
+            let claimed = if i % 2 == 0 { "team-b" } else { "team-a" };
+            let mut labels = vec![
+                ("__name__".to_owned(), format!("large_push_{}", i % 7)),
+                ("namespace".to_owned(), claimed.to_owned()),
+            ];
+            labels.extend((0..8).map(|l| (format!("label_{l}"), noise())));
+            labels.sort();
+            labels
+        })
+        .collect();
+    let request = WriteRequest {
+        timeseries: values
+            .iter()
+            .map(|labels| {
+                let labels: Vec<(&str, &str)> = labels
+                    .iter()
+                    .map(|(n, v)| (n.as_str(), v.as_str()))
+                    .collect();
+                time_series(&labels, 1.0, now_ms())
+            })
+            .collect(),
+        metadata: vec![],
+    };
+    let body = snappy(&request);
+    assert!(body.len() >= 256 * 1024, "{} bytes", body.len());
+
+    let reply = push(&proxy, V1_HEADERS, body).await;
+    assert_eq!(reply.status, StatusCode::NO_CONTENT, "{}", reply.text());
+    let forwarded = snap::raw::Decoder::new()
+        .decompress_vec(&receiver.last().body)
+        .unwrap();
+    let stored = WriteRequest::decode(forwarded.as_slice()).unwrap();
+    assert_eq!(stored.timeseries.len(), 4_000);
+    for (series, sent) in stored.timeseries.iter().zip(&values) {
+        let labels: Vec<(&str, &str)> = series
+            .labels
+            .iter()
+            .map(|l| (l.name.as_str(), l.value.as_str()))
+            .collect();
+        let expected: Vec<(&str, &str)> = sent
+            .iter()
+            .map(|(n, v)| match n.as_str() {
+                "namespace" => (n.as_str(), "team-a"),
+                _ => (n.as_str(), v.as_str()),
+            })
+            .collect();
+        assert_eq!(labels, expected);
+    }
+}
