@@ -74,6 +74,7 @@ mod tests {
     use std::task::Poll;
     use std::time::Duration;
     use tokio::sync::oneshot;
+    use tokio::task::JoinHandle;
 
     const BOUND: Duration = Duration::from_secs(10);
 
@@ -83,16 +84,25 @@ mod tests {
         std::future::poll_fn(|cx| Poll::Ready(future.take().unwrap().poll(cx))).await
     }
 
-    /// A large step that tells when it starts and holds its thread until
-    /// released (or `BOUND` passes): whether it was released.
-    fn held_step(
-        started: oneshot::Sender<()>,
-        release: mpsc::Receiver<()>,
-    ) -> impl FnOnce() -> bool {
-        move || {
-            started.send(()).unwrap();
-            release.recv_timeout(BOUND).is_ok()
-        }
+    /// A large step of one turn of `cpu`'s, started on a task of its
+    /// own, which holds its thread until released through the sender
+    /// returned (or `BOUND` passes). The task answers whether it was
+    /// released.
+    async fn held_step(cpu: &Arc<CpuBound>) -> (JoinHandle<bool>, mpsc::Sender<()>) {
+        let (started_tx, started) = oneshot::channel();
+        let (release, release_rx) = mpsc::channel::<()>();
+        let step = tokio::spawn({
+            let cpu = cpu.clone();
+            async move {
+                cpu.run(LARGE_BODY_BYTES, move || {
+                    started_tx.send(()).unwrap();
+                    release_rx.recv_timeout(BOUND).is_ok()
+                })
+                .await
+            }
+        });
+        started.await.unwrap();
+        (step, release)
     }
 
     /// With one worker thread, a task spawned while a large step holds
@@ -101,16 +111,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
     async fn a_large_step_leaves_its_worker_to_the_other_tasks() {
         let cpu = Arc::new(CpuBound::new(1));
-        let (started_tx, started) = oneshot::channel();
-        let (release, release_rx) = mpsc::channel();
-        let step = tokio::spawn({
-            let cpu = cpu.clone();
-            async move {
-                cpu.run(LARGE_BODY_BYTES, held_step(started_tx, release_rx))
-                    .await
-            }
-        });
-        started.await.unwrap();
+        let (step, release) = held_step(&cpu).await;
         let other = tokio::spawn(async { "ran" });
         let ran = tokio::time::timeout(BOUND, other).await;
         release.send(()).unwrap();
@@ -123,16 +124,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn large_steps_take_turns_and_small_ones_never_wait() {
         let cpu = Arc::new(CpuBound::new(1));
-        let (started_tx, started) = oneshot::channel();
-        let (release, release_rx) = mpsc::channel();
-        let first = tokio::spawn({
-            let cpu = cpu.clone();
-            async move {
-                cpu.run(LARGE_BODY_BYTES, held_step(started_tx, release_rx))
-                    .await
-            }
-        });
-        started.await.unwrap();
+        let (first, release) = held_step(&cpu).await;
 
         let mut second = pin!(cpu.run(LARGE_BODY_BYTES, || "second"));
         assert!(poll_once(second.as_mut()).await.is_pending());
