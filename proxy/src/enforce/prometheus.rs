@@ -11,7 +11,7 @@ use http_body_util::{BodyExt, Limited};
 use serde_json::Value;
 
 use crate::enforce::params::{Params, MATCH};
-use crate::enforce::promql::{EnforceError, Memo, TenantMatcher};
+use crate::enforce::promql::{EnforceError, Memo, TenantMatcher, MAX_QUERY_BYTES};
 use crate::http::body::BoxError;
 use crate::http::error::ProxyError;
 
@@ -21,6 +21,15 @@ pub const EMPTY_METADATA: &str = r#"{"status":"success","data":{}}"#;
 
 /// Largest `rules`/`alerts` response the proxy will buffer to filter.
 pub const MAX_FILTERED_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
+
+/// The most `match[]` selectors one request may carry. Each one the memo
+/// has not seen is parsed on the request's worker thread: with no bound
+/// but the body's (`limits.max_body_bytes`), one form of distinct
+/// selectors held that thread, and every connection it serves, for about
+/// a second. Together they may also be no longer than one query
+/// ([`MAX_QUERY_BYTES`]). A dashboard's label browser sends a few, a
+/// federation scrape tens.
+pub const MAX_MATCH_SELECTORS: usize = 1_000;
 
 /// Which parameters of a request carry selectors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,6 +67,15 @@ pub fn enforce(
             *query = memo.enforce_query(query, tenant)?.to_string();
         }
         Selectors::Matchers => {
+            let (count, bytes) = params
+                .values_mut(MATCH)
+                .fold((0, 0), |(count, bytes), s| (count + 1, bytes + s.len()));
+            if count > MAX_MATCH_SELECTORS || bytes > MAX_QUERY_BYTES {
+                return Err(ProxyError::BadData(format!(
+                    "at most {MAX_MATCH_SELECTORS} match[] selectors, of at most \
+                     {MAX_QUERY_BYTES} bytes together; this request has {count} of {bytes}"
+                )));
+            }
             let mut given = false;
             for selector in params.values_mut(MATCH) {
                 *selector = memo.enforce_selector(selector, tenant)?.to_string();
@@ -275,6 +293,44 @@ mod tests {
         let mut none = params("start=1");
         enforce(&mut none, Selectors::Matchers, &tenant(), &Memo::new(0)).unwrap();
         assert_eq!(none.get(MATCH), Some(r#"{namespace="a"}"#));
+    }
+
+    /// `match[]` selectors are bounded together: in count, and in bytes as
+    /// one query is; at each bound they pass, one more is refused (400).
+    #[test]
+    fn match_selectors_are_bounded_in_count_and_bytes_together() {
+        let query = |selectors: &[String]| {
+            let pairs = selectors.iter().map(|s| (MATCH, s.as_str()));
+            let query = form_urlencoded::Serializer::new(String::new())
+                .extend_pairs(pairs)
+                .finish();
+            params(&query)
+        };
+        let many: Vec<String> = (0..=MAX_MATCH_SELECTORS)
+            .map(|i| format!("up{{job=\"{i}\"}}"))
+            .collect();
+        let long: Vec<String> = [MAX_QUERY_BYTES / 2 - 10; 2]
+            .iter()
+            .map(|&n| format!("up{{job=\"{}\"}}", "x".repeat(n)))
+            .collect();
+        assert_eq!(long[0].len() + long[1].len(), MAX_QUERY_BYTES);
+        let longer = [long[0].clone(), format!("{}x", long[1])];
+        let memo = Memo::new(0);
+        for (selectors, allowed) in [
+            (&many[..MAX_MATCH_SELECTORS], true),
+            (&many[..], false),
+            (&long[..], true),
+            (&longer[..], false),
+        ] {
+            let result = enforce(&mut query(selectors), Selectors::Matchers, &tenant(), &memo);
+            match allowed {
+                true => assert!(result.is_ok(), "{} selectors: {result:?}", selectors.len()),
+                false => assert!(
+                    matches!(&result, Err(ProxyError::BadData(m)) if m.contains("match[]")),
+                    "{result:?}"
+                ),
+            }
+        }
     }
 
     /// `rewrite_request` on a request of `method` to `uri` with `headers`
