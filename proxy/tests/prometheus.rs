@@ -44,8 +44,13 @@ fn bob() -> String {
 
 /// team-a owns namespaces team-a and team-a-2; team-b owns team-b.
 async fn setup() -> Setup {
+    setup_with(RULES).await
+}
+
+/// [`setup`] with Prometheus loading `rules`.
+async fn setup_with(rules: &str) -> Setup {
     support::captured_logs();
-    let prometheus = PrometheusProcess::start(RULES).await;
+    let prometheus = PrometheusProcess::start(rules).await;
     prometheus
         .write(&[
             (
@@ -747,4 +752,55 @@ async fn header_mode_with_thanos_forwards_only_what_thanos_scopes() {
         1,
         "only the series request reached Thanos"
     );
+}
+
+/// A rules listing large enough to be filtered off its worker thread
+/// (`proxy/cpu_bound.rs`, from 256 KiB) is filtered whole: each tenant
+/// gets all of its rules and none of the other's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_rules_listing_is_filtered_whole() {
+    let rules: String = (0..1_500)
+        .map(|i| {
+            let namespace = ["team-a", "team-b"][i % 2];
+            format!("      - record: large_listing_{i}\n        expr: vector({i})\n        labels: {{namespace: {namespace}}}\n")
+        })
+        .collect();
+    let Setup { proxy, prometheus } =
+        setup_with(&format!("groups:\n  - name: large\n    rules:\n{rules}")).await;
+    let direct = send(
+        Method::GET,
+        &format!("{}/api/v1/rules", prometheus.url()),
+        None,
+        &[],
+        "",
+    )
+    .await;
+    assert!(
+        direct.body.len() >= 256 * 1024,
+        "{} bytes",
+        direct.body.len()
+    );
+    for (auth, namespace, first) in [(alice(), "team-a", 0), (bob(), "team-b", 1)] {
+        let listing = success(
+            &send(
+                Method::GET,
+                &proxy.url("/api/v1/rules"),
+                Some(&auth),
+                &[],
+                "",
+            )
+            .await,
+        );
+        let rules = listing["groups"][0]["rules"].as_array().unwrap();
+        let names: Vec<String> = rules
+            .iter()
+            .map(|r| r["name"].as_str().unwrap().to_owned())
+            .collect();
+        let expected: Vec<String> = (first..1_500)
+            .step_by(2)
+            .map(|i| format!("large_listing_{i}"))
+            .collect();
+        assert_eq!(names, expected);
+        assert!(rules.iter().all(|r| r["labels"]["namespace"] == namespace));
+    }
 }

@@ -35,7 +35,12 @@ pub(super) async fn request(
         }
         AlertmanagerCall::PostSilence => {
             let received = body::read_bounded(body, state.limits.max_body_bytes).await?;
-            let silence = alertmanager::rewrite_silence(&received, tenant)?;
+            let silence = state
+                .cpu_bound
+                .run(received.len(), || {
+                    alertmanager::rewrite_silence(&received, tenant)
+                })
+                .await?;
             if let Some(id) = &silence.id {
                 check_silence_owner(state, target, id, tenant).await?;
             }
@@ -99,6 +104,7 @@ async fn check_silence_owner(
 /// for one silence, shown only if it is the tenant's; for the receivers
 /// (asked of the status), those the tenant's alerts can reach.
 pub(super) async fn answer(
+    state: &AppState,
     call: AlertmanagerCall,
     headers: &http::HeaderMap,
     body: UpstreamBody,
@@ -112,6 +118,18 @@ pub(super) async fn answer(
         prometheus::refuse_compressed(headers)?;
     }
     let answer = prometheus::read_filtered_response(body).await?;
+    state
+        .cpu_bound
+        .run(answer.len(), || filtered_answer(call, answer, tenant))
+        .await
+}
+
+/// What [`answer`] makes of the answer read.
+fn filtered_answer(
+    call: AlertmanagerCall,
+    answer: Bytes,
+    tenant: &TenantAlerts<'_>,
+) -> Result<Bytes, ProxyError> {
     match call {
         AlertmanagerCall::Read(filter) | AlertmanagerCall::ReadFiltered(filter) => {
             alertmanager::filter_answer(&answer, filter, tenant)

@@ -1,27 +1,32 @@
-//! The check and rewrite of a large push body, kept from stalling the
-//! other connections that share its worker thread.
+//! The work on a large body that the proxy reads whole, kept from
+//! stalling the other connections that share its worker thread.
 //!
-//! Label mode checks and rewrites a remote-write or OTLP metrics body in
-//! one synchronous step, about 1.5 µs per KiB decompressed. A sender's
-//! usual batch (tens of KiB) takes a fraction of a millisecond and runs in
-//! place. The largest the limits allow (`limits.max_body_bytes` sent,
-//! `limits.max_decompressed_bytes` once decompressed) takes on the order
-//! of 100 ms, and every other connection on that worker thread, other
-//! tenants' queries among them, would wait as long. From
-//! [`LARGE_BODY_BYTES`] on, the step runs under `block_in_place`: tokio
-//! hands the worker's other tasks to another thread while it runs.
+//! Some bodies are read whole and worked on in one synchronous step: label
+//! mode's push bodies checked and rewritten (remote write, OTLP metrics),
+//! rule groups and silences written again from what was checked, and the
+//! upstream answers filtered for a tenant (Prometheus' `rules` and
+//! `alerts`, Alertmanager's). A usual one takes a fraction of a
+//! millisecond and runs in place. The largest the limits allow takes from
+//! about 100 ms (a push of `limits.max_decompressed_bytes`) to seconds (a
+//! rule group of `limits.max_body_bytes`, YAML being slow to read), and
+//! every other connection on that worker thread, other tenants' queries
+//! among them, would wait as long. From [`LARGE_BODY_BYTES`] on, the step
+//! runs under `block_in_place`: tokio hands the worker's other tasks to
+//! another thread while it runs.
 //!
 //! At most one such step per core runs at once, as many as could when each
-//! held a worker thread: each may hold `limits.max_decompressed_bytes`, and
-//! the bound keeps their memory where the worker count kept it. The others
-//! wait for a turn without holding a thread.
+//! held a worker thread: each may hold a body decompressed to
+//! `limits.max_decompressed_bytes`, and the bound keeps their memory where
+//! the worker count kept it. The others wait for a turn without holding a
+//! thread.
 
 use tokio::runtime::{Handle, RuntimeFlavor};
 use tokio::sync::Semaphore;
 
-/// The size of a received body (compressed as sent) from which its step
-/// leaves its worker thread: about 1 MiB once snappy-decompressed, a
-/// couple of milliseconds of work. A Prometheus batch at its default
+/// The size of a body (as received, compressed or not) from which its step
+/// leaves its worker thread: a remote write of about 1 MiB once
+/// decompressed, a couple of milliseconds of work (JSON about as much, a
+/// YAML rule group up to 20 ms). A Prometheus batch at its default
 /// `max_samples_per_send` (2,000) stays below it, where handing the
 /// worker over would cost more than it spares.
 pub const LARGE_BODY_BYTES: usize = 256 * 1024;
@@ -44,7 +49,7 @@ impl CpuBound {
         Self::new(std::thread::available_parallelism().map_or(1, |n| n.get()))
     }
 
-    /// Runs `step`, the check of a body of `body_bytes`: in place if the
+    /// Runs `step`, the work on a body of `body_bytes`: in place if the
     /// body is small, else once a turn is free, with the worker's other
     /// tasks handed to another thread. A runtime with one thread for
     /// everything (a test's) has no thread to hand them to: there it runs
