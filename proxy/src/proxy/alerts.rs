@@ -35,12 +35,7 @@ pub(super) async fn request(
         }
         AlertmanagerCall::PostSilence => {
             let received = body::read_bounded(body, state.limits.max_body_bytes).await?;
-            let silence = state
-                .cpu_bound
-                .run(received.len(), || {
-                    alertmanager::rewrite_silence(&received, tenant)
-                })
-                .await?;
+            let silence = alertmanager::rewrite_silence(&received, tenant)?;
             if let Some(id) = &silence.id {
                 check_silence_owner(state, target, id, tenant).await?;
             }
@@ -104,7 +99,6 @@ async fn check_silence_owner(
 /// for one silence, shown only if it is the tenant's; for the receivers
 /// (asked of the status), those the tenant's alerts can reach.
 pub(super) async fn answer(
-    state: &AppState,
     call: AlertmanagerCall,
     headers: &http::HeaderMap,
     body: UpstreamBody,
@@ -118,18 +112,6 @@ pub(super) async fn answer(
         prometheus::refuse_compressed(headers)?;
     }
     let answer = prometheus::read_filtered_response(body).await?;
-    state
-        .cpu_bound
-        .run(answer.len(), || filtered_answer(call, answer, tenant))
-        .await
-}
-
-/// What [`answer`] makes of the answer read.
-fn filtered_answer(
-    call: AlertmanagerCall,
-    answer: Bytes,
-    tenant: &TenantAlerts<'_>,
-) -> Result<Bytes, ProxyError> {
     match call {
         AlertmanagerCall::Read(filter) | AlertmanagerCall::ReadFiltered(filter) => {
             alertmanager::filter_answer(&answer, filter, tenant)

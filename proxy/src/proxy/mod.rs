@@ -45,14 +45,12 @@ use crate::tenants::Credential;
 use crate::upstream;
 
 mod alerts;
-mod cpu_bound;
 mod label_policy;
 mod push;
 mod rules;
 mod state;
 mod tail;
 
-pub use self::cpu_bound::CpuBound;
 pub use self::state::{AppState, Target};
 pub use self::tail::LiveTails;
 
@@ -492,20 +490,14 @@ async fn proxy(
     }
     if let (Operation::Alertmanager(call), StatusCode::OK) = (route.operation, parts.status) {
         let tenant = target.alerts_tenant(&credential.tenant)?;
-        let answer = alerts::answer(state, call, &parts.headers, body, &tenant).await?;
+        let answer = alerts::answer(call, &parts.headers, body, &tenant).await?;
         parts.headers.remove(header::CONTENT_LENGTH);
         return Ok(Response::from_parts(parts, body::full(answer)));
     }
     if let (Operation::Filter(filter), StatusCode::OK) = (route.operation, parts.status) {
         prometheus::refuse_compressed(&parts.headers)?;
         let matcher = target.tenant_matcher(credential)?;
-        let answer = prometheus::read_filtered_response(body).await?;
-        let filtered = state
-            .cpu_bound
-            .run(answer.len(), || {
-                prometheus::filter_document(&answer, filter, matcher)
-            })
-            .await?;
+        let filtered = prometheus::filter_response(body, filter, matcher).await?;
         parts.headers.remove(header::CONTENT_LENGTH);
         return Ok(Response::from_parts(parts, body::full(filtered)));
     }

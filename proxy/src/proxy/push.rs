@@ -1,7 +1,6 @@
 //! Label mode's push bodies (remote write, OTLP metrics): read whole,
-//! checked and rewritten for the tenant (a large one off its worker
-//! thread, `cpu_bound.rs`), counted, and forwarded with the headers that
-//! say what was checked.
+//! checked and rewritten for the tenant, counted, and forwarded with the
+//! headers that say what was checked.
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
@@ -30,12 +29,7 @@ pub(super) async fn remote_write(
 ) -> Result<(ProxyBody, remote_write::Version), ProxyError> {
     let compressed = body::read_bounded(body, state.limits.max_body_bytes).await?;
     let tenant = target.remote_write_label(tenant)?;
-    let (version, rewritten) = state
-        .cpu_bound
-        .run(compressed.len(), || {
-            rewrite_remote_write(state, &parts.headers, &compressed, &tenant)
-        })
-        .await?;
+    let (version, rewritten) = rewrite_remote_write(state, &parts.headers, &compressed, &tenant)?;
     let rewritten = match rewritten {
         Rewritten::Unchanged => compressed,
         Rewritten::Body(body) => Bytes::from(body),
@@ -64,13 +58,7 @@ pub(super) async fn otlp_metrics(
         OtlpForwardEncoding::AsReceived => encoding,
         OtlpForwardEncoding::Identity => otlp::Encoding::Identity,
     };
-    let rewritten = state
-        .cpu_bound
-        .run(received.len(), || {
-            rewrite_otlp(state, (encoding, forward), &received, &tenant)
-        })
-        .await?;
-    let (rewritten, sent_as) = match rewritten {
+    let (rewritten, sent_as) = match rewrite_otlp(state, (encoding, forward), &received, &tenant)? {
         Rewritten::Unchanged => (received, encoding),
         Rewritten::Body(body) => (Bytes::from(body), forward),
     };

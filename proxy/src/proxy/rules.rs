@@ -24,11 +24,7 @@ pub(super) async fn rule_group(
     body: body::Guarded<Incoming>,
 ) -> Result<ProxyBody, ProxyError> {
     let received = read_uncompressed(state, parts, body).await?;
-    let rewritten = state
-        .cpu_bound
-        .run(received.len(), || rule_group::rewrite(&received, tenant))
-        .await;
-    let (yaml, pinned) = rewritten.map_err(|error| {
+    let (yaml, pinned) = rule_group::rewrite(&received, tenant).map_err(|error| {
         if let RuleGroupError::ForeignLabel(_) = error {
             count_pinned(state, tenant, "rejected", 1);
         }
@@ -48,13 +44,7 @@ pub(super) async fn federated_rule_group(
     body: body::Guarded<Incoming>,
 ) -> Result<ProxyBody, ProxyError> {
     let received = read_uncompressed(state, parts, body).await?;
-    let yaml = state
-        .cpu_bound
-        .run(received.len(), || {
-            rule_group::federated(&received, tenant_id)
-        })
-        .await
-        .map_err(refusal)?;
+    let yaml = rule_group::federated(&received, tenant_id).map_err(refusal)?;
     Ok(yaml_body(parts, yaml))
 }
 

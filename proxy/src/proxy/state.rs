@@ -6,7 +6,6 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use http::header::HeaderName;
 
-use super::cpu_bound::CpuBound;
 use super::tail::LiveTails;
 use crate::admission::Admission;
 use crate::auth::Authenticator;
@@ -148,8 +147,6 @@ pub struct AppState {
     pub tracing: Option<Tracing>,
     /// Live tails, closed with a close frame at shutdown.
     pub tails: Arc<LiveTails>,
-    /// Turns for checking large push bodies off the worker threads.
-    pub cpu_bound: CpuBound,
 }
 
 impl AppState {
@@ -248,7 +245,6 @@ impl AppState {
             memo: Memo::new(config.metrics.as_ref().map_or(0, |m| m.query_cache_size)),
             tracing,
             tails: Arc::default(),
-            cpu_bound: CpuBound::per_core(),
         })
     }
 
