@@ -93,6 +93,13 @@ impl<F: Future> Future for Caught<F> {
     }
 }
 
+/// A step of a request's handling run away from its future (on a thread
+/// of its own), its panic turned into `None` and logged as [`caught`]
+/// logs one: without its message, which may quote the request's data.
+pub fn caught_step<T>(step: impl FnOnce() -> T) -> Option<T> {
+    catching(Catch::Request, AssertUnwindSafe(step))
+}
+
 pin_project_lite::pin_project! {
     /// A response body whose every poll is caught like its request's
     /// handling ([`caught_body`]).
@@ -328,5 +335,24 @@ mod tests {
         assert!(error.contains("src/proxy/x.rs:1:1"), "{error}");
         assert!(error.contains("panic in a request's handling"), "{error}");
         assert!(!error.contains("dXNlcjpzZWNyZXQ="), "{error}");
+    }
+
+    /// A step of a request run on a thread of its own (a body worker's) is
+    /// caught and logged as the request's handling is, without its message,
+    /// and leaves the thread as it found it.
+    #[test]
+    fn a_caught_step_returns_its_value_or_none_and_logs_no_message() {
+        assert_eq!(caught_step(|| 7), Some(7));
+        let quoting = "index out of range for `team-b` in a pushed label";
+        let error = logged(&|| {
+            let step = || -> u8 {
+                log("src/proxy/push.rs:1:1", quoting);
+                panic!("{quoting}")
+            };
+            assert_eq!(caught_step(step), None);
+            assert_eq!(CATCH.get(), Catch::Nothing);
+        });
+        assert!(error.contains("panic in a request's handling"), "{error}");
+        assert!(!error.contains("team-b"), "{error}");
     }
 }

@@ -45,12 +45,14 @@ use crate::tenants::Credential;
 use crate::upstream;
 
 mod alerts;
+mod body_workers;
 mod label_policy;
 mod push;
 mod rules;
 mod state;
 mod tail;
 
+pub use self::body_workers::BodyWorkers;
 pub use self::state::{AppState, Target};
 pub use self::tail::LiveTails;
 

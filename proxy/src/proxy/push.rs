@@ -1,20 +1,21 @@
 //! Label mode's push bodies (remote write, OTLP metrics): read whole,
-//! checked and rewritten for the tenant, counted, and forwarded with the
-//! headers that say what was checked.
+//! checked and rewritten for the tenant (a large one on a body worker,
+//! `body_workers.rs`), counted, and forwarded with the headers that say
+//! what was checked.
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use hyper::body::Incoming;
 
 use super::state::{AppState, Target};
-use crate::config::OtlpForwardEncoding;
+use crate::config::{ForeignLabelPolicy, OtlpForwardEncoding};
 use crate::enforce::otlp;
 use crate::enforce::remote_write::{self, RemoteWriteError};
 use crate::enforce::tenant_label::TenantLabel;
 use crate::enforce::Rewritten;
 use crate::http::body::{self, ProxyBody};
 use crate::http::error::ProxyError;
-use crate::ops::metrics::{TenantActionLabels, TenantLabels};
+use crate::ops::metrics::{Metrics, TenantActionLabels, TenantLabels};
 use crate::tenants::Tenant;
 
 /// Remote write: reads the body whole, checks and rewrites it for the
@@ -28,8 +29,12 @@ pub(super) async fn remote_write(
     body: body::Guarded<Incoming>,
 ) -> Result<(ProxyBody, remote_write::Version), ProxyError> {
     let compressed = body::read_bounded(body, state.limits.max_body_bytes).await?;
-    let tenant = target.remote_write_label(tenant)?;
-    let (version, rewritten) = rewrite_remote_write(state, &parts.headers, &compressed, &tenant)?;
+    let tenant = OwnedTenantLabel::of(&target.remote_write_label(tenant)?);
+    let version = remote_write::read_headers(&parts.headers);
+    let (metrics, max) = (state.metrics.clone(), state.limits.max_decompressed_bytes);
+    let received = compressed.clone();
+    let step = move || rewrite_remote_write(&metrics, max, version, &received, &tenant.view());
+    let (version, rewritten) = state.body_workers.run(compressed.len(), step).await??;
     let rewritten = match rewritten {
         Rewritten::Unchanged => compressed,
         Rewritten::Body(body) => Bytes::from(body),
@@ -50,15 +55,19 @@ pub(super) async fn otlp_metrics(
     parts: &mut http::request::Parts,
     body: body::Guarded<Incoming>,
 ) -> Result<ProxyBody, ProxyError> {
-    let tenant = target.remote_write_label(tenant)?;
-    let encoding =
-        otlp::read_headers(&parts.headers).map_err(|e| refused_otlp(state, &tenant, e))?;
+    let tenant = OwnedTenantLabel::of(&target.remote_write_label(tenant)?);
+    let metrics = state.metrics.clone();
+    let encoding = otlp::read_headers(&parts.headers)
+        .map_err(|e| refused_otlp(&metrics, &tenant.view(), e))?;
     let received = body::read_bounded(body, state.limits.max_body_bytes).await?;
     let forward = match target.otlp_forward {
         OtlpForwardEncoding::AsReceived => encoding,
         OtlpForwardEncoding::Identity => otlp::Encoding::Identity,
     };
-    let (rewritten, sent_as) = match rewrite_otlp(state, (encoding, forward), &received, &tenant)? {
+    let max = state.limits.max_decompressed_bytes;
+    let body = received.clone();
+    let step = move || rewrite_otlp(&metrics, max, (encoding, forward), &body, &tenant.view());
+    let (rewritten, sent_as) = match state.body_workers.run(received.len(), step).await?? {
         Rewritten::Unchanged => (received, encoding),
         Rewritten::Body(body) => (Bytes::from(body), forward),
     };
@@ -73,15 +82,44 @@ fn set_length(parts: &mut http::request::Parts, body: &[u8]) {
         .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
 }
 
-/// Reads the version a remote-write request declares, rewrites its body
+/// A [`TenantLabel`] of its own, for a step that may run on a body worker
+/// (`body_workers.rs`), away from the request it was borrowed from.
+struct OwnedTenantLabel {
+    name: String,
+    owned: Vec<String>,
+    owned_by: String,
+    policy: ForeignLabelPolicy,
+}
+
+impl OwnedTenantLabel {
+    fn of(tenant: &TenantLabel<'_>) -> Self {
+        Self {
+            name: tenant.name.to_owned(),
+            owned: tenant.owned.to_vec(),
+            owned_by: tenant.owned_by.to_owned(),
+            policy: tenant.policy,
+        }
+    }
+
+    fn view(&self) -> TenantLabel<'_> {
+        TenantLabel {
+            name: &self.name,
+            owned: &self.owned,
+            owned_by: &self.owned_by,
+            policy: self.policy,
+        }
+    }
+}
+
+/// Rewrites a remote-write body of the `version` its request declares
 /// for the tenant and counts what happened.
 fn rewrite_remote_write(
-    state: &AppState,
-    headers: &http::HeaderMap,
+    metrics: &Metrics,
+    max: u64,
+    version: Result<remote_write::Version, RemoteWriteError>,
     compressed: &[u8],
     tenant: &TenantLabel<'_>,
 ) -> Result<(remote_write::Version, Rewritten), ProxyError> {
-    let metrics = &state.metrics;
     let tenant_id = || TenantLabels {
         tenant: tenant.owned_by.to_owned(),
     };
@@ -89,8 +127,7 @@ fn rewrite_remote_write(
         .remote_write_bytes
         .get_or_create(&tenant_id())
         .inc_by(compressed.len() as u64);
-    let max = state.limits.max_decompressed_bytes;
-    let rewritten = remote_write::read_headers(headers).and_then(|version| {
+    let rewritten = version.and_then(|version| {
         let (body, stats) = remote_write::rewrite_body(version, compressed, tenant, max)?;
         Ok((version, body, stats))
     });
@@ -151,12 +188,12 @@ fn rewrite_remote_write(
 /// Rewrites an OTLP metrics body for the tenant and counts what happened.
 /// `(received, forward)`: the request's encoding, and a rewritten body's.
 fn rewrite_otlp(
-    state: &AppState,
+    metrics: &Metrics,
+    max: u64,
     (encoding, forward): (otlp::Encoding, otlp::Encoding),
     received: &[u8],
     tenant: &TenantLabel<'_>,
 ) -> Result<Rewritten, ProxyError> {
-    let metrics = &state.metrics;
     let tenant_id = TenantLabels {
         tenant: tenant.owned_by.to_owned(),
     };
@@ -164,9 +201,8 @@ fn rewrite_otlp(
         .otlp_received_bytes
         .get_or_create(&tenant_id)
         .inc_by(received.len() as u64);
-    let max = state.limits.max_decompressed_bytes;
     let (body, stats) = otlp::rewrite_body(encoding, forward, received, tenant, max)
-        .map_err(|e| refused_otlp(state, tenant, e))?;
+        .map_err(|e| refused_otlp(metrics, tenant, e))?;
     metrics
         .otlp_data_points
         .get_or_create(&tenant_id)
@@ -188,7 +224,7 @@ fn rewrite_otlp(
 }
 
 /// Counts a refused OTLP metrics request and says why.
-fn refused_otlp(state: &AppState, tenant: &TenantLabel<'_>, error: otlp::OtlpError) -> ProxyError {
+fn refused_otlp(metrics: &Metrics, tenant: &TenantLabel<'_>, error: otlp::OtlpError) -> ProxyError {
     let tenant = tenant.owned_by.to_owned();
     match &error {
         otlp::OtlpError::ForeignLabel(_) => {
@@ -196,17 +232,13 @@ fn refused_otlp(state: &AppState, tenant: &TenantLabel<'_>, error: otlp::OtlpErr
                 tenant,
                 action: "rejected",
             };
-            state.metrics.otlp_tenant_label.get_or_create(&labels).inc();
+            metrics.otlp_tenant_label.get_or_create(&labels).inc();
         }
         // Counted by the error's own label, not as the sender's.
         otlp::OtlpError::Compress(_) => {}
         _ => {
             let labels = TenantLabels { tenant };
-            state
-                .metrics
-                .otlp_decode_errors
-                .get_or_create(&labels)
-                .inc();
+            metrics.otlp_decode_errors.get_or_create(&labels).inc();
         }
     }
     otlp_refusal(error)

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use http::header::HeaderName;
 
+use super::body_workers::BodyWorkers;
 use super::tail::LiveTails;
 use crate::admission::Admission;
 use crate::auth::Authenticator;
@@ -147,6 +148,8 @@ pub struct AppState {
     pub tracing: Option<Tracing>,
     /// Live tails, closed with a close frame at shutdown.
     pub tails: Arc<LiveTails>,
+    /// The threads that check large push bodies.
+    pub body_workers: BodyWorkers,
 }
 
 impl AppState {
@@ -245,6 +248,7 @@ impl AppState {
             memo: Memo::new(config.metrics.as_ref().map_or(0, |m| m.query_cache_size)),
             tracing,
             tails: Arc::default(),
+            body_workers: BodyWorkers::per_core(),
         })
     }
 

@@ -1,0 +1,217 @@
+//! The threads that check and rewrite large push bodies, so that the
+//! other connections on a runtime worker thread never wait for one.
+//!
+//! Label mode checks and rewrites a remote-write or OTLP metrics body in
+//! one synchronous step, about 1.5 µs per KiB decompressed. A sender's
+//! usual batch (tens of KiB) takes a fraction of a millisecond and runs in
+//! place. The largest the limits allow (`limits.max_decompressed_bytes`
+//! once decompressed) takes on the order of 100 ms: run in place, every
+//! other connection of that worker thread, other tenants' queries among
+//! them, waits as long. From [`LARGE_BODY_BYTES`] on, the step runs on one
+//! of a fixed set of threads of its own, one per core, and the request
+//! waits for it without holding its worker.
+//!
+//! A fixed set, not tokio's `block_in_place` or its blocking pool: those
+//! move the work among threads that come and go, and each thread the work
+//! touched kept its buffers and its allocator arena; with glibc the
+//! proxy's RSS grew threefold under large pushes (docs/benchmarks.md,
+//! "Large pushes beside queries"). Here, as when the steps ran on the
+//! runtime's workers, as many threads as cores ever hold them, and at most
+//! one step per thread runs at once, which bounds their memory as the
+//! worker count did.
+
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::{oneshot, Semaphore};
+
+use crate::http::error::ProxyError;
+use crate::ops::panics;
+
+/// The size of a body (as received, compressed) from which its step runs
+/// on a body worker: about 1 MiB once snappy-decompressed, a couple of
+/// milliseconds of work. A Prometheus batch at its default
+/// `max_samples_per_send` (2,000) stays below it, where handing it over
+/// would cost more than it spares.
+pub const LARGE_BODY_BYTES: usize = 256 * 1024;
+
+type Job = Box<dyn FnOnce() + Send>;
+
+#[derive(Debug)]
+pub struct BodyWorkers {
+    jobs: SyncSender<Job>,
+    /// One per thread: a job is queued only with one, so the queue never
+    /// holds more than there are threads to take them.
+    turns: Semaphore,
+}
+
+impl BodyWorkers {
+    /// `threads` threads (at least one), named `body-worker-<i>`.
+    pub fn new(threads: usize) -> Self {
+        let threads = threads.max(1);
+        let (jobs, queue) = sync_channel::<Job>(threads);
+        let queue = Arc::new(Mutex::new(queue));
+        for i in 0..threads {
+            let queue = queue.clone();
+            std::thread::Builder::new()
+                .name(format!("body-worker-{i}"))
+                .spawn(move || work(&queue))
+                .expect("spawning a body worker thread");
+        }
+        Self {
+            jobs,
+            turns: Semaphore::new(threads),
+        }
+    }
+
+    /// One per core, as tokio counts its default worker threads.
+    pub fn per_core() -> Self {
+        Self::new(std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }
+
+    /// Runs `step`, the work on a body of `body_bytes`: in place if the body
+    /// is small, else on a body worker once one is free. A step that
+    /// panics there is an internal error, logged as a panic in a request's
+    /// handling is (without its message), and its thread goes on to the
+    /// next; in place, the request's own catch takes it.
+    pub async fn run<T: Send + 'static>(
+        &self,
+        body_bytes: usize,
+        step: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, ProxyError> {
+        if body_bytes < LARGE_BODY_BYTES {
+            return Ok(step());
+        }
+        let _turn = self
+            .turns
+            .acquire()
+            .await
+            .expect("the semaphore is never closed");
+        let (done, result) = oneshot::channel();
+        let job: Job = Box::new(move || {
+            if let Some(value) = panics::caught_step(step) {
+                let _ = done.send(value);
+            }
+        });
+        self.jobs
+            .send(job)
+            .map_err(|_| ProxyError::Internal("the body workers are gone".into()))?;
+        result
+            .await
+            .map_err(|_| ProxyError::Internal("the request's handling failed unexpectedly".into()))
+    }
+}
+
+fn work(queue: &Mutex<Receiver<Job>>) {
+    loop {
+        // The lock is held only to take a job, not to run it.
+        let next = queue.lock().unwrap_or_else(|e| e.into_inner()).recv();
+        match next {
+            Ok(job) => job(),
+            Err(_) => return, // the workers' owner is gone
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::future::Future;
+    use std::pin::{pin, Pin};
+    use std::sync::mpsc;
+    use std::task::Poll;
+    use std::time::Duration;
+    use tokio::task::JoinHandle;
+
+    const BOUND: Duration = Duration::from_secs(10);
+
+    fn thread_name() -> Option<String> {
+        std::thread::current().name().map(str::to_owned)
+    }
+
+    /// Polls `future` once.
+    async fn poll_once<F: Future>(future: Pin<&mut F>) -> Poll<F::Output> {
+        let mut future = Some(future);
+        std::future::poll_fn(|cx| Poll::Ready(future.take().unwrap().poll(cx))).await
+    }
+
+    /// A large step, started on a task of its own, which holds its body
+    /// worker until released through the sender returned (or `BOUND`
+    /// passes). The task answers whether it was released.
+    async fn held_step(
+        workers: &Arc<BodyWorkers>,
+    ) -> (JoinHandle<Result<bool, ProxyError>>, mpsc::Sender<()>) {
+        let (started_tx, started) = oneshot::channel();
+        let (release, release_rx) = mpsc::channel::<()>();
+        let step = tokio::spawn({
+            let workers = workers.clone();
+            async move {
+                let step = move || {
+                    started_tx.send(()).unwrap();
+                    release_rx.recv_timeout(BOUND).is_ok()
+                };
+                workers.run(LARGE_BODY_BYTES, step).await
+            }
+        });
+        started.await.unwrap();
+        (step, release)
+    }
+
+    /// A large step runs on a body worker, a smaller one where it was
+    /// asked for.
+    #[tokio::test]
+    async fn large_steps_run_on_a_body_worker_and_small_ones_in_place() {
+        let workers = BodyWorkers::new(1);
+        let here = thread_name();
+        let small = workers.run(LARGE_BODY_BYTES - 1, thread_name).await;
+        assert_eq!(small.unwrap(), here);
+        let large = workers.run(LARGE_BODY_BYTES, thread_name).await;
+        assert_eq!(large.unwrap().as_deref(), Some("body-worker-0"));
+    }
+
+    /// With one runtime thread, a task spawned while a large step runs
+    /// still runs: in place, the step would keep it from running until
+    /// the step ends, which here waits for that task.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_large_step_leaves_the_runtime_thread_to_the_other_tasks() {
+        let workers = Arc::new(BodyWorkers::new(1));
+        let (step, release) = held_step(&workers).await;
+        let other = tokio::spawn(async { "ran" });
+        let ran = tokio::time::timeout(BOUND, other).await;
+        release.send(()).unwrap();
+        assert_eq!(ran.expect("the other task ran").unwrap(), "ran");
+        assert!(step.await.unwrap().unwrap(), "released, not timed out");
+    }
+
+    /// Large steps take turns, one per thread: with the one thread busy
+    /// the next ones wait, without blocking the runtime thread on a full
+    /// queue, and run once it is free.
+    #[tokio::test]
+    async fn large_steps_take_turns_one_per_thread() {
+        let workers = Arc::new(BodyWorkers::new(1));
+        let (first, release) = held_step(&workers).await;
+        let mut second = pin!(workers.run(LARGE_BODY_BYTES, || "second"));
+        let mut third = pin!(workers.run(LARGE_BODY_BYTES, || "third"));
+        assert!(poll_once(second.as_mut()).await.is_pending());
+        assert!(poll_once(third.as_mut()).await.is_pending());
+        release.send(()).unwrap();
+        assert!(first.await.unwrap().unwrap(), "released, not timed out");
+        assert_eq!(second.await.unwrap(), "second");
+        assert_eq!(third.await.unwrap(), "third");
+    }
+
+    /// A step that panics is an internal error, and its thread takes the
+    /// next step.
+    #[tokio::test]
+    async fn a_panicking_step_is_an_internal_error_and_the_thread_goes_on() {
+        let workers = BodyWorkers::new(1);
+        let panicked = workers
+            .run(LARGE_BODY_BYTES, || -> u8 { panic!("a broken step") })
+            .await;
+        assert!(
+            matches!(panicked, Err(ProxyError::Internal(_))),
+            "{panicked:?}"
+        );
+        assert_eq!(workers.run(LARGE_BODY_BYTES, || 7).await.unwrap(), 7);
+    }
+}
