@@ -297,6 +297,36 @@ async fn in_label_mode_every_loki_rule_pins_the_tenant_label() {
         .contains(r#"tenant_proxy_rule_tenant_label_total{tenant="team-a",action="rejected"} 1"#));
 }
 
+/// A rule group of hundreds of KiB (read on a body worker, from 256 KiB)
+/// is pinned whole: every rule reaches Loki with the tenant's label, in
+/// order, the foreign ones overwritten.
+#[tokio::test]
+async fn a_large_loki_rule_group_is_pinned_whole() {
+    let loki = LokiStandIn::start().await;
+    let proxy = label_mode_before(&loki).await;
+    let rules: String = (0..3_000)
+        .map(|i| {
+            let namespace = ["team-a", "team-b"][i % 2];
+            format!(
+                "  - record: large:rule_{i}:rate5m\n    expr: sum(rate({{app=\"a{i}\"}}[5m]))\n    labels: {{namespace: {namespace}}}\n"
+            )
+        })
+        .collect();
+    let group = format!("name: large\nrules:\n{rules}");
+    assert!(group.len() >= 256 * 1024, "{} bytes", group.len());
+    let headers = [("content-type", "application/yaml")];
+    let reply = post_as_ruler(&proxy, "/loki/api/v1/rules/ns", &headers, group).await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.text());
+    let stored: serde_yaml_ng::Value =
+        serde_yaml_ng::from_slice(&loki.received().last().unwrap().body).unwrap();
+    let rules = stored["rules"].as_sequence().unwrap();
+    assert_eq!(rules.len(), 3_000);
+    for (i, rule) in rules.iter().enumerate() {
+        assert_eq!(rule["record"], format!("large:rule_{i}:rate5m").as_str());
+        assert_eq!(rule["labels"]["namespace"], "team-a", "{rule:?}");
+    }
+}
+
 /// The stand-in refuses the rule groups Loki refuses, each for its own
 /// reason, and takes a valid one with 202; posted through the proxy
 /// without metrics, so the group reaches it as sent.

@@ -38,6 +38,30 @@ pub struct TenantAlerts<'a> {
     pub owned: &'a [String],
 }
 
+/// A [`TenantAlerts`] of its own, for work that runs away from the
+/// request it was borrowed from (on a body worker).
+#[derive(Debug, Clone)]
+pub struct OwnedTenantAlerts {
+    label: String,
+    owned: Vec<String>,
+}
+
+impl OwnedTenantAlerts {
+    pub fn of(tenant: &TenantAlerts<'_>) -> Self {
+        Self {
+            label: tenant.label.to_owned(),
+            owned: tenant.owned.to_vec(),
+        }
+    }
+
+    pub fn view(&self) -> TenantAlerts<'_> {
+        TenantAlerts {
+            label: &self.label,
+            owned: &self.owned,
+        }
+    }
+}
+
 /// One matcher of a silence, as Alertmanager's API v2 defines it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -158,21 +158,6 @@ pub fn unpaged_rules_query(query: Option<&str>) -> Option<String> {
     kept.then(|| out.finish())
 }
 
-/// Reads a successful `rules`/`alerts` response and keeps only what carries
-/// the tenant label with one of the tenant's values. A response that cannot
-/// be read or understood is refused (502), never passed through unfiltered.
-pub async fn filter_response<B>(
-    body: B,
-    filter: ResponseFilter,
-    tenant: &TenantMatcher,
-) -> Result<Bytes, ProxyError>
-where
-    B: hyper::body::Body,
-    B::Error: Into<BoxError>,
-{
-    filter_document(&read_filtered_response(body).await?, filter, tenant)
-}
-
 /// Reads an upstream answer that is to be filtered or checked, whole, up
 /// to `MAX_FILTERED_RESPONSE_BYTES` (502 beyond, or if it breaks off).
 /// Generic over the body so that the bound can be tested without an
@@ -200,8 +185,11 @@ pub fn refuse_compressed(headers: &http::HeaderMap) -> Result<(), ProxyError> {
     }
 }
 
-/// The pure part of `filter_response`: keeps what the tenant's matchers
-/// (and a credential's selector) accept.
+/// A successful `rules`/`alerts` response (read whole by
+/// [`read_filtered_response`]) with only what carries the tenant label
+/// with one of the tenant's values: what the tenant's matchers (and a
+/// credential's selector) accept. A response that cannot be read or
+/// understood is refused (502), never passed through unfiltered.
 pub fn filter_document(
     bytes: &[u8],
     filter: ResponseFilter,
@@ -442,19 +430,6 @@ mod tests {
             read_filtered_response(body(bound + 1)).await,
             Err(ProxyError::UpstreamUnavailable(_))
         ));
-    }
-
-    #[tokio::test]
-    async fn a_filtered_response_is_the_filtered_document() {
-        let doc = r#"{"status":"success","data":{"alerts":[{"labels":{"namespace":"a"}},{"labels":{"namespace":"b"}}]}}"#;
-        let body = http_body_util::Full::new(Bytes::from_static(doc.as_bytes()));
-        let filtered = filter_response(body, ResponseFilter::Alerts, &tenant())
-            .await
-            .unwrap();
-        assert_eq!(
-            filtered,
-            r#"{"data":{"alerts":[{"labels":{"namespace":"a"}}]},"status":"success"}"#
-        );
     }
 
     #[test]

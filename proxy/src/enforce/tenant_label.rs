@@ -15,6 +15,36 @@ pub struct TenantLabel<'a> {
     pub policy: ForeignLabelPolicy,
 }
 
+/// A [`TenantLabel`] of its own, for work that runs away from the request
+/// it was borrowed from (on a body worker, `proxy/body_workers.rs`).
+#[derive(Debug, Clone)]
+pub struct OwnedTenantLabel {
+    name: String,
+    owned: Vec<String>,
+    owned_by: String,
+    policy: ForeignLabelPolicy,
+}
+
+impl OwnedTenantLabel {
+    pub fn of(tenant: &TenantLabel<'_>) -> Self {
+        Self {
+            name: tenant.name.to_owned(),
+            owned: tenant.owned.to_vec(),
+            owned_by: tenant.owned_by.to_owned(),
+            policy: tenant.policy,
+        }
+    }
+
+    pub fn view(&self) -> TenantLabel<'_> {
+        TenantLabel {
+            name: &self.name,
+            owned: &self.owned,
+            owned_by: &self.owned_by,
+            policy: self.policy,
+        }
+    }
+}
+
 impl<'a> TenantLabel<'a> {
     /// The value written when a series has none or a foreign one.
     pub fn default_value(&self) -> &'a [u8] {

@@ -7,7 +7,7 @@ use http::{Request, StatusCode};
 use hyper::body::Incoming;
 
 use super::state::{AppState, Target};
-use crate::enforce::alertmanager::{self, TenantAlerts};
+use crate::enforce::alertmanager::{self, OwnedTenantAlerts, TenantAlerts};
 use crate::enforce::prometheus;
 use crate::http::body::{self, ProxyBody};
 use crate::http::error::ProxyError;
@@ -35,7 +35,9 @@ pub(super) async fn request(
         }
         AlertmanagerCall::PostSilence => {
             let received = body::read_bounded(body, state.limits.max_body_bytes).await?;
-            let silence = alertmanager::rewrite_silence(&received, tenant)?;
+            let (owned, posted) = (OwnedTenantAlerts::of(tenant), received.clone());
+            let step = move || alertmanager::rewrite_silence(&posted, &owned.view());
+            let silence = state.body_workers.run(received.len(), step).await??;
             if let Some(id) = &silence.id {
                 check_silence_owner(state, target, id, tenant).await?;
             }
@@ -99,6 +101,7 @@ async fn check_silence_owner(
 /// for one silence, shown only if it is the tenant's; for the receivers
 /// (asked of the status), those the tenant's alerts can reach.
 pub(super) async fn answer(
+    state: &AppState,
     call: AlertmanagerCall,
     headers: &http::HeaderMap,
     body: UpstreamBody,
@@ -112,6 +115,18 @@ pub(super) async fn answer(
         prometheus::refuse_compressed(headers)?;
     }
     let answer = prometheus::read_filtered_response(body).await?;
+    let (owned, size) = (OwnedTenantAlerts::of(tenant), answer.len());
+    let step = move || filtered_answer(call, answer, &owned.view());
+    state.body_workers.run(size, step).await?
+}
+
+/// What [`answer`] makes of the answer read: run on a body worker when it
+/// is large (a long list of alerts).
+fn filtered_answer(
+    call: AlertmanagerCall,
+    answer: Bytes,
+    tenant: &TenantAlerts<'_>,
+) -> Result<Bytes, ProxyError> {
     match call {
         AlertmanagerCall::Read(filter) | AlertmanagerCall::ReadFiltered(filter) => {
             alertmanager::filter_answer(&answer, filter, tenant)

@@ -492,14 +492,17 @@ async fn proxy(
     }
     if let (Operation::Alertmanager(call), StatusCode::OK) = (route.operation, parts.status) {
         let tenant = target.alerts_tenant(&credential.tenant)?;
-        let answer = alerts::answer(call, &parts.headers, body, &tenant).await?;
+        let answer = alerts::answer(state, call, &parts.headers, body, &tenant).await?;
         parts.headers.remove(header::CONTENT_LENGTH);
         return Ok(Response::from_parts(parts, body::full(answer)));
     }
     if let (Operation::Filter(filter), StatusCode::OK) = (route.operation, parts.status) {
         prometheus::refuse_compressed(&parts.headers)?;
         let matcher = target.tenant_matcher(credential)?;
-        let filtered = prometheus::filter_response(body, filter, matcher).await?;
+        let answer = prometheus::read_filtered_response(body).await?;
+        let (matcher, size) = (matcher.clone(), answer.len());
+        let step = move || prometheus::filter_document(&answer, filter, &matcher);
+        let filtered = state.body_workers.run(size, step).await??;
         parts.headers.remove(header::CONTENT_LENGTH);
         return Ok(Response::from_parts(parts, body::full(filtered)));
     }

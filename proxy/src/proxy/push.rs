@@ -8,10 +8,10 @@ use http::header::{self, HeaderValue};
 use hyper::body::Incoming;
 
 use super::state::{AppState, Target};
-use crate::config::{ForeignLabelPolicy, OtlpForwardEncoding};
+use crate::config::OtlpForwardEncoding;
 use crate::enforce::otlp;
 use crate::enforce::remote_write::{self, RemoteWriteError};
-use crate::enforce::tenant_label::TenantLabel;
+use crate::enforce::tenant_label::{OwnedTenantLabel, TenantLabel};
 use crate::enforce::Rewritten;
 use crate::http::body::{self, ProxyBody};
 use crate::http::error::ProxyError;
@@ -80,35 +80,6 @@ fn set_length(parts: &mut http::request::Parts, body: &[u8]) {
     parts
         .headers
         .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
-}
-
-/// A [`TenantLabel`] of its own, for a step that may run on a body worker
-/// (`body_workers.rs`), away from the request it was borrowed from.
-struct OwnedTenantLabel {
-    name: String,
-    owned: Vec<String>,
-    owned_by: String,
-    policy: ForeignLabelPolicy,
-}
-
-impl OwnedTenantLabel {
-    fn of(tenant: &TenantLabel<'_>) -> Self {
-        Self {
-            name: tenant.name.to_owned(),
-            owned: tenant.owned.to_vec(),
-            owned_by: tenant.owned_by.to_owned(),
-            policy: tenant.policy,
-        }
-    }
-
-    fn view(&self) -> TenantLabel<'_> {
-        TenantLabel {
-            name: &self.name,
-            owned: &self.owned,
-            owned_by: &self.owned_by,
-            policy: self.policy,
-        }
-    }
 }
 
 /// Rewrites a remote-write body of the `version` its request declares

@@ -1,7 +1,8 @@
 //! Rule groups posted through the proxy (`enforce::rule_group` says why):
 //! in label mode Loki's, checked and written again with the tenant label on
 //! every rule; in header mode Mimir's and Cortex's, once they query no
-//! other tenant, written again from what was checked.
+//! other tenant, written again from what was checked. A large one (YAML is
+//! slow to read) on a body worker, `body_workers.rs`.
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
@@ -9,7 +10,7 @@ use hyper::body::Incoming;
 
 use super::state::AppState;
 use crate::enforce::rule_group::{self, RuleGroupError};
-use crate::enforce::tenant_label::TenantLabel;
+use crate::enforce::tenant_label::{OwnedTenantLabel, TenantLabel};
 use crate::http::body::{self, ProxyBody};
 use crate::http::error::ProxyError;
 use crate::http::headers;
@@ -24,7 +25,10 @@ pub(super) async fn rule_group(
     body: body::Guarded<Incoming>,
 ) -> Result<ProxyBody, ProxyError> {
     let received = read_uncompressed(state, parts, body).await?;
-    let (yaml, pinned) = rule_group::rewrite(&received, tenant).map_err(|error| {
+    let (owned, group) = (OwnedTenantLabel::of(tenant), received.clone());
+    let step = move || rule_group::rewrite(&group, &owned.view());
+    let rewritten = state.body_workers.run(received.len(), step).await?;
+    let (yaml, pinned) = rewritten.map_err(|error| {
         if let RuleGroupError::ForeignLabel(_) = error {
             count_pinned(state, tenant, "rejected", 1);
         }
@@ -44,7 +48,13 @@ pub(super) async fn federated_rule_group(
     body: body::Guarded<Incoming>,
 ) -> Result<ProxyBody, ProxyError> {
     let received = read_uncompressed(state, parts, body).await?;
-    let yaml = rule_group::federated(&received, tenant_id).map_err(refusal)?;
+    let (tenant_id, group) = (tenant_id.to_owned(), received.clone());
+    let step = move || rule_group::federated(&group, &tenant_id);
+    let yaml = state
+        .body_workers
+        .run(received.len(), step)
+        .await?
+        .map_err(refusal)?;
     Ok(yaml_body(parts, yaml))
 }
 
