@@ -118,6 +118,12 @@ async fn setup_with(rules: &str) -> Setup {
     Setup { prometheus, proxy }
 }
 
+/// A GET straight to Prometheus, past the proxy.
+async fn direct(prometheus: &PrometheusProcess, path: &str) -> Reply {
+    let url = format!("{}{path}", prometheus.url());
+    send(Method::GET, &url, None, &[], "").await
+}
+
 /// GET with the parameters in the URL, or POST with them in a form body.
 async fn api(proxy: &RunningProxy, method: &Method, path: &str, params: &str, auth: &str) -> Reply {
     if *method == Method::GET {
@@ -335,14 +341,7 @@ async fn refused_endpoints_are_404_and_never_reach_prometheus() {
         assert_eq!(reply.json()["status"], "error");
     }
     // Had /-/quit gone through, Prometheus would be gone.
-    let ready = send(
-        Method::GET,
-        &format!("{}/-/ready", prometheus.url()),
-        None,
-        &[],
-        "",
-    )
-    .await;
+    let ready = direct(&prometheus, "/-/ready").await;
     assert_eq!(ready.status, StatusCode::OK);
     let logs_scope_only = basic("logs-only", "l-pw");
     let reply = api(
@@ -528,15 +527,8 @@ async fn rules_and_alerts_are_filtered_to_the_tenant() {
     // Wait (bounded) until both tenants' alerts fire upstream.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let direct = send(
-            Method::GET,
-            &format!("{}/api/v1/alerts", prometheus.url()),
-            None,
-            &[],
-            "",
-        )
-        .await;
-        if direct.json()["data"]["alerts"]
+        let firing = direct(&prometheus, "/api/v1/alerts").await;
+        if firing.json()["data"]["alerts"]
             .as_array()
             .map_or(0, Vec::len)
             >= 2
@@ -544,14 +536,7 @@ async fn rules_and_alerts_are_filtered_to_the_tenant() {
             break;
         }
         if Instant::now() > deadline {
-            let rules = send(
-                Method::GET,
-                &format!("{}/api/v1/rules", prometheus.url()),
-                None,
-                &[],
-                "",
-            )
-            .await;
+            let rules = direct(&prometheus, "/api/v1/rules").await;
             panic!("alerts did not fire within 30 s: {}", rules.text());
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -767,30 +752,14 @@ async fn a_large_rules_listing_is_filtered_whole() {
         .collect();
     let Setup { proxy, prometheus } =
         setup_with(&format!("groups:\n  - name: large\n    rules:\n{rules}")).await;
-    let direct = send(
-        Method::GET,
-        &format!("{}/api/v1/rules", prometheus.url()),
-        None,
-        &[],
-        "",
-    )
-    .await;
+    let unfiltered = direct(&prometheus, "/api/v1/rules").await;
     assert!(
-        direct.body.len() >= 256 * 1024,
+        unfiltered.body.len() >= 256 * 1024,
         "{} bytes",
-        direct.body.len()
+        unfiltered.body.len()
     );
     for (auth, namespace, first) in [(alice(), "team-a", 0), (bob(), "team-b", 1)] {
-        let listing = success(
-            &send(
-                Method::GET,
-                &proxy.url("/api/v1/rules"),
-                Some(&auth),
-                &[],
-                "",
-            )
-            .await,
-        );
+        let listing = success(&api(&proxy, &Method::GET, "/api/v1/rules", "", &auth).await);
         let rules = listing["groups"][0]["rules"].as_array().unwrap();
         let names: Vec<String> = rules
             .iter()
