@@ -1,15 +1,18 @@
-//! The threads that check and rewrite large push bodies, so that the
+//! The threads that do the work on large bodies read whole, so that the
 //! other connections on a runtime worker thread never wait for one.
 //!
-//! Label mode checks and rewrites a remote-write or OTLP metrics body in
-//! one synchronous step, about 1.5 µs per KiB decompressed. A sender's
-//! usual batch (tens of KiB) takes a fraction of a millisecond and runs in
-//! place. The largest the limits allow (`limits.max_decompressed_bytes`
-//! once decompressed) takes on the order of 100 ms: run in place, every
-//! other connection of that worker thread, other tenants' queries among
-//! them, waits as long. From [`LARGE_BODY_BYTES`] on, the step runs on one
-//! of a fixed set of threads of its own, one per core, and the request
-//! waits for it without holding its worker.
+//! Some bodies are read whole and worked on in one synchronous step: label
+//! mode's push bodies checked and rewritten (remote write, OTLP metrics,
+//! about 1.5 µs per KiB decompressed), rule groups and silences written
+//! again from what was checked, and upstream answers filtered for a tenant
+//! (Prometheus' `rules` and `alerts`, Alertmanager's). A usual one takes a
+//! fraction of a millisecond and runs in place. The largest the limits
+//! allow takes from about 100 ms (a push at `limits.max_decompressed_bytes`)
+//! to a second (a YAML rule group at `limits.max_body_bytes`): run in
+//! place, every other connection of that worker thread, other tenants'
+//! queries among them, waits as long. From [`LARGE_BODY_BYTES`] on, the
+//! step runs on one of a fixed set of threads of its own, one per core,
+//! and the request waits for it without holding its worker.
 //!
 //! A fixed set, not tokio's `block_in_place` or its blocking pool: those
 //! move the work among threads that come and go, and each thread the work
@@ -20,7 +23,7 @@
 //! one step per thread runs at once, which bounds their memory as the
 //! worker count did.
 
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{oneshot, Semaphore};
@@ -40,9 +43,11 @@ type Job = Box<dyn FnOnce() + Send>;
 #[derive(Debug)]
 pub struct BodyWorkers {
     jobs: SyncSender<Job>,
-    /// One per thread: a job is queued only with one, so the queue never
-    /// holds more than there are threads to take them.
-    turns: Semaphore,
+    /// One per thread: a job is queued only with one, and gives it back
+    /// when it has run (not when its request goes away), so the jobs
+    /// queued and running never outnumber the threads, and sending one
+    /// never waits for room.
+    turns: Arc<Semaphore>,
 }
 
 impl BodyWorkers {
@@ -60,7 +65,7 @@ impl BodyWorkers {
         }
         Self {
             jobs,
-            turns: Semaphore::new(threads),
+            turns: Arc::new(Semaphore::new(threads)),
         }
     }
 
@@ -82,20 +87,24 @@ impl BodyWorkers {
         if body_bytes < LARGE_BODY_BYTES {
             return Ok(step());
         }
-        let _turn = self
-            .turns
-            .acquire()
-            .await
-            .expect("the semaphore is never closed");
+        let turn =
+            (self.turns.clone().acquire_owned().await).expect("the semaphore is never closed");
         let (done, result) = oneshot::channel();
         let job: Job = Box::new(move || {
-            if let Some(value) = panics::caught_step(step) {
+            let value = panics::caught_step(step);
+            // Given back before the answer, so that a request that has its
+            // answer finds the turn free again.
+            drop(turn);
+            if let Some(value) = value {
                 let _ = done.send(value);
             }
         });
-        self.jobs
-            .send(job)
-            .map_err(|_| ProxyError::Internal("the body workers are gone".into()))?;
+        self.jobs.try_send(job).map_err(|e| {
+            ProxyError::Internal(match e {
+                TrySendError::Full(_) => "no room for a body worker's job".into(),
+                TrySendError::Disconnected(_) => "the body workers are gone".into(),
+            })
+        })?;
         result
             .await
             .map_err(|_| ProxyError::Internal("the request's handling failed unexpectedly".into()))
@@ -198,6 +207,24 @@ mod tests {
         assert!(first.await.unwrap().unwrap(), "released, not timed out");
         assert_eq!(second.await.unwrap(), "second");
         assert_eq!(third.await.unwrap(), "third");
+    }
+
+    /// A request that goes away while its step runs leaves the turn with
+    /// the step until it has run, so that the jobs never outnumber the
+    /// threads (a queue full of orphans would have made a send wait).
+    #[tokio::test]
+    async fn a_step_keeps_its_turn_until_it_has_run_if_its_request_goes_away() {
+        let workers = Arc::new(BodyWorkers::new(1));
+        let (first, release) = held_step(&workers).await;
+        first.abort();
+        assert!(first.await.unwrap_err().is_cancelled());
+        assert_eq!(workers.turns.available_permits(), 0, "the step still runs");
+        release.send(()).unwrap();
+        assert_eq!(
+            workers.run(LARGE_BODY_BYTES, || "next").await.unwrap(),
+            "next"
+        );
+        assert_eq!(workers.turns.available_permits(), 1);
     }
 
     /// A step that panics is an internal error, and its thread takes the
