@@ -170,6 +170,7 @@ pub struct Metrics {
     /// tenants file no longer granted their credential.
     pub live_tails: Gauge,
     pub live_tails_revoked: Counter,
+    pub large_bodies: Gauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -390,6 +391,12 @@ impl Default for Metrics {
             "Live tails closed because the tenants file no longer grants their credential",
             live_tails_revoked.clone(),
         );
+        let large_bodies = Gauge::default();
+        registry.register(
+            "large_bodies",
+            "Bodies of 256 KiB or more read whole, waiting for a body worker or being worked on by one",
+            large_bodies.clone(),
+        );
         Self {
             registry,
             requests,
@@ -427,6 +434,7 @@ impl Default for Metrics {
             trace_exports,
             live_tails,
             live_tails_revoked,
+            large_bodies,
         }
     }
 }

@@ -26,6 +26,7 @@
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{oneshot, Semaphore};
 
 use crate::http::error::ProxyError;
@@ -48,11 +49,15 @@ pub struct BodyWorkers {
     /// queued and running never outnumber the threads, and sending one
     /// never waits for room.
     turns: Arc<Semaphore>,
+    /// Large bodies waiting for a turn or being worked on
+    /// (`tenant_proxy_large_bodies`).
+    in_work: Gauge,
 }
 
 impl BodyWorkers {
-    /// `threads` threads (at least one), named `body-worker-<i>`.
-    pub fn new(threads: usize) -> Self {
+    /// `threads` threads (at least one), named `body-worker-<i>`, counting
+    /// the large bodies in their care in `in_work`.
+    pub fn new(threads: usize, in_work: Gauge) -> Self {
         let threads = threads.max(1);
         let (jobs, queue) = sync_channel::<Job>(threads);
         let queue = Arc::new(Mutex::new(queue));
@@ -66,12 +71,14 @@ impl BodyWorkers {
         Self {
             jobs,
             turns: Arc::new(Semaphore::new(threads)),
+            in_work,
         }
     }
 
     /// One per core, as tokio counts its default worker threads.
-    pub fn per_core() -> Self {
-        Self::new(std::thread::available_parallelism().map_or(1, |n| n.get()))
+    pub fn per_core(in_work: Gauge) -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Self::new(cores, in_work)
     }
 
     /// Runs `step`, the work on a body of `body_bytes`: in place if the body
@@ -87,6 +94,9 @@ impl BodyWorkers {
         if body_bytes < LARGE_BODY_BYTES {
             return Ok(step());
         }
+        // Counted from now until the step has run, or until its request
+        // goes away before the step was handed over.
+        let counted = Counted::new(&self.in_work);
         let turn =
             (self.turns.clone().acquire_owned().await).expect("the semaphore is never closed");
         let (done, result) = oneshot::channel();
@@ -94,7 +104,7 @@ impl BodyWorkers {
             let value = panics::caught_step(step);
             // Given back before the answer, so that a request that has its
             // answer finds the turn free again.
-            drop(turn);
+            drop((turn, counted));
             if let Some(value) = value {
                 let _ = done.send(value);
             }
@@ -108,6 +118,22 @@ impl BodyWorkers {
         result
             .await
             .map_err(|_| ProxyError::Internal("the request's handling failed unexpectedly".into()))
+    }
+}
+
+/// One in a gauge for as long as it lives.
+struct Counted(Gauge);
+
+impl Counted {
+    fn new(gauge: &Gauge) -> Self {
+        gauge.inc();
+        Self(gauge.clone())
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
 
@@ -170,7 +196,7 @@ mod tests {
     /// asked for.
     #[tokio::test]
     async fn large_steps_run_on_a_body_worker_and_small_ones_in_place() {
-        let workers = BodyWorkers::new(1);
+        let workers = BodyWorkers::new(1, Gauge::default());
         let here = thread_name();
         let small = workers.run(LARGE_BODY_BYTES - 1, thread_name).await;
         assert_eq!(small.unwrap(), here);
@@ -183,7 +209,7 @@ mod tests {
     /// the step ends, which here waits for that task.
     #[tokio::test(flavor = "current_thread")]
     async fn a_large_step_leaves_the_runtime_thread_to_the_other_tasks() {
-        let workers = Arc::new(BodyWorkers::new(1));
+        let workers = Arc::new(BodyWorkers::new(1, Gauge::default()));
         let (step, release) = held_step(&workers).await;
         let other = tokio::spawn(async { "ran" });
         let ran = tokio::time::timeout(BOUND, other).await;
@@ -197,16 +223,18 @@ mod tests {
     /// queue, and run once it is free.
     #[tokio::test]
     async fn large_steps_take_turns_one_per_thread() {
-        let workers = Arc::new(BodyWorkers::new(1));
+        let workers = Arc::new(BodyWorkers::new(1, Gauge::default()));
         let (first, release) = held_step(&workers).await;
         let mut second = pin!(workers.run(LARGE_BODY_BYTES, || "second"));
         let mut third = pin!(workers.run(LARGE_BODY_BYTES, || "third"));
         assert!(poll_once(second.as_mut()).await.is_pending());
         assert!(poll_once(third.as_mut()).await.is_pending());
+        assert_eq!(workers.in_work.get(), 3, "one worked on, two waiting");
         release.send(()).unwrap();
         assert!(first.await.unwrap().unwrap(), "released, not timed out");
         assert_eq!(second.await.unwrap(), "second");
         assert_eq!(third.await.unwrap(), "third");
+        assert_eq!(workers.in_work.get(), 0);
     }
 
     /// A request that goes away while its step runs leaves the turn with
@@ -214,24 +242,26 @@ mod tests {
     /// threads (a queue full of orphans would have made a send wait).
     #[tokio::test]
     async fn a_step_keeps_its_turn_until_it_has_run_if_its_request_goes_away() {
-        let workers = Arc::new(BodyWorkers::new(1));
+        let workers = Arc::new(BodyWorkers::new(1, Gauge::default()));
         let (first, release) = held_step(&workers).await;
         first.abort();
         assert!(first.await.unwrap_err().is_cancelled());
         assert_eq!(workers.turns.available_permits(), 0, "the step still runs");
+        assert_eq!(workers.in_work.get(), 1);
         release.send(()).unwrap();
         assert_eq!(
             workers.run(LARGE_BODY_BYTES, || "next").await.unwrap(),
             "next"
         );
         assert_eq!(workers.turns.available_permits(), 1);
+        assert_eq!(workers.in_work.get(), 0);
     }
 
     /// A step that panics is an internal error, and its thread takes the
     /// next step.
     #[tokio::test]
     async fn a_panicking_step_is_an_internal_error_and_the_thread_goes_on() {
-        let workers = BodyWorkers::new(1);
+        let workers = BodyWorkers::new(1, Gauge::default());
         let panicked = workers
             .run(LARGE_BODY_BYTES, || -> u8 { panic!("a broken step") })
             .await;

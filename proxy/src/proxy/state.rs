@@ -244,11 +244,11 @@ impl AppState {
                 config.tenant_limits.clone(),
             )
             .with_metrics(metrics.clone()),
+            body_workers: BodyWorkers::per_core(metrics.large_bodies.clone()),
             metrics,
             memo: Memo::new(config.metrics.as_ref().map_or(0, |m| m.query_cache_size)),
             tracing,
             tails: Arc::default(),
-            body_workers: BodyWorkers::per_core(),
         })
     }
 
