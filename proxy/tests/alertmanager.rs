@@ -942,3 +942,47 @@ fn what_a_tenant_is_shown_of_any_routing_tree_routes_its_alerts_as_the_whole() {
         panic!("{e}");
     }
 }
+
+/// A silence of hundreds of KiB (a long comment), and the listing that
+/// holds it, each over the body workers' 256 KiB: the silence is pinned to
+/// its tenant and the listing scoped whole, as small ones are.
+#[tokio::test]
+async fn a_large_silence_and_its_listing_are_scoped_whole() {
+    let (am, proxy) = setup().await;
+    let comment = "maintenance window; ".repeat(15_000);
+    let mut large: Value = serde_json::from_str(&silence(json!([
+        {"name": "alertname", "value": "Down", "isRegex": false}
+    ])))
+    .unwrap();
+    large["comment"] = Value::from(comment.as_str());
+    let body = large.to_string();
+    assert!(body.len() >= 256 * 1024, "{} bytes", body.len());
+    let created = call(&proxy, "alice", Method::POST, "/api/v2/silences", &body).await;
+    assert_eq!(created.status, StatusCode::OK, "{}", created.text());
+    let id = created.json()["silenceID"].as_str().unwrap().to_owned();
+    let stored = held(&am, &id).await;
+    assert_eq!(stored["comment"], comment.as_str());
+    assert!(
+        pinned_to(&stored["matchers"], &["team-a", "team-a-2"]),
+        "{}",
+        stored["matchers"]
+    );
+
+    let unfiltered = am.call(Method::GET, "/api/v2/silences", "").await.unwrap();
+    assert!(
+        unfiltered.body.len() >= 256 * 1024,
+        "{}",
+        unfiltered.body.len()
+    );
+    for (user, shown) in [("alice", true), ("bob", false)] {
+        let listing = call(&proxy, user, Method::GET, "/api/v2/silences", "").await;
+        assert_eq!(listing.status, StatusCode::OK, "{}", listing.text());
+        let silences = listing.json();
+        let listed = silences
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["id"] == id.as_str());
+        assert_eq!(listed, shown, "{user}");
+    }
+}
