@@ -123,6 +123,24 @@ impl UpstreamDurations {
     }
 }
 
+/// One in `gauge` for as long as it lives (a live tail, a large body in a
+/// body worker's care): dropped on every path out, an early return or a
+/// cancelled future among them.
+pub struct GaugeHeld(Gauge);
+
+impl GaugeHeld {
+    pub fn new(gauge: &Gauge) -> Self {
+        gauge.inc();
+        Self(gauge.clone())
+    }
+}
+
+impl Drop for GaugeHeld {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 pub struct Metrics {
     registry: Registry,
     pub requests: Family<RequestLabels, Counter>,

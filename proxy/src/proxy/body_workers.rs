@@ -30,6 +30,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{oneshot, Semaphore};
 
 use crate::http::error::ProxyError;
+use crate::ops::metrics::GaugeHeld;
 use crate::ops::panics;
 
 /// The size of a body (as received, compressed) from which its step runs
@@ -96,7 +97,7 @@ impl BodyWorkers {
         }
         // Counted from now until the step has run, or until its request
         // goes away before the step was handed over.
-        let counted = Counted::new(&self.in_work);
+        let counted = GaugeHeld::new(&self.in_work);
         let turn =
             (self.turns.clone().acquire_owned().await).expect("the semaphore is never closed");
         let (done, result) = oneshot::channel();
@@ -118,22 +119,6 @@ impl BodyWorkers {
         result
             .await
             .map_err(|_| ProxyError::Internal("the request's handling failed unexpectedly".into()))
-    }
-}
-
-/// One in a gauge for as long as it lives.
-struct Counted(Gauge);
-
-impl Counted {
-    fn new(gauge: &Gauge) -> Self {
-        gauge.inc();
-        Self(gauge.clone())
-    }
-}
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        self.0.dec();
     }
 }
 

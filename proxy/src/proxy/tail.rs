@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use crate::admission::Admitted;
 use crate::http::headers;
 use crate::http::websocket::{Close, FrameBoundary};
-use crate::ops::metrics::Metrics;
+use crate::ops::metrics::{GaugeHeld, Metrics};
 use crate::tenants::reload::Tenants;
 use crate::tenants::{Credential, Scope, TenantStore};
 
@@ -130,7 +130,7 @@ pub(super) fn splice_upgraded(
         let (mut from_upstream, mut to_upstream) = tokio::io::split(TokioIo::new(upstream));
         // Declared after the connections, so dropped before them: the
         // count is down before either side sees the tail end.
-        let _open = OpenTail::new(&metrics);
+        let _open = GaugeHeld::new(&metrics.live_tails);
         let tenant = grant.credential.tenant.id.clone();
         let (mut up, mut down) = (Relay::new(), Relay::new());
         let mut server_frames = FrameBoundary::default();
@@ -271,22 +271,6 @@ impl Relay {
             }
             to.flush().await?;
         }
-    }
-}
-
-/// Counts a tail in `live_tails` for as long as it lives.
-struct OpenTail<'m>(&'m Metrics);
-
-impl<'m> OpenTail<'m> {
-    fn new(metrics: &'m Metrics) -> Self {
-        metrics.live_tails.inc();
-        Self(metrics)
-    }
-}
-
-impl Drop for OpenTail<'_> {
-    fn drop(&mut self) {
-        self.0.live_tails.dec();
     }
 }
 
