@@ -96,6 +96,18 @@ impl Alongside {
     }
 }
 
+/// The proxy's `limits` section: `more` (YAML lines) and the scenario's
+/// `limits_config`; empty if both are.
+fn limits_section(scenario: &Scenario, more: &str) -> String {
+    let keys: String = (scenario.limits_config.iter())
+        .map(|(key, value)| format!("  {key}: {value}\n"))
+        .collect();
+    match (more, keys.as_str()) {
+        ("", "") => String::new(),
+        _ => format!("limits:\n{more}{keys}"),
+    }
+}
+
 /// One measured run through a fresh proxy process.
 async fn proxied(
     scenario: &Scenario,
@@ -108,13 +120,13 @@ async fn proxied(
         (Alongside::Tracing, Some(tracing)) => Some((sink::start().await?, tracing.sample_ratio)),
         _ => None,
     };
-    let extra_config = match &traces {
-        Some(((addr, _), ratio)) => format!(
+    let mut extra_config = limits_section(scenario, "");
+    if let Some(((addr, _), ratio)) = &traces {
+        extra_config += &format!(
             "tracing:\n  otlp_endpoint: http://{addr}/v1/traces\n  sample_ratio: {ratio}\n  \
              export_interval: 1s\n"
-        ),
-        None => String::new(),
-    };
+        );
+    }
     let proxy = ProxyProcess::start(&options, &extra_config).await?;
     let target = proxy.target()?;
     let idle = proxy_process::stats(proxy.pid())?;
@@ -329,9 +341,12 @@ async fn fault_drill(
     faults: &Faults,
 ) -> anyhow::Result<Vec<Row>> {
     let relay = FaultyUpstream::start(options.upstream).await?;
-    let limits = format!(
-        "limits:\n  upstream_timeout: {}ms\n",
-        faults.upstream_timeout.as_millis()
+    let limits = limits_section(
+        scenario,
+        &format!(
+            "  upstream_timeout: {}ms\n",
+            faults.upstream_timeout.as_millis()
+        ),
     );
     let options = proxy_process::Options {
         upstream: relay.addr,

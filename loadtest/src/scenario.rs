@@ -22,6 +22,10 @@ pub struct Scenario {
     /// `{otlp_forward_encoding: identity}`.
     #[serde(default)]
     pub metrics_config: std::collections::BTreeMap<String, String>,
+    /// Keys of the proxy's `limits` section, e.g.
+    /// `{max_large_body_bytes_held: 8388608}`.
+    #[serde(default)]
+    pub limits_config: std::collections::BTreeMap<String, String>,
     /// Connections (closed loop: one request in flight on each).
     #[serde(default = "defaults::connections")]
     pub connections: usize,

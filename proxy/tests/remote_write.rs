@@ -1107,11 +1107,19 @@ fn every_series_a_real_prometheus_stores_from_a_generated_push_is_the_tenants() 
 /// A push of hundreds of KiB sent (ten times Prometheus' usual batch)
 /// arrives whole: every series, each with the tenant's namespace, the
 /// foreign claims overwritten. Values of little repetition keep snappy
-/// from shrinking the body much.
+/// from shrinking the body much. The large bodies held are bounded to a
+/// byte, far below this one: a body alone is taken all the same, and no
+/// longer counted once checked.
 #[tokio::test]
 async fn a_large_push_is_checked_and_forwarded_whole() {
     let receiver = LokiStandIn::start().await;
-    let proxy = label_mode_proxy(&receiver.url(), "").await;
+    support::captured_logs();
+    let section = format!("  upstream: {}\n  mode: label\n", receiver.url());
+    let proxy = RunningProxy::start(ProxyOptions {
+        limits: "  max_large_body_bytes_held: 1\n",
+        ..ProxyOptions::metrics(tenants(), section)
+    })
+    .await;
     let mut state = 0x9e37_79b9_7f4a_7c15_u64;
     let mut noise = move || {
         state ^= state << 13;
@@ -1169,4 +1177,14 @@ async fn a_large_push_is_checked_and_forwarded_whole() {
             .collect();
         assert_eq!(labels, expected);
     }
+    let metrics = proxy.metrics().await;
+    assert!(
+        metrics.contains("tenant_proxy_large_body_bytes 0\n")
+            && metrics.contains("tenant_proxy_large_bodies 0\n"),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains("limit=\"large_body_bytes_held\""),
+        "{metrics}"
+    );
 }

@@ -417,6 +417,13 @@ pub struct Limits {
     /// beyond); 0: unlimited.
     #[serde(default)]
     pub max_concurrent_requests: usize,
+    /// Bytes of large bodies (`proxy/body_workers.rs`) held at once,
+    /// waiting for a body worker or being worked on by one; beyond it 503
+    /// with Retry-After, which push senders retry. A body is taken when
+    /// nothing else is held, however large. 0: unbounded, as Mimir's
+    /// distributor leaves its in-flight push bytes by default.
+    #[serde(default)]
+    pub max_large_body_bytes_held: u64,
     /// Client connections open at once on a listener. Beyond it, new ones
     /// wait in the kernel's listen backlog until one ends: a flood of
     /// connections (no credentials needed to open one) must not take the
@@ -457,6 +464,7 @@ impl Default for Limits {
             header_read_timeout: defaults::header_read_timeout(),
             body_read_timeout: defaults::body_read_timeout(),
             max_concurrent_requests: 0,
+            max_large_body_bytes_held: 0,
             max_connections: defaults::max_connections(),
             max_connections_per_address: 0,
             upstream_timeout: defaults::upstream_timeout(),

@@ -597,7 +597,7 @@ fn every_documented_default_is_the_default() {
     ] {
         assert!(written.contains(&key), "{key} not read from the table");
     }
-    assert_eq!(written.len(), 33, "{written:?}");
+    assert_eq!(written.len(), 34, "{written:?}");
     let defaults = Config::parse(base).unwrap();
     let explicit = Config::parse(&serde_yaml_ng::to_string(&explicit).unwrap()).unwrap();
     assert_eq!(format!("{explicit:#?}"), format!("{defaults:#?}"));

@@ -49,6 +49,10 @@ pub enum ProxyError {
     /// The proxy as a whole is at its limit of requests in flight (503).
     #[error("too many requests in flight; retry later")]
     Overloaded,
+    /// The large bodies waiting for the body workers are at their bound
+    /// in bytes (503).
+    #[error("too many large bodies waiting to be checked; retry later")]
+    LargeBodiesHeld,
     /// The 2.0 spec's answer to a remote write a receiver does not read; a
     /// sender may fall back from 2.0 to 1.0 on it.
     #[error("{0}")]
@@ -105,7 +109,7 @@ impl ProxyError {
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::TenantLimited(_) => StatusCode::TOO_MANY_REQUESTS,
-            Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Overloaded | Self::LargeBodiesHeld => StatusCode::SERVICE_UNAVAILABLE,
             Self::UnsupportedMediaType(_) | Self::RemoteWriteUnconfirmed => {
                 StatusCode::UNSUPPORTED_MEDIA_TYPE
             }
@@ -135,6 +139,7 @@ impl ProxyError {
             Self::BodyTimeout => "body_timeout",
             Self::TenantLimited(_) => "tenant_limited",
             Self::Overloaded => "overloaded",
+            Self::LargeBodiesHeld => "large_bodies_held",
             Self::UnsupportedMediaType(_) => "unsupported_media_type",
             Self::RemoteWriteUnconfirmed => "remote_write_unconfirmed",
             Self::TenantsNotLoaded => "tenants_not_loaded",
@@ -144,6 +149,16 @@ impl ProxyError {
             }
             Self::UpstreamTimeout => "upstream_timeout",
             Self::Internal(_) | Self::PushInternal(_) => "internal",
+        }
+    }
+
+    /// The proxy-wide limit this error is the refusal of, if any, as
+    /// `tenant_proxy_limited_total` names it.
+    pub fn global_limit(&self) -> Option<&'static str> {
+        match self {
+            Self::Overloaded => Some("global_concurrency"),
+            Self::LargeBodiesHeld => Some("large_body_bytes_held"),
+            _ => None,
         }
     }
 
@@ -173,7 +188,7 @@ impl ProxyError {
         match self {
             Self::AuthThrottled { retry_after } => Some(*retry_after),
             Self::TenantLimited(refusal) => Some(refusal.retry_after()),
-            Self::Overloaded => Some(Duration::from_secs(1)),
+            Self::Overloaded | Self::LargeBodiesHeld => Some(Duration::from_secs(1)),
             Self::TenantsNotLoaded
             | Self::VerifierBusy
             | Self::PushUpstreamUnavailable(_)
@@ -357,6 +372,13 @@ mod tests {
                 8,
             ),
             (ProxyError::Overloaded, 503, "unavailable", Some("1"), 14),
+            (
+                ProxyError::LargeBodiesHeld,
+                503,
+                "unavailable",
+                Some("1"),
+                14,
+            ),
             (
                 ProxyError::UnsupportedMediaType("x".into()),
                 415,

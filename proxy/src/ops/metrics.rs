@@ -188,7 +188,9 @@ pub struct Metrics {
     /// tenants file no longer granted their credential.
     pub live_tails: Gauge,
     pub live_tails_revoked: Counter,
+    /// Large bodies in the body workers' care, and their bytes.
     pub large_bodies: Gauge,
+    pub large_body_bytes: Gauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -415,6 +417,12 @@ impl Default for Metrics {
             "Bodies of 256 KiB or more read whole, waiting for a body worker or being worked on by one",
             large_bodies.clone(),
         );
+        let large_body_bytes = Gauge::default();
+        registry.register(
+            "large_body_bytes",
+            "Bytes of the bodies counted in tenant_proxy_large_bodies, which limits.max_large_body_bytes_held bounds",
+            large_body_bytes.clone(),
+        );
         Self {
             registry,
             requests,
@@ -453,6 +461,7 @@ impl Default for Metrics {
             live_tails,
             live_tails_revoked,
             large_bodies,
+            large_body_bytes,
         }
     }
 }

@@ -22,7 +22,15 @@
 //! runtime's workers, as many threads as cores ever hold them, and at most
 //! one step per thread runs at once, which bounds their memory as the
 //! worker count did.
+//!
+//! The bodies waiting for a turn are bounded in bytes if
+//! `limits.max_large_body_bytes_held` is set: when large batches arrive
+//! faster than the workers check them, the next one is refused at once
+//! with a 503 its sender retries after a while, instead of held until the
+//! sender gives up on it (Prometheus after `remote_timeout`, 30 s) and
+//! sends it again into the same queue.
 
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 
@@ -53,12 +61,24 @@ pub struct BodyWorkers {
     /// Large bodies waiting for a turn or being worked on
     /// (`tenant_proxy_large_bodies`).
     in_work: Gauge,
+    /// Their bytes (`tenant_proxy_large_body_bytes`), which
+    /// `max_bytes_held` bounds (0: unbounded).
+    bytes_held: Gauge,
+    max_bytes_held: u64,
+}
+
+/// What the body workers count the large bodies in their care in.
+#[derive(Clone, Debug, Default)]
+pub struct LargeBodyGauges {
+    pub count: Gauge,
+    pub bytes: Gauge,
 }
 
 impl BodyWorkers {
-    /// `threads` threads (at least one), named `body-worker-<i>`, counting
-    /// the large bodies in their care in `in_work`.
-    pub fn new(threads: usize, in_work: Gauge) -> Self {
+    /// `threads` threads (at least one), named `body-worker-<i>`, holding
+    /// at most `max_bytes_held` bytes of large bodies at once (0: no
+    /// bound), counted in `gauges`.
+    pub fn new(threads: usize, max_bytes_held: u64, gauges: LargeBodyGauges) -> Self {
         let threads = threads.max(1);
         let (jobs, queue) = sync_channel::<Job>(threads);
         let queue = Arc::new(Mutex::new(queue));
@@ -72,21 +92,24 @@ impl BodyWorkers {
         Self {
             jobs,
             turns: Arc::new(Semaphore::new(threads)),
-            in_work,
+            in_work: gauges.count,
+            bytes_held: gauges.bytes,
+            max_bytes_held,
         }
     }
 
     /// One per core, as tokio counts its default worker threads.
-    pub fn per_core(in_work: Gauge) -> Self {
+    pub fn per_core(max_bytes_held: u64, gauges: LargeBodyGauges) -> Self {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        Self::new(cores, in_work)
+        Self::new(cores, max_bytes_held, gauges)
     }
 
     /// Runs `step`, the work on a body of `body_bytes`: in place if the body
-    /// is small, else on a body worker once one is free. A step that
-    /// panics there is an internal error, logged as a panic in a request's
-    /// handling is (without its message), and its thread goes on to the
-    /// next; in place, the request's own catch takes it.
+    /// is small, else on a body worker once one is free, or not at all if
+    /// the large bodies held already come to the bound (503, retried). A
+    /// step that panics there is an internal error, logged as a panic in a
+    /// request's handling is (without its message), and its thread goes on
+    /// to the next; in place, the request's own catch takes it.
     pub async fn run<T: Send + 'static>(
         &self,
         body_bytes: usize,
@@ -97,7 +120,7 @@ impl BodyWorkers {
         }
         // Counted from now until the step has run, or until its request
         // goes away before the step was handed over.
-        let counted = GaugeHeld::new(&self.in_work);
+        let counted = self.hold(body_bytes)?;
         let turn =
             (self.turns.clone().acquire_owned().await).expect("the semaphore is never closed");
         let (done, result) = oneshot::channel();
@@ -119,6 +142,40 @@ impl BodyWorkers {
         result
             .await
             .map_err(|_| ProxyError::Internal("the request's handling failed unexpectedly".into()))
+    }
+
+    /// Counts a large body as held, if the bound leaves room for it. A body
+    /// is taken when nothing else is held, however large: the bound is
+    /// there to keep a queue short, never to refuse a body every time.
+    fn hold(&self, body_bytes: usize) -> Result<Held, ProxyError> {
+        let bytes = i64::try_from(body_bytes).unwrap_or(i64::MAX);
+        let bound = i64::try_from(self.max_bytes_held).unwrap_or(i64::MAX);
+        let fits = |held: i64| {
+            let after = held.saturating_add(bytes);
+            (bound == 0 || held == 0 || after <= bound).then_some(after)
+        };
+        (self.bytes_held.inner())
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, fits)
+            .map_err(|_| ProxyError::LargeBodiesHeld)?;
+        Ok(Held {
+            _count: GaugeHeld::new(&self.in_work),
+            bytes: self.bytes_held.clone(),
+            held: bytes,
+        })
+    }
+}
+
+/// A large body counted as held by the body workers, until its step has run
+/// or its request went away before the step was handed over.
+struct Held {
+    _count: GaugeHeld,
+    bytes: Gauge,
+    held: i64,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.bytes.dec_by(self.held);
     }
 }
 
@@ -144,6 +201,11 @@ mod tests {
     use tokio::task::JoinHandle;
 
     const BOUND: Duration = Duration::from_secs(10);
+
+    /// One body worker, holding at most `max_bytes_held` (0: unbounded).
+    fn one_thread(max_bytes_held: u64) -> BodyWorkers {
+        BodyWorkers::new(1, max_bytes_held, LargeBodyGauges::default())
+    }
 
     fn thread_name() -> Option<String> {
         std::thread::current().name().map(str::to_owned)
@@ -181,7 +243,7 @@ mod tests {
     /// asked for.
     #[tokio::test]
     async fn large_steps_run_on_a_body_worker_and_small_ones_in_place() {
-        let workers = BodyWorkers::new(1, Gauge::default());
+        let workers = one_thread(0);
         let here = thread_name();
         let small = workers.run(LARGE_BODY_BYTES - 1, thread_name).await;
         assert_eq!(small.unwrap(), here);
@@ -194,7 +256,7 @@ mod tests {
     /// the step ends, which here waits for that task.
     #[tokio::test(flavor = "current_thread")]
     async fn a_large_step_leaves_the_runtime_thread_to_the_other_tasks() {
-        let workers = Arc::new(BodyWorkers::new(1, Gauge::default()));
+        let workers = Arc::new(one_thread(0));
         let (step, release) = held_step(&workers).await;
         let other = tokio::spawn(async { "ran" });
         let ran = tokio::time::timeout(BOUND, other).await;
@@ -208,7 +270,7 @@ mod tests {
     /// queue, and run once it is free.
     #[tokio::test]
     async fn large_steps_take_turns_one_per_thread() {
-        let workers = Arc::new(BodyWorkers::new(1, Gauge::default()));
+        let workers = Arc::new(one_thread(0));
         let (first, release) = held_step(&workers).await;
         let mut second = pin!(workers.run(LARGE_BODY_BYTES, || "second"));
         let mut third = pin!(workers.run(LARGE_BODY_BYTES, || "third"));
@@ -227,7 +289,7 @@ mod tests {
     /// threads (a queue full of orphans would have made a send wait).
     #[tokio::test]
     async fn a_step_keeps_its_turn_until_it_has_run_if_its_request_goes_away() {
-        let workers = Arc::new(BodyWorkers::new(1, Gauge::default()));
+        let workers = Arc::new(one_thread(0));
         let (first, release) = held_step(&workers).await;
         first.abort();
         assert!(first.await.unwrap_err().is_cancelled());
@@ -242,11 +304,47 @@ mod tests {
         assert_eq!(workers.in_work.get(), 0);
     }
 
+    /// Beyond the bound, a large body is refused at once (a request that
+    /// waited would hold its body); one whose request went away while
+    /// waiting makes room again; and a body is taken when nothing else is
+    /// held, however large.
+    #[tokio::test]
+    async fn the_bytes_held_are_bounded_but_a_body_alone_is_always_taken() {
+        let large = LARGE_BODY_BYTES as u64;
+        let workers = Arc::new(one_thread(2 * large));
+        let (first, release) = held_step(&workers).await;
+        // Boxed, so that dropping it drops the request.
+        let mut second = Box::pin(workers.run(LARGE_BODY_BYTES, || "second"));
+        assert!(poll_once(second.as_mut()).await.is_pending());
+        assert_eq!(workers.bytes_held.get(), 2 * large as i64, "at the bound");
+        let third = workers.run(1, || "third").await;
+        assert_eq!(third.unwrap(), "third", "a small body is not held");
+        let mut fourth = pin!(workers.run(LARGE_BODY_BYTES, || "fourth"));
+        let refused = poll_once(fourth.as_mut()).await;
+        assert!(
+            matches!(refused, Poll::Ready(Err(ProxyError::LargeBodiesHeld))),
+            "{refused:?}"
+        );
+        assert_eq!(workers.in_work.get(), 2, "the refused one is not counted");
+        drop(second);
+        assert_eq!(workers.bytes_held.get(), large as i64, "room made again");
+        let mut fifth = pin!(workers.run(LARGE_BODY_BYTES, || "fifth"));
+        assert!(poll_once(fifth.as_mut()).await.is_pending(), "waits again");
+        release.send(()).unwrap();
+        assert!(first.await.unwrap().unwrap(), "released, not timed out");
+        assert_eq!(fifth.await.unwrap(), "fifth");
+        assert_eq!(workers.bytes_held.get(), 0);
+        assert_eq!(workers.in_work.get(), 0);
+        let alone = workers.run(3 * LARGE_BODY_BYTES, || "alone").await;
+        assert_eq!(alone.unwrap(), "alone", "over the bound, but alone");
+        assert_eq!(workers.bytes_held.get(), 0);
+    }
+
     /// A step that panics is an internal error, and its thread takes the
     /// next step.
     #[tokio::test]
     async fn a_panicking_step_is_an_internal_error_and_the_thread_goes_on() {
-        let workers = BodyWorkers::new(1, Gauge::default());
+        let workers = one_thread(0);
         let panicked = workers
             .run(LARGE_BODY_BYTES, || -> u8 { panic!("a broken step") })
             .await;

@@ -160,10 +160,8 @@ pub async fn handle(
                     })
                     .inc();
             }
-            if let ProxyError::Overloaded = &error {
-                state
-                    .metrics
-                    .count_limited(None, outcome.surface, "global_concurrency");
+            if let Some(limit) = error.global_limit() {
+                state.metrics.count_limited(None, outcome.surface, limit);
             }
             let error = if outcome.push {
                 error.on_push_path()

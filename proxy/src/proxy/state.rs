@@ -6,7 +6,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use http::header::HeaderName;
 
-use super::body_workers::BodyWorkers;
+use super::body_workers::{BodyWorkers, LargeBodyGauges};
 use super::tail::LiveTails;
 use crate::admission::Admission;
 use crate::auth::Authenticator;
@@ -244,7 +244,13 @@ impl AppState {
                 config.tenant_limits.clone(),
             )
             .with_metrics(metrics.clone()),
-            body_workers: BodyWorkers::per_core(metrics.large_bodies.clone()),
+            body_workers: BodyWorkers::per_core(
+                config.limits.max_large_body_bytes_held,
+                LargeBodyGauges {
+                    count: metrics.large_bodies.clone(),
+                    bytes: metrics.large_body_bytes.clone(),
+                },
+            ),
             metrics,
             memo: Memo::new(config.metrics.as_ref().map_or(0, |m| m.query_cache_size)),
             tracing,
