@@ -74,6 +74,13 @@ impl Params {
             .map(|(_, v)| v.as_str())
     }
 
+    pub fn values<'a>(&'a self, key: &'a str) -> impl Iterator<Item = &'a str> {
+        self.0
+            .iter()
+            .filter(move |(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
     pub fn values_mut<'a>(&'a mut self, key: &'a str) -> impl Iterator<Item = &'a mut String> {
         self.0
             .iter_mut()

@@ -68,7 +68,7 @@ pub fn enforce(
         }
         Selectors::Matchers => {
             let (count, bytes) = params
-                .values_mut(MATCH)
+                .values(MATCH)
                 .fold((0, 0), |(count, bytes), s| (count + 1, bytes + s.len()));
             if count > MAX_MATCH_SELECTORS || bytes > MAX_QUERY_BYTES {
                 return Err(ProxyError::BadData(format!(
@@ -276,7 +276,7 @@ mod tests {
     fn every_match_is_enforced_and_one_is_added_when_none() {
         let mut p = params("match[]=up&match[]={job=\"x\"}");
         enforce(&mut p, Selectors::Matchers, &tenant(), &Memo::new(0)).unwrap();
-        let all: Vec<_> = p.values_mut(MATCH).map(|v| v.clone()).collect();
+        let all: Vec<_> = p.values(MATCH).collect();
         assert_eq!(all, [r#"up{namespace="a"}"#, r#"{job="x",namespace="a"}"#]);
         let mut none = params("start=1");
         enforce(&mut none, Selectors::Matchers, &tenant(), &Memo::new(0)).unwrap();
