@@ -23,12 +23,12 @@
 //! one step per thread runs at once, which bounds their memory as the
 //! worker count did.
 //!
-//! The bodies waiting for a turn are bounded in bytes if
-//! `limits.max_large_body_bytes_held` is set: when large batches arrive
-//! faster than the workers check them, the next one is refused at once
-//! with a 503 its sender retries after a while, instead of held until the
-//! sender gives up on it (Prometheus after `remote_timeout`, 30 s) and
-//! sends it again into the same queue.
+//! The large bodies held, waiting for a turn or being worked on, are
+//! bounded in bytes if `limits.max_large_body_bytes_held` is set: when
+//! large batches arrive faster than the workers check them, the next one
+//! is refused at once with a 503 its sender retries after a while,
+//! instead of held until the sender gives up on it (Prometheus after
+//! `remote_timeout`, 30 s) and sends it again into the same queue.
 
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
