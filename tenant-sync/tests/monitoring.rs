@@ -203,6 +203,36 @@ fn the_dashboard_plots_every_push_metric_the_docs_list() {
     }
 }
 
+/// docs/operations.md has a row for each alert, saying what it means and
+/// where to look first, and none for an alert that no longer exists.
+#[test]
+fn every_alert_has_its_row_in_the_operations_guide() {
+    let rules: serde_yaml_ng::Value = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(dir().join("tenant-proxy-alerts.yml")).unwrap(),
+    )
+    .unwrap();
+    let mut alerts: Vec<String> = Vec::new();
+    for group in rules["groups"].as_sequence().unwrap() {
+        for rule in group["rules"].as_sequence().unwrap() {
+            alerts.push(rule["alert"].as_str().unwrap().to_owned());
+        }
+    }
+    let guide = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/operations.md"),
+    )
+    .unwrap();
+    let rows: Vec<String> = guide
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `Tenant"))
+        .map(|rest| format!("Tenant{}", rest.split('`').next().unwrap()))
+        .collect();
+    alerts.sort();
+    let mut listed = rows.clone();
+    listed.sort();
+    assert!(alerts.len() >= 15, "{alerts:?}");
+    assert_eq!(listed, alerts);
+}
+
 #[test]
 fn every_monitoring_file_is_checked() {
     assert_eq!(
