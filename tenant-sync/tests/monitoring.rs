@@ -138,16 +138,7 @@ fn alert_rules_pass_promtool_and_their_unit_tests() {
 #[test]
 fn alerts_and_dashboard_query_only_exported_metrics() {
     let exported = exported();
-    let rules: serde_yaml_ng::Value = serde_yaml_ng::from_str(
-        &std::fs::read_to_string(dir().join("tenant-proxy-alerts.yml")).unwrap(),
-    )
-    .unwrap();
-    let mut exprs: Vec<String> = Vec::new();
-    for group in rules["groups"].as_sequence().unwrap() {
-        for rule in group["rules"].as_sequence().unwrap() {
-            exprs.push(rule["expr"].as_str().unwrap().to_owned());
-        }
-    }
+    let mut exprs = of_each_rule("expr");
     exprs.extend(dashboard_exprs());
     assert!(exprs.len() >= 15);
     for expr in &exprs {
@@ -158,6 +149,21 @@ fn alerts_and_dashboard_query_only_exported_metrics() {
             );
         }
     }
+}
+
+/// `key` (`alert`, `expr`) of every rule of the example alert rules.
+fn of_each_rule(key: &str) -> Vec<String> {
+    let rules: serde_yaml_ng::Value = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(dir().join("tenant-proxy-alerts.yml")).unwrap(),
+    )
+    .unwrap();
+    let mut values = Vec::new();
+    for group in rules["groups"].as_sequence().unwrap() {
+        for rule in group["rules"].as_sequence().unwrap() {
+            values.push(rule[key].as_str().unwrap().to_owned());
+        }
+    }
+    values
 }
 
 /// The PromQL of every panel of the example dashboard.
@@ -207,16 +213,7 @@ fn the_dashboard_plots_every_push_metric_the_docs_list() {
 /// where to look first, and none for an alert that no longer exists.
 #[test]
 fn every_alert_has_its_row_in_the_operations_guide() {
-    let rules: serde_yaml_ng::Value = serde_yaml_ng::from_str(
-        &std::fs::read_to_string(dir().join("tenant-proxy-alerts.yml")).unwrap(),
-    )
-    .unwrap();
-    let mut alerts: Vec<String> = Vec::new();
-    for group in rules["groups"].as_sequence().unwrap() {
-        for rule in group["rules"].as_sequence().unwrap() {
-            alerts.push(rule["alert"].as_str().unwrap().to_owned());
-        }
-    }
+    let mut alerts = of_each_rule("alert");
     let guide = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/operations.md"),
     )
