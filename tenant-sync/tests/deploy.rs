@@ -210,6 +210,11 @@ fn check_rendered(overlay: &str, mode: MetricsMode, objects: &[serde_yaml_ng::Va
         .unwrap_or_else(|e| panic!("{overlay}: config.yaml: {e}"));
     assert_eq!(config.metrics.as_ref().unwrap().mode, mode, "{overlay}");
     assert!(config.logs.is_some(), "{overlay}: Loki upstream");
+    assert_eq!(
+        config.limits.max_large_body_bytes_held,
+        32 << 20,
+        "{overlay}: large bodies held, sized for the 256Mi memory limit"
+    );
 
     let deployment: Deployment = one(objects, "Deployment");
     let spec = deployment.spec.as_ref().unwrap();
