@@ -476,6 +476,57 @@ async fn otlp_metrics_relabelled_from_gzip_are_forwarded_uncompressed_when_confi
     assert_eq!(again.body, scoped);
 }
 
+/// A gzip export of a few dozen KiB that inflates to megabytes (forty
+/// thousand points alike) is checked whole on a body worker, as its work
+/// goes by what it inflates to, and arrives whole: every point with the
+/// tenant's namespace (under the label's own name, the dotted claim
+/// removed).
+#[tokio::test]
+async fn a_small_gzip_export_that_inflates_far_is_checked_and_forwarded_whole() {
+    let (prometheus, proxy) = label_mode("").await;
+    let alice = basic("alice", "alice-pw");
+    let point = NumberDataPoint {
+        attributes: vec![kv("k8s.namespace.name", "team-b"), kv("pod", "web-1")],
+        time_unix_nano: POINT_TIME_NS,
+        value: Some(Number::AsDouble(1.0)),
+        ..Default::default()
+    };
+    let mut request = metrics_request(&[]);
+    let metric = &mut request.resource_metrics[0].scope_metrics[0].metrics[0];
+    metric.data = Some(Data::Gauge(Gauge {
+        data_points: vec![point; 40_000],
+    }));
+    let raw = request.encode_to_vec();
+    let body = gzip(&raw);
+    assert!(raw.len() > 2 << 20, "{} bytes inflated", raw.len());
+    assert!(body.len() < 256 << 10, "{} bytes sent", body.len());
+    let headers = [
+        ("content-type", "application/x-protobuf"),
+        ("content-encoding", "gzip"),
+    ];
+    let reply = post(&proxy, "/api/v1/otlp/v1/metrics", &alice, &headers, body).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    let seen = prometheus.last();
+    assert_eq!(seen.headers.get("content-encoding").unwrap(), "gzip");
+    let forwarded = ExportMetricsServiceRequest::decode(&gunzip(&seen.body)[..]).unwrap();
+    let metrics = &forwarded.resource_metrics[0].scope_metrics[0].metrics;
+    let Some(Data::Gauge(gauge)) = &metrics[0].data else {
+        panic!("{:?}", metrics[0].data);
+    };
+    assert_eq!(gauge.data_points.len(), 40_000);
+    for point in &gauge.data_points {
+        assert_eq!(
+            point.attributes,
+            [kv("pod", "web-1"), kv("k8s_namespace_name", "team-a")]
+        );
+    }
+    let metrics = proxy.metrics().await;
+    assert!(
+        metrics.contains("tenant_proxy_body_worker_jobs_total 1\n"),
+        "{metrics}"
+    );
+}
+
 #[tokio::test]
 async fn otlp_metrics_that_cannot_be_checked_are_refused_in_otlp_shape_and_never_forwarded() {
     let (prometheus, proxy) = label_mode("  foreign_label: reject\n").await;

@@ -1180,11 +1180,51 @@ async fn a_large_push_is_checked_and_forwarded_whole() {
     let metrics = proxy.metrics().await;
     assert!(
         metrics.contains("tenant_proxy_large_body_bytes 0\n")
-            && metrics.contains("tenant_proxy_large_bodies 0\n"),
+            && metrics.contains("tenant_proxy_large_bodies 0\n")
+            && metrics.contains("tenant_proxy_body_worker_jobs_total 1\n"),
         "{metrics}"
     );
     assert!(
         !metrics.contains("limit=\"large_body_bytes_held\""),
+        "{metrics}"
+    );
+}
+
+/// A batch under the body workers' threshold as sent whose snappy header
+/// declares megabytes (series alike, which snappy shrinks twentyfold) is
+/// checked on a body worker too, and arrives whole.
+#[tokio::test]
+async fn a_small_push_that_decompresses_far_is_checked_on_a_body_worker() {
+    let receiver = LokiStandIn::start().await;
+    let proxy = label_mode_proxy(&receiver.url(), "").await;
+    let labels = [
+        ("__name__", "alike"),
+        ("namespace", "team-b"),
+        ("pod", "web-1"),
+    ];
+    let request = WriteRequest {
+        timeseries: vec![time_series(&labels, 1.0, now_ms()); 60_000],
+        metadata: vec![],
+    };
+    let body = snappy(&request);
+    let declared = request.encoded_len();
+    assert!(declared > 2 << 20, "{declared} bytes declared");
+    assert!(body.len() < 256 << 10, "{} bytes sent", body.len());
+
+    let reply = push(&proxy, V1_HEADERS, body).await;
+    assert_eq!(reply.status, StatusCode::NO_CONTENT, "{}", reply.text());
+    let forwarded = snap::raw::Decoder::new()
+        .decompress_vec(&receiver.last().body)
+        .unwrap();
+    let stored = WriteRequest::decode(forwarded.as_slice()).unwrap();
+    assert_eq!(stored.timeseries.len(), 60_000);
+    assert!(stored.timeseries.iter().all(|series| series
+        .labels
+        .iter()
+        .any(|l| l.name == "namespace" && l.value == "team-a")));
+    let metrics = proxy.metrics().await;
+    assert!(
+        metrics.contains("tenant_proxy_body_worker_jobs_total 1\n"),
         "{metrics}"
     );
 }

@@ -70,6 +70,22 @@ pub enum Encoding {
     Gzip,
 }
 
+/// The most one byte of deflate can inflate to (a length-258 match in
+/// two bits), so the most a gzip body can inflate to per byte.
+const DEFLATE_MOST_PER_BYTE: u64 = 1032;
+
+impl Encoding {
+    /// The most a body of `received` bytes in this encoding may inflate
+    /// to, with `limit` the rewrite's bound.
+    pub fn inflated_at_most(self, received: usize, limit: u64) -> u64 {
+        let received = received as u64;
+        match self {
+            Encoding::Identity => received,
+            Encoding::Gzip => received.saturating_mul(DEFLATE_MOST_PER_BYTE).min(limit),
+        }
+    }
+}
+
 /// What a rewrite did, for metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Stats {

@@ -207,6 +207,13 @@ thread_local! {
     });
 }
 
+/// The size a snappy body declares it decompresses to, which is all its
+/// decompression can write (0 if the header is unreadable: the rewrite
+/// refuses such a body before any work).
+pub fn declared_size(compressed: &[u8]) -> u64 {
+    snap::raw::decompress_len(compressed).map_or(0, |size| size as u64)
+}
+
 /// Decompresses (size checked first), rewrites and recompresses a body of
 /// the `version` [`read_headers`] found.
 pub fn rewrite_body(

@@ -191,6 +191,7 @@ pub struct Metrics {
     /// Large bodies in the body workers' care, and their bytes.
     pub large_bodies: Gauge,
     pub large_body_bytes: Gauge,
+    pub body_worker_jobs: Counter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -414,7 +415,7 @@ impl Default for Metrics {
         let large_bodies = Gauge::default();
         registry.register(
             "large_bodies",
-            "Bodies of 256 KiB or more read whole, waiting for a body worker or being worked on by one",
+            "Bodies read whole of 256 KiB or more (or inflating past 2 MiB), waiting for a body worker or being worked on by one",
             large_bodies.clone(),
         );
         let large_body_bytes = Gauge::default();
@@ -422,6 +423,12 @@ impl Default for Metrics {
             "large_body_bytes",
             "Bytes of the bodies counted in tenant_proxy_large_bodies, which limits.max_large_body_bytes_held bounds",
             large_body_bytes.clone(),
+        );
+        let body_worker_jobs = Counter::default();
+        registry.register(
+            "body_worker_jobs",
+            "Steps on large bodies handed to a body worker",
+            body_worker_jobs.clone(),
         );
         Self {
             registry,
@@ -462,6 +469,7 @@ impl Default for Metrics {
             live_tails_revoked,
             large_bodies,
             large_body_bytes,
+            body_worker_jobs,
         }
     }
 }

@@ -10,9 +10,10 @@
 //! allow takes from about 100 ms (a push at `limits.max_decompressed_bytes`)
 //! to a second (a YAML rule group at `limits.max_body_bytes`): run in
 //! place, every other connection of that worker thread, other tenants'
-//! queries among them, waits as long. From [`LARGE_BODY_BYTES`] on, the
-//! step runs on one of a fixed set of threads of its own, one per core,
-//! and the request waits for it without holding its worker.
+//! queries among them, waits as long. From [`LARGE_BODY_BYTES`] on (or
+//! [`LARGE_INFLATED_BYTES`] for a compressed body the step may inflate
+//! that far), the step runs on one of a fixed set of threads of its own,
+//! one per core, and the request waits for it without holding its worker.
 //!
 //! A fixed set, not tokio's `block_in_place` or its blocking pool: those
 //! move the work among threads that come and go, and each thread the work
@@ -34,6 +35,7 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{oneshot, Semaphore};
 
@@ -47,6 +49,41 @@ use crate::ops::panics;
 /// `max_samples_per_send` (2,000) stays below it, where handing it over
 /// would cost more than it spares.
 pub const LARGE_BODY_BYTES: usize = 256 * 1024;
+
+/// The size a compressed body may inflate to from which its step runs on
+/// a body worker, however small it came: the work goes by what the step
+/// inflates, and gzip inflates up to about a thousand times, so a body
+/// under [`LARGE_BODY_BYTES`] may carry the largest the limits allow.
+/// Twice what a body at that threshold usually inflates to (snappy's
+/// ratio on remote write is about four), so that the usual batches are
+/// judged as before.
+pub const LARGE_INFLATED_BYTES: u64 = 2 * 1024 * 1024;
+
+/// What the body workers judge a body by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BodySize {
+    /// As received: what the body holds while it waits.
+    pub received: usize,
+    /// The most its step may inflate it to; its size as received if it is
+    /// not compressed.
+    pub inflated_at_most: u64,
+}
+
+impl From<usize> for BodySize {
+    /// A body the step reads as it came.
+    fn from(received: usize) -> Self {
+        Self {
+            received,
+            inflated_at_most: received as u64,
+        }
+    }
+}
+
+impl BodySize {
+    fn is_large(self) -> bool {
+        self.received >= LARGE_BODY_BYTES || self.inflated_at_most >= LARGE_INFLATED_BYTES
+    }
+}
 
 type Job = Box<dyn FnOnce() + Send>;
 
@@ -65,20 +102,23 @@ pub struct BodyWorkers {
     /// `max_bytes_held` bounds (0: unbounded).
     bytes_held: Gauge,
     max_bytes_held: u64,
+    jobs_run: Counter,
 }
 
 /// What the body workers count the large bodies in their care in.
 #[derive(Clone, Debug, Default)]
-pub struct LargeBodyGauges {
+pub struct LargeBodyMetrics {
     pub count: Gauge,
     pub bytes: Gauge,
+    /// Steps handed to a body worker (`tenant_proxy_body_worker_jobs_total`).
+    pub jobs: Counter,
 }
 
 impl BodyWorkers {
     /// `threads` threads (at least one), named `body-worker-<i>`, holding
     /// at most `max_bytes_held` bytes of large bodies at once (0: no
-    /// bound), counted in `gauges`.
-    pub fn new(threads: usize, max_bytes_held: u64, gauges: LargeBodyGauges) -> Self {
+    /// bound), counted in `metrics`.
+    pub fn new(threads: usize, max_bytes_held: u64, metrics: LargeBodyMetrics) -> Self {
         let threads = threads.max(1);
         let (jobs, queue) = sync_channel::<Job>(threads);
         let queue = Arc::new(Mutex::new(queue));
@@ -92,35 +132,38 @@ impl BodyWorkers {
         Self {
             jobs,
             turns: Arc::new(Semaphore::new(threads)),
-            in_work: gauges.count,
-            bytes_held: gauges.bytes,
+            in_work: metrics.count,
+            bytes_held: metrics.bytes,
+            jobs_run: metrics.jobs,
             max_bytes_held,
         }
     }
 
     /// One per core, as tokio counts its default worker threads.
-    pub fn per_core(max_bytes_held: u64, gauges: LargeBodyGauges) -> Self {
+    pub fn per_core(max_bytes_held: u64, metrics: LargeBodyMetrics) -> Self {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        Self::new(cores, max_bytes_held, gauges)
+        Self::new(cores, max_bytes_held, metrics)
     }
 
-    /// Runs `step`, the work on a body of `body_bytes`: in place if the body
-    /// is small, else on a body worker once one is free, or not at all if
-    /// the large bodies held already come to the bound (503, retried). A
-    /// step that panics there is an internal error, logged as a panic in a
-    /// request's handling is (without its message), and its thread goes on
-    /// to the next; in place, the request's own catch takes it.
+    /// Runs `step`, the work on a body of `size` (its bytes as received, or
+    /// a [`BodySize`]): in place if the body is small, else on a body
+    /// worker once one is free, or not at all if the large bodies held
+    /// already come to the bound (503, retried). A step that panics there
+    /// is an internal error, logged as a panic in a request's handling is
+    /// (without its message), and its thread goes on to the next; in
+    /// place, the request's own catch takes it.
     pub async fn run<T: Send + 'static>(
         &self,
-        body_bytes: usize,
+        size: impl Into<BodySize>,
         step: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T, ProxyError> {
-        if body_bytes < LARGE_BODY_BYTES {
+        let size = size.into();
+        if !size.is_large() {
             return Ok(step());
         }
         // Counted from now until the step has run, or until its request
         // goes away before the step was handed over.
-        let counted = self.hold(body_bytes)?;
+        let counted = self.hold(size.received)?;
         let turn =
             (self.turns.clone().acquire_owned().await).expect("the semaphore is never closed");
         let (done, result) = oneshot::channel();
@@ -139,6 +182,7 @@ impl BodyWorkers {
                 TrySendError::Disconnected(_) => "the body workers are gone".into(),
             })
         })?;
+        self.jobs_run.inc();
         result
             .await
             .map_err(|_| ProxyError::Internal("the request's handling failed unexpectedly".into()))
@@ -204,7 +248,7 @@ mod tests {
 
     /// One body worker, holding at most `max_bytes_held` (0: unbounded).
     fn one_thread(max_bytes_held: u64) -> BodyWorkers {
-        BodyWorkers::new(1, max_bytes_held, LargeBodyGauges::default())
+        BodyWorkers::new(1, max_bytes_held, LargeBodyMetrics::default())
     }
 
     fn thread_name() -> Option<String> {
@@ -247,8 +291,10 @@ mod tests {
         let here = thread_name();
         let small = workers.run(LARGE_BODY_BYTES - 1, thread_name).await;
         assert_eq!(small.unwrap(), here);
+        assert_eq!(workers.jobs_run.get(), 0);
         let large = workers.run(LARGE_BODY_BYTES, thread_name).await;
         assert_eq!(large.unwrap().as_deref(), Some("body-worker-0"));
+        assert_eq!(workers.jobs_run.get(), 1, "counted as a job");
     }
 
     /// With one runtime thread, a task spawned while a large step runs
@@ -304,6 +350,22 @@ mod tests {
         assert_eq!(workers.in_work.get(), 0);
     }
 
+    /// A small body that may inflate past [`LARGE_INFLATED_BYTES`] is
+    /// large: the work goes by what its step inflates.
+    #[tokio::test]
+    async fn a_small_body_that_may_inflate_far_is_large() {
+        let workers = one_thread(0);
+        let here = thread_name();
+        let size = |inflated_at_most| BodySize {
+            received: 1024,
+            inflated_at_most,
+        };
+        let below = workers.run(size(LARGE_INFLATED_BYTES - 1), thread_name);
+        assert_eq!(below.await.unwrap(), here);
+        let at = workers.run(size(LARGE_INFLATED_BYTES), thread_name).await;
+        assert_eq!(at.unwrap().as_deref(), Some("body-worker-0"));
+    }
+
     /// Beyond the bound, a large body is refused at once (a request that
     /// waited would hold its body); one whose request went away while
     /// waiting makes room again; and a body is taken when nothing else is
@@ -326,6 +388,7 @@ mod tests {
             "{refused:?}"
         );
         assert_eq!(workers.in_work.get(), 2, "the refused one is not counted");
+        assert_eq!(workers.jobs_run.get(), 1, "nor made a job");
         drop(second);
         assert_eq!(workers.bytes_held.get(), large as i64, "room made again");
         let mut fifth = pin!(workers.run(LARGE_BODY_BYTES, || "fifth"));

@@ -7,6 +7,7 @@ use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use hyper::body::Incoming;
 
+use super::body_workers::BodySize;
 use super::state::{AppState, Target};
 use crate::config::OtlpForwardEncoding;
 use crate::enforce::otlp;
@@ -33,8 +34,12 @@ pub(super) async fn remote_write(
     let version = remote_write::read_headers(&parts.headers);
     let (metrics, max) = (state.metrics.clone(), state.limits.max_decompressed_bytes);
     let received = compressed.clone();
+    let size = BodySize {
+        received: compressed.len(),
+        inflated_at_most: remote_write::declared_size(&compressed),
+    };
     let step = move || rewrite_remote_write(&metrics, max, version, &received, &tenant.view());
-    let (version, rewritten) = state.body_workers.run(compressed.len(), step).await??;
+    let (version, rewritten) = state.body_workers.run(size, step).await??;
     let rewritten = match rewritten {
         Rewritten::Unchanged => compressed,
         Rewritten::Body(body) => Bytes::from(body),
@@ -65,9 +70,13 @@ pub(super) async fn otlp_metrics(
         OtlpForwardEncoding::Identity => otlp::Encoding::Identity,
     };
     let max = state.limits.max_decompressed_bytes;
+    let size = BodySize {
+        received: received.len(),
+        inflated_at_most: encoding.inflated_at_most(received.len(), max),
+    };
     let body = received.clone();
     let step = move || rewrite_otlp(&metrics, max, (encoding, forward), &body, &tenant.view());
-    let (rewritten, sent_as) = match state.body_workers.run(received.len(), step).await?? {
+    let (rewritten, sent_as) = match state.body_workers.run(size, step).await?? {
         Rewritten::Unchanged => (received, encoding),
         Rewritten::Body(body) => (Bytes::from(body), forward),
     };

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use http::header::HeaderName;
 
-use super::body_workers::{BodyWorkers, LargeBodyGauges};
+use super::body_workers::{BodyWorkers, LargeBodyMetrics};
 use super::tail::LiveTails;
 use crate::admission::Admission;
 use crate::auth::Authenticator;
@@ -246,9 +246,10 @@ impl AppState {
             .with_metrics(metrics.clone()),
             body_workers: BodyWorkers::per_core(
                 config.limits.max_large_body_bytes_held,
-                LargeBodyGauges {
+                LargeBodyMetrics {
                     count: metrics.large_bodies.clone(),
                     bytes: metrics.large_body_bytes.clone(),
+                    jobs: metrics.body_worker_jobs.clone(),
                 },
             ),
             metrics,

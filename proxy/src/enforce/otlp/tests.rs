@@ -794,3 +794,28 @@ proptest! {
         }
     }
 }
+
+/// What a body may inflate to bounds what it does inflate to: as received
+/// for identity, a thousandfold for gzip (the best case, a run of zeros
+/// at the best compression, stays within it), never past the limit.
+#[test]
+fn what_a_body_may_inflate_to_bounds_what_it_does() {
+    assert_eq!(Encoding::Identity.inflated_at_most(100, 10), 100);
+    assert_eq!(Encoding::Gzip.inflated_at_most(100, u64::MAX), 103_200);
+    assert_eq!(Encoding::Gzip.inflated_at_most(100, 5_000), 5_000);
+    let zeros = vec![0u8; 4 << 20];
+    let mut gz = GzEncoder::new(Vec::new(), flate2::Compression::best());
+    std::io::Write::write_all(&mut gz, &zeros).unwrap();
+    let gz = gz.finish().unwrap();
+    let bound = Encoding::Gzip.inflated_at_most(gz.len(), u64::MAX);
+    assert!(
+        zeros.len() as u64 <= bound,
+        "{} bytes from {}",
+        zeros.len(),
+        gz.len()
+    );
+    assert!(
+        bound < 2 * zeros.len() as u64,
+        "not far above the best case"
+    );
+}

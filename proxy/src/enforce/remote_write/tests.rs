@@ -1184,3 +1184,14 @@ fn prompb_v1_types_round_trip() {
         request
     );
 }
+
+/// A snappy body's declared size is what it decompresses to; a header
+/// that cannot be read declares nothing (the rewrite refuses it first).
+#[test]
+fn a_snappy_body_declares_what_it_decompresses_to() {
+    let raw = vec![7u8; 3 << 20];
+    let compressed = snap::raw::Encoder::new().compress_vec(&raw).unwrap();
+    assert_eq!(declared_size(&compressed), raw.len() as u64);
+    assert_eq!(declared_size(&[0xff; 11]), 0);
+    assert_eq!(declared_size(&[]), 0);
+}
