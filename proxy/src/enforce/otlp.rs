@@ -70,18 +70,23 @@ pub enum Encoding {
     Gzip,
 }
 
-/// The most one byte of deflate can inflate to (a length-258 match in
-/// two bits), so the most a gzip body can inflate to per byte.
-const DEFLATE_MOST_PER_BYTE: u64 = 1032;
-
 impl Encoding {
-    /// The most a body of `received` bytes in this encoding may inflate
-    /// to, with `limit` the rewrite's bound.
-    pub fn inflated_at_most(self, received: usize, limit: u64) -> u64 {
-        let received = received as u64;
+    /// The size `body` says it inflates to, at most `limit`: its own for
+    /// identity; for gzip, the last member's trailer (its size modulo
+    /// 2^32), which is the sender's word only, and 0 if there is none. A
+    /// gzip body may inflate a thousandfold, so what the rewrite inflates
+    /// must be bounded by its own limit all the same.
+    pub fn inflated_size_hint(self, body: &[u8], limit: u64) -> u64 {
         match self {
-            Encoding::Identity => received,
-            Encoding::Gzip => received.saturating_mul(DEFLATE_MOST_PER_BYTE).min(limit),
+            Encoding::Identity => body.len() as u64,
+            // A member's header and trailer take 18 bytes.
+            Encoding::Gzip if body.len() < 18 => 0,
+            Encoding::Gzip => {
+                let [.., a, b, c, d] = *body else {
+                    unreachable!("at least 18 bytes")
+                };
+                u64::from(u32::from_le_bytes([a, b, c, d])).min(limit)
+            }
         }
     }
 }

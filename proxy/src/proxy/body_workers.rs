@@ -11,8 +11,8 @@
 //! to a second (a YAML rule group at `limits.max_body_bytes`): run in
 //! place, every other connection of that worker thread, other tenants'
 //! queries among them, waits as long. From [`LARGE_BODY_BYTES`] on (or
-//! [`LARGE_INFLATED_BYTES`] for a compressed body the step may inflate
-//! that far), the step runs on one of a fixed set of threads of its own,
+//! [`LARGE_INFLATED_BYTES`] for a compressed body that inflates that
+//! far), the step runs on one of a fixed set of threads of its own,
 //! one per core, and the request waits for it without holding its worker.
 //!
 //! A fixed set, not tokio's `block_in_place` or its blocking pool: those
@@ -50,13 +50,15 @@ use crate::ops::panics;
 /// would cost more than it spares.
 pub const LARGE_BODY_BYTES: usize = 256 * 1024;
 
-/// The size a compressed body may inflate to from which its step runs on
-/// a body worker, however small it came: the work goes by what the step
+/// The size a compressed body inflates to from which its step runs on a
+/// body worker, however small it came: the work goes by what the step
 /// inflates, and gzip inflates up to about a thousand times, so a body
 /// under [`LARGE_BODY_BYTES`] may carry the largest the limits allow.
 /// Twice what a body at that threshold usually inflates to (snappy's
 /// ratio on remote write is about four), so that the usual batches are
-/// judged as before.
+/// judged as before. A step run in place on a body that only says it
+/// inflates to less (gzip's trailer) must stop inflating here itself
+/// (`push.rs`).
 pub const LARGE_INFLATED_BYTES: u64 = 2 * 1024 * 1024;
 
 /// What the body workers judge a body by.
@@ -64,9 +66,11 @@ pub const LARGE_INFLATED_BYTES: u64 = 2 * 1024 * 1024;
 pub struct BodySize {
     /// As received: what the body holds while it waits.
     pub received: usize,
-    /// The most its step may inflate it to; its size as received if it is
-    /// not compressed.
-    pub inflated_at_most: u64,
+    /// What it inflates to, as far as can be known before the step: its
+    /// size as received if it is not compressed, snappy's declared size
+    /// (all its decompression can write), gzip's trailer (the sender's
+    /// word).
+    pub inflates_to: u64,
 }
 
 impl From<usize> for BodySize {
@@ -74,14 +78,15 @@ impl From<usize> for BodySize {
     fn from(received: usize) -> Self {
         Self {
             received,
-            inflated_at_most: received as u64,
+            inflates_to: received as u64,
         }
     }
 }
 
 impl BodySize {
-    fn is_large(self) -> bool {
-        self.received >= LARGE_BODY_BYTES || self.inflated_at_most >= LARGE_INFLATED_BYTES
+    /// Whether its step runs on a body worker.
+    pub fn is_large(self) -> bool {
+        self.received >= LARGE_BODY_BYTES || self.inflates_to >= LARGE_INFLATED_BYTES
     }
 }
 
@@ -350,15 +355,15 @@ mod tests {
         assert_eq!(workers.in_work.get(), 0);
     }
 
-    /// A small body that may inflate past [`LARGE_INFLATED_BYTES`] is
+    /// A small body that inflates to [`LARGE_INFLATED_BYTES`] or more is
     /// large: the work goes by what its step inflates.
     #[tokio::test]
-    async fn a_small_body_that_may_inflate_far_is_large() {
+    async fn a_small_body_that_inflates_far_is_large() {
         let workers = one_thread(0);
         let here = thread_name();
-        let size = |inflated_at_most| BodySize {
+        let size = |inflates_to| BodySize {
             received: 1024,
-            inflated_at_most,
+            inflates_to,
         };
         let below = workers.run(size(LARGE_INFLATED_BYTES - 1), thread_name);
         assert_eq!(below.await.unwrap(), here);

@@ -3,11 +3,13 @@
 //! `body_workers.rs`), counted, and forwarded with the headers that say
 //! what was checked.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use hyper::body::Incoming;
 
-use super::body_workers::BodySize;
+use super::body_workers::{BodySize, LARGE_INFLATED_BYTES};
 use super::state::{AppState, Target};
 use crate::config::OtlpForwardEncoding;
 use crate::enforce::otlp;
@@ -36,7 +38,7 @@ pub(super) async fn remote_write(
     let received = compressed.clone();
     let size = BodySize {
         received: compressed.len(),
-        inflated_at_most: remote_write::declared_size(&compressed),
+        inflates_to: remote_write::declared_size(&compressed),
     };
     let step = move || rewrite_remote_write(&metrics, max, version, &received, &tenant.view());
     let (version, rewritten) = state.body_workers.run(size, step).await??;
@@ -60,23 +62,49 @@ pub(super) async fn otlp_metrics(
     parts: &mut http::request::Parts,
     body: body::Guarded<Incoming>,
 ) -> Result<ProxyBody, ProxyError> {
-    let tenant = OwnedTenantLabel::of(&target.remote_write_label(tenant)?);
-    let metrics = state.metrics.clone();
+    let tenant = Arc::new(OwnedTenantLabel::of(&target.remote_write_label(tenant)?));
     let encoding = otlp::read_headers(&parts.headers)
-        .map_err(|e| refused_otlp(&metrics, &tenant.view(), e))?;
+        .map_err(|e| refused_otlp(&state.metrics, &tenant.view(), e))?;
     let received = body::read_bounded(body, state.limits.max_body_bytes).await?;
     let forward = match target.otlp_forward {
         OtlpForwardEncoding::AsReceived => encoding,
         OtlpForwardEncoding::Identity => otlp::Encoding::Identity,
     };
     let max = state.limits.max_decompressed_bytes;
+    let attempt = |inflate_limit| {
+        let (metrics, body, tenant) = (state.metrics.clone(), received.clone(), tenant.clone());
+        let limits = (inflate_limit, max);
+        move || rewrite_otlp(&metrics, limits, (encoding, forward), &body, &tenant.view())
+    };
     let size = BodySize {
         received: received.len(),
-        inflated_at_most: encoding.inflated_at_most(received.len(), max),
+        inflates_to: encoding.inflated_size_hint(&received, max),
     };
-    let body = received.clone();
-    let step = move || rewrite_otlp(&metrics, max, (encoding, forward), &body, &tenant.view());
-    let (rewritten, sent_as) = match state.body_workers.run(size, step).await?? {
+    // In place, a body inflates at most to the body workers' threshold:
+    // the size gzip's trailer gives is only the sender's word, and a body
+    // that inflates further is checked on a body worker after all.
+    let in_place_limit = if size.is_large() {
+        max
+    } else {
+        max.min(LARGE_INFLATED_BYTES)
+    };
+    let checked = match state
+        .body_workers
+        .run(size, attempt(in_place_limit))
+        .await??
+    {
+        Some(checked) => checked,
+        None => {
+            let larger = BodySize {
+                inflates_to: max,
+                ..size
+            };
+            (state.body_workers.run(larger, attempt(max)).await??).ok_or_else(|| {
+                ProxyError::Internal("an OTLP body inflated past its limit".into())
+            })?
+        }
+    };
+    let (rewritten, sent_as) = match checked {
         Rewritten::Unchanged => (received, encoding),
         Rewritten::Body(body) => (Bytes::from(body), forward),
     };
@@ -166,14 +194,24 @@ fn rewrite_remote_write(
 }
 
 /// Rewrites an OTLP metrics body for the tenant and counts what happened.
-/// `(received, forward)`: the request's encoding, and a rewritten body's.
+/// `(inflate_limit, max)`: how far the body may inflate here, and the
+/// limit's own bound; a body that inflates past the first while the limit
+/// allows more is `None`, counted nowhere yet, to be checked where it can
+/// take longer. `(received, forward)`: the request's encoding, and a
+/// rewritten body's.
 fn rewrite_otlp(
     metrics: &Metrics,
-    max: u64,
+    (inflate_limit, max): (u64, u64),
     (encoding, forward): (otlp::Encoding, otlp::Encoding),
     received: &[u8],
     tenant: &TenantLabel<'_>,
-) -> Result<Rewritten, ProxyError> {
+) -> Result<Option<Rewritten>, ProxyError> {
+    let rewritten = otlp::rewrite_body(encoding, forward, received, tenant, inflate_limit);
+    if let Err(otlp::OtlpError::TooLarge { limit }) = rewritten {
+        if limit < max {
+            return Ok(None);
+        }
+    }
     let tenant_id = TenantLabels {
         tenant: tenant.owned_by.to_owned(),
     };
@@ -181,8 +219,7 @@ fn rewrite_otlp(
         .otlp_received_bytes
         .get_or_create(&tenant_id)
         .inc_by(received.len() as u64);
-    let (body, stats) = otlp::rewrite_body(encoding, forward, received, tenant, max)
-        .map_err(|e| refused_otlp(metrics, tenant, e))?;
+    let (body, stats) = rewritten.map_err(|e| refused_otlp(metrics, tenant, e))?;
     metrics
         .otlp_data_points
         .get_or_create(&tenant_id)
@@ -200,7 +237,7 @@ fn rewrite_otlp(
             .get_or_create(&tenant_id)
             .inc_by(stats.dropped_fields);
     }
-    Ok(body)
+    Ok(Some(body))
 }
 
 /// Counts a refused OTLP metrics request and says why.
