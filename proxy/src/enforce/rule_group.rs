@@ -27,6 +27,8 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 use super::tenant_label::{decide, Decision, ForeignLabel, Found, TenantLabel};
 
+mod expansion;
+
 /// `rulefmt.RuleGroup`, as Loki's ruler API decodes it (name, interval,
 /// query_offset, limit, rules), and the group-level `labels` of newer
 /// Prometheus rule files.
@@ -128,6 +130,7 @@ pub struct Pinned {
 /// The rule group to forward, every rule's `labels` pinning the tenant
 /// label: the YAML it is written as, and what was pinned.
 pub fn rewrite(body: &[u8], tenant: &TenantLabel<'_>) -> Result<(String, Pinned), RuleGroupError> {
+    expansion::check(body).map_err(RuleGroupError::Unreadable)?;
     let mut group: RuleGroup =
         serde_yaml_ng::from_slice(body).map_err(|e| RuleGroupError::Unreadable(e.to_string()))?;
     let name = group.name.clone();
@@ -164,6 +167,7 @@ pub fn rewrite(body: &[u8], tenant: &TenantLabel<'_>) -> Result<(String, Pinned)
 /// unknown ones too (Mimir's own fields change between releases).
 pub fn federated(body: &[u8], tenant_id: &str) -> Result<String, RuleGroupError> {
     use serde_yaml_ng::Value;
+    expansion::check(body).map_err(RuleGroupError::Unreadable)?;
     let group: Value =
         serde_yaml_ng::from_slice(body).map_err(|e| RuleGroupError::Unreadable(e.to_string()))?;
     fn plain(value: &Value) -> Result<(), RuleGroupError> {
