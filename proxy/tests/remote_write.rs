@@ -41,6 +41,20 @@ async fn label_mode_proxy(upstream: &str, extra: &str) -> RunningProxy {
     RunningProxy::start(ProxyOptions::metrics(tenants(), section)).await
 }
 
+/// Pushes a 1.0 `body`, which must be accepted (204), and returns what the
+/// receiver got, decompressed.
+async fn accepted_and_forwarded(
+    proxy: &RunningProxy,
+    receiver: &LokiStandIn,
+    body: Vec<u8>,
+) -> Vec<u8> {
+    let reply = push(proxy, V1_HEADERS, body).await;
+    assert_eq!(reply.status, StatusCode::NO_CONTENT, "{}", reply.text());
+    snap::raw::Decoder::new()
+        .decompress_vec(&receiver.last().body)
+        .unwrap()
+}
+
 /// An agent scraping itself every second and pushing through the proxy.
 async fn agent(
     job: &str,
@@ -700,11 +714,7 @@ async fn fields_no_schema_defines_are_dropped_and_counted() {
     request.extend_from_slice(&series);
     let body = snap::raw::Encoder::new().compress_vec(&request).unwrap();
 
-    let reply = push(&proxy, V1_HEADERS, body).await;
-    assert_eq!(reply.status, StatusCode::NO_CONTENT, "{}", reply.text());
-    let forwarded = snap::raw::Decoder::new()
-        .decompress_vec(&receiver.last().body)
-        .unwrap();
+    let forwarded = accepted_and_forwarded(&proxy, &receiver, body).await;
     assert!(!forwarded.windows(6).any(|w| w == b"unread"));
     let stored = WriteRequest::decode(forwarded.as_slice()).unwrap();
     let labels: Vec<_> = stored.timeseries[0]
@@ -1155,11 +1165,7 @@ async fn a_large_push_is_checked_and_forwarded_whole() {
     let body = snappy(&request);
     assert!(body.len() >= 256 * 1024, "{} bytes", body.len());
 
-    let reply = push(&proxy, V1_HEADERS, body).await;
-    assert_eq!(reply.status, StatusCode::NO_CONTENT, "{}", reply.text());
-    let forwarded = snap::raw::Decoder::new()
-        .decompress_vec(&receiver.last().body)
-        .unwrap();
+    let forwarded = accepted_and_forwarded(&proxy, &receiver, body).await;
     let stored = WriteRequest::decode(forwarded.as_slice()).unwrap();
     assert_eq!(stored.timeseries.len(), 4_000);
     for (series, sent) in stored.timeseries.iter().zip(&values) {
@@ -1211,11 +1217,7 @@ async fn a_small_push_that_decompresses_far_is_checked_on_a_body_worker() {
     assert!(declared > 2 << 20, "{declared} bytes declared");
     assert!(body.len() < 256 << 10, "{} bytes sent", body.len());
 
-    let reply = push(&proxy, V1_HEADERS, body).await;
-    assert_eq!(reply.status, StatusCode::NO_CONTENT, "{}", reply.text());
-    let forwarded = snap::raw::Decoder::new()
-        .decompress_vec(&receiver.last().body)
-        .unwrap();
+    let forwarded = accepted_and_forwarded(&proxy, &receiver, body).await;
     let stored = WriteRequest::decode(forwarded.as_slice()).unwrap();
     assert_eq!(stored.timeseries.len(), 60_000);
     assert!(stored.timeseries.iter().all(|series| series
