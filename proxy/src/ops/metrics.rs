@@ -415,7 +415,7 @@ impl Default for Metrics {
         let large_bodies = Gauge::default();
         registry.register(
             "large_bodies",
-            "Bodies read whole of 256 KiB or more (or inflating past 2 MiB), waiting for a body worker or being worked on by one",
+            "Bodies read whole of 256 KiB or more (or inflating to 2 MiB or more), waiting for a body worker or being worked on by one",
             large_bodies.clone(),
         );
         let large_body_bytes = Gauge::default();
