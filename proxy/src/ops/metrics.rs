@@ -123,21 +123,33 @@ impl UpstreamDurations {
     }
 }
 
-/// One in `gauge` for as long as it lives (a live tail, a large body in a
-/// body worker's care): dropped on every path out, an early return or a
-/// cancelled future among them.
-pub struct GaugeHeld(Gauge);
+/// An amount in `gauge` for as long as it lives (a live tail, a large
+/// body in a body worker's care, its bytes): taken out again on every path
+/// out, an early return or a cancelled future among them.
+pub struct GaugeHeld {
+    gauge: Gauge,
+    amount: i64,
+}
 
 impl GaugeHeld {
+    /// One, added now.
     pub fn new(gauge: &Gauge) -> Self {
         gauge.inc();
-        Self(gauge.clone())
+        Self::added(gauge, 1)
+    }
+
+    /// `amount`, already added to `gauge` (as a bound was checked).
+    pub fn added(gauge: &Gauge, amount: i64) -> Self {
+        Self {
+            gauge: gauge.clone(),
+            amount,
+        }
     }
 }
 
 impl Drop for GaugeHeld {
     fn drop(&mut self) {
-        self.0.dec();
+        self.gauge.dec_by(self.amount);
     }
 }
 

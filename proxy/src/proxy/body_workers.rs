@@ -196,7 +196,8 @@ impl BodyWorkers {
     /// Counts a large body as held, if the bound leaves room for it. A body
     /// is taken when nothing else is held, however large: the bound is
     /// there to keep a queue short, never to refuse a body every time.
-    fn hold(&self, body_bytes: usize) -> Result<Held, ProxyError> {
+    /// The body and its bytes stay counted until both are dropped.
+    fn hold(&self, body_bytes: usize) -> Result<(GaugeHeld, GaugeHeld), ProxyError> {
         let bytes = i64::try_from(body_bytes).unwrap_or(i64::MAX);
         let bound = i64::try_from(self.max_bytes_held).unwrap_or(i64::MAX);
         let fits = |held: i64| {
@@ -206,25 +207,8 @@ impl BodyWorkers {
         (self.bytes_held.inner())
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, fits)
             .map_err(|_| ProxyError::LargeBodiesHeld)?;
-        Ok(Held {
-            _count: GaugeHeld::new(&self.in_work),
-            bytes: self.bytes_held.clone(),
-            held: bytes,
-        })
-    }
-}
-
-/// A large body counted as held by the body workers, until its step has run
-/// or its request went away before the step was handed over.
-struct Held {
-    _count: GaugeHeld,
-    bytes: Gauge,
-    held: i64,
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        self.bytes.dec_by(self.held);
+        let bytes_held = GaugeHeld::added(&self.bytes_held, bytes);
+        Ok((GaugeHeld::new(&self.in_work), bytes_held))
     }
 }
 
