@@ -10,7 +10,7 @@ use http_body_util::{BodyExt, Limited};
 
 use serde_json::Value;
 
-use crate::enforce::params::{Params, MATCH};
+use crate::enforce::params::{Params, MATCH, MAX_PARAMS};
 use crate::enforce::promql::{EnforceError, Memo, TenantMatcher, MAX_QUERY_BYTES};
 use crate::http::body::BoxError;
 use crate::http::error::ProxyError;
@@ -30,6 +30,10 @@ pub const MAX_FILTERED_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
 /// ([`MAX_QUERY_BYTES`]). A dashboard's label browser sends a few, a
 /// federation scrape tens.
 pub const MAX_MATCH_SELECTORS: usize = 1_000;
+
+// One selector over this bound must reach its own refusal, which names
+// it, before the bound on all parameters refuses the request.
+const _: () = assert!(MAX_MATCH_SELECTORS < MAX_PARAMS);
 
 /// Which parameters of a request carry selectors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
