@@ -1114,22 +1114,11 @@ fn every_series_a_real_prometheus_stores_from_a_generated_push_is_the_tenants() 
     assert!(accepted.get() >= 16, "only {} accepted", accepted.get());
 }
 
-/// A push of hundreds of KiB sent (ten times Prometheus' usual batch)
-/// arrives whole: every series, each with the tenant's namespace, the
-/// foreign claims overwritten. Values of little repetition keep snappy
-/// from shrinking the body much. The large bodies held are bounded to a
-/// byte, far below this one: a body alone is taken all the same, and no
-/// longer counted once checked.
-#[tokio::test]
-async fn a_large_push_is_checked_and_forwarded_whole() {
-    let receiver = LokiStandIn::start().await;
-    support::captured_logs();
-    let section = format!("  upstream: {}\n  mode: label\n", receiver.url());
-    let proxy = RunningProxy::start(ProxyOptions {
-        limits: "  max_large_body_bytes_held: 1\n",
-        ..ProxyOptions::metrics(tenants(), section)
-    })
-    .await;
+/// A push of hundreds of KiB sent (ten times Prometheus' usual batch):
+/// 4,000 series, half claiming team-b, their values of little repetition
+/// so that snappy does not shrink the body much. Returns each series'
+/// labels, sorted, and the body.
+fn large_push() -> (Vec<Vec<(String, String)>>, Vec<u8>) {
     let mut state = 0x9e37_79b9_7f4a_7c15_u64;
     let mut noise = move || {
         state ^= state << 13;
@@ -1164,6 +1153,25 @@ async fn a_large_push_is_checked_and_forwarded_whole() {
     };
     let body = snappy(&request);
     assert!(body.len() >= 256 * 1024, "{} bytes", body.len());
+    (values, body)
+}
+
+/// A push of hundreds of KiB sent (ten times Prometheus' usual batch)
+/// arrives whole: every series, each with the tenant's namespace, the
+/// foreign claims overwritten. The large bodies held are bounded to a
+/// byte, far below this one: a body alone is taken all the same, and no
+/// longer counted once checked.
+#[tokio::test]
+async fn a_large_push_is_checked_and_forwarded_whole() {
+    let receiver = LokiStandIn::start().await;
+    support::captured_logs();
+    let section = format!("  upstream: {}\n  mode: label\n", receiver.url());
+    let proxy = RunningProxy::start(ProxyOptions {
+        limits: "  max_large_body_bytes_held: 1\n",
+        ..ProxyOptions::metrics(tenants(), section)
+    })
+    .await;
+    let (values, body) = large_push();
 
     let forwarded = accepted_and_forwarded(&proxy, &receiver, body).await;
     let stored = WriteRequest::decode(forwarded.as_slice()).unwrap();
@@ -1192,6 +1200,77 @@ async fn a_large_push_is_checked_and_forwarded_whole() {
     );
     assert!(
         !metrics.contains("limit=\"large_body_bytes_held\""),
+        "{metrics}"
+    );
+}
+
+/// A large push is counted among the large bodies held while it is still
+/// arriving, not only once read: with one trickling in, holding all but
+/// its last byte, the next large push is refused at once (503 with
+/// `Retry-After`, which senders retry) and never forwarded, while a small
+/// one passes. The first, once whole, is checked and forwarded.
+#[tokio::test]
+async fn a_large_push_still_arriving_counts_against_the_bound() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (_, body) = large_push();
+    let receiver = LokiStandIn::start().await;
+    support::captured_logs();
+    let section = format!("  upstream: {}\n  mode: label\n", receiver.url());
+    let limits = format!("  max_large_body_bytes_held: {}\n", body.len() + 1000);
+    let proxy = RunningProxy::start(ProxyOptions {
+        limits: Box::leak(limits.into_boxed_str()),
+        ..ProxyOptions::metrics(tenants(), section)
+    })
+    .await;
+    let mut trickling = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let head = format!(
+        "POST /api/v1/write HTTP/1.1\r\nhost: proxy\r\nauthorization: {}\r\n\
+         content-type: application/x-protobuf\r\ncontent-encoding: snappy\r\n\
+         x-prometheus-remote-write-version: 0.1.0\r\ncontent-length: {}\r\n\
+         connection: close\r\n\r\n",
+        basic("alice", "alice-pw"),
+        body.len()
+    );
+    let (all_but_last, last) = body.split_at(body.len() - 1);
+    trickling.write_all(head.as_bytes()).await.unwrap();
+    trickling.write_all(all_but_last).await.unwrap();
+    let counted = format!("tenant_proxy_large_body_bytes {}\n", all_but_last.len());
+    eventually(
+        "the arriving body counted",
+        Duration::from_secs(10),
+        async || proxy.metrics().await.contains(&counted),
+    )
+    .await;
+
+    let refused = push(&proxy, V1_HEADERS, body.clone()).await;
+    assert_eq!(
+        refused.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        refused.text()
+    );
+    assert_eq!(refused.headers["retry-after"], "1");
+    let small = push(&proxy, V1_HEADERS, v1_body(&[(&[("__name__", "up")], 1.0)])).await;
+    assert_eq!(small.status, StatusCode::NO_CONTENT, "{}", small.text());
+    assert_eq!(
+        receiver.received().len(),
+        1,
+        "only the small push forwarded"
+    );
+
+    trickling.write_all(last).await.unwrap();
+    let mut answer = String::new();
+    trickling.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 204"), "{answer}");
+    let forwarded = snap::raw::Decoder::new()
+        .decompress_vec(&receiver.last().body)
+        .unwrap();
+    let stored = WriteRequest::decode(forwarded.as_slice()).unwrap();
+    assert_eq!(stored.timeseries.len(), 4_000);
+    let metrics = proxy.metrics().await;
+    assert!(
+        metrics.contains("tenant_proxy_large_body_bytes 0\n")
+            && metrics.contains("surface=\"metrics_push\",limit=\"large_body_bytes_held\"} 1\n"),
         "{metrics}"
     );
 }

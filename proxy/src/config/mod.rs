@@ -417,11 +417,12 @@ pub struct Limits {
     /// beyond); 0: unlimited.
     #[serde(default)]
     pub max_concurrent_requests: usize,
-    /// Bytes of large bodies (`proxy/body_workers.rs`) held at once,
-    /// waiting for a body worker or being worked on by one; beyond it 503
-    /// with Retry-After, which push senders retry. A body is taken when
-    /// nothing else is held, however large. 0: unbounded, as Mimir's
-    /// distributor leaves its in-flight push bytes by default.
+    /// Bytes of large bodies (`http/large_bodies.rs`) held at once: still
+    /// arriving (from 256 KiB on), waiting for a body worker or being
+    /// worked on by one; beyond it 503 with Retry-After, which push
+    /// senders retry. A body is taken when nothing else is held, however
+    /// large. 0: unbounded, as Mimir's distributor leaves its in-flight
+    /// push bytes by default.
     #[serde(default)]
     pub max_large_body_bytes_held: u64,
     /// Client connections open at once on a listener. Beyond it, new ones

@@ -14,6 +14,7 @@ use crate::enforce::params::{Params, MATCH, MAX_PARAMS};
 use crate::enforce::promql::{EnforceError, Memo, TenantMatcher, MAX_QUERY_BYTES};
 use crate::http::body::BoxError;
 use crate::http::error::ProxyError;
+use crate::http::large_bodies::LargeBodyBytes;
 
 /// `metadata` takes no selector, so upstream it would list every tenant's
 /// metric names and help texts. Grafana calls it and copes with empty data.
@@ -99,16 +100,16 @@ pub fn enforce(
 pub async fn rewrite_request<B>(
     parts: &mut Parts,
     body: B,
-    body_limit: u64,
+    (body_limit, large): (u64, &LargeBodyBytes),
     selectors: Selectors,
     tenant: &TenantMatcher,
     memo: &Memo,
 ) -> Result<(Option<String>, Bytes), ProxyError>
 where
-    B: hyper::body::Body,
+    B: hyper::body::Body<Data = Bytes>,
     B::Error: Into<BoxError>,
 {
-    let bytes = crate::http::body::read_bounded(body, body_limit).await?;
+    let bytes = crate::http::body::read_bounded(body, body_limit, large).await?;
     let mut params = Params::from_request(&parts.method, parts.uri.query(), &parts.headers, &bytes)
         .map_err(|e| ProxyError::BadData(e.to_string()))?;
     enforce(&mut params, selectors, tenant, memo)?;
@@ -168,7 +169,7 @@ pub fn unpaged_rules_query(query: Option<&str>) -> Option<String> {
 /// upstream.
 pub async fn read_filtered_response<B>(body: B) -> Result<Bytes, ProxyError>
 where
-    B: hyper::body::Body,
+    B: hyper::body::Body<Data = Bytes>,
     B::Error: Into<BoxError>,
 {
     Ok(Limited::new(body, MAX_FILTERED_RESPONSE_BYTES)
@@ -344,8 +345,9 @@ mod tests {
             .unwrap()
             .into_parts();
         let memo = Memo::new(0);
+        let limit = (1024, &LargeBodyBytes::new(Default::default(), 0));
         let (query, body) =
-            rewrite_request(&mut parts, body, 1024, Selectors::Query, &tenant(), &memo)
+            rewrite_request(&mut parts, body, limit, Selectors::Query, &tenant(), &memo)
                 .await
                 .unwrap();
         (parts, query, body)

@@ -1,15 +1,17 @@
 //! The one body type the proxy hands to hyper, in both directions.
 
 use std::future::Future;
-use std::pin::Pin;
+use std::pin::{pin, Pin};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Empty, Full, Limited};
+use bytes::{Bytes, BytesMut};
+use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Empty, Full};
 use hyper::body::Frame;
 
+use super::large_bodies::{AtTheBound, LargeBodyBytes, LARGE_BODY_BYTES};
 use crate::admission::ByteMeter;
+use crate::ops::metrics::GaugeHeld;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
@@ -120,27 +122,99 @@ pub enum ReadError {
     /// 400.
     #[error("cannot read the request body: {0}")]
     Broken(String),
+    /// 503: the large bodies held (`large_bodies.rs`) leave no room for
+    /// this one's bytes.
+    #[error("too many bytes of large bodies held")]
+    LargeBodiesHeld,
 }
 
-/// Reads a whole request body, at most `limit` bytes.
-pub async fn read_bounded<B>(body: B, limit: u64) -> Result<Bytes, ReadError>
+/// Reads a whole request body, at most `limit` bytes, counted in `large`
+/// while it arrives if it is large, and given back once read.
+pub async fn read_bounded<B>(
+    body: B,
+    limit: u64,
+    large: &LargeBodyBytes,
+) -> Result<Bytes, ReadError>
 where
-    B: hyper::body::Body,
+    B: hyper::body::Body<Data = Bytes>,
     B::Error: Into<BoxError>,
 {
-    match Limited::new(body, limit as usize).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ReadError::TooLarge { limit }),
-        Err(e) if e.is::<BodyTimeout>() => Err(ReadError::Timeout),
-        Err(e) => Err(ReadError::Broken(e.to_string())),
+    Ok(read_held(body, limit, large).await?.0)
+}
+
+/// Reads a whole request body, at most `limit` bytes. A large body is
+/// counted in `large` from the moment its bytes reach
+/// [`LARGE_BODY_BYTES`], and stays counted until the count returned with
+/// it is dropped (a body worker takes it over).
+pub async fn read_held<B>(
+    body: B,
+    limit: u64,
+    large: &LargeBodyBytes,
+) -> Result<(Bytes, Option<GaugeHeld>), ReadError>
+where
+    B: hyper::body::Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    if body.size_hint().lower() > limit {
+        return Err(ReadError::TooLarge { limit });
     }
+    let mut body = pin!(body);
+    let (mut parts, mut received, mut counted) = (Vec::<Bytes>::new(), 0, None);
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
+            let e: BoxError = e.into();
+            if e.is::<BodyTimeout>() {
+                ReadError::Timeout
+            } else {
+                ReadError::Broken(e.to_string())
+            }
+        })?;
+        // Trailer fields never pass (`Guarded`).
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        received += data.len();
+        if received as u64 > limit {
+            return Err(ReadError::TooLarge { limit });
+        }
+        if received >= LARGE_BODY_BYTES {
+            counted = Some(
+                large
+                    .hold_up_to(counted, received)
+                    .map_err(|AtTheBound| ReadError::LargeBodiesHeld)?,
+            );
+        }
+        if !data.is_empty() {
+            parts.push(data);
+        }
+    }
+    let whole = match parts.len() {
+        0 => Bytes::new(),
+        1 => parts.swap_remove(0),
+        _ => {
+            let mut whole = BytesMut::with_capacity(received);
+            parts.iter().for_each(|part| whole.extend_from_slice(part));
+            whole.freeze()
+        }
+    };
+    Ok((whole, counted))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use futures_util::stream;
+    use futures_util::{poll, stream};
     use http_body_util::StreamBody;
+    use prometheus_client::metrics::gauge::Gauge;
+
+    /// Reads a body with no bound on the large bodies held.
+    async fn read<B>(body: B, limit: u64) -> Result<Bytes, ReadError>
+    where
+        B: hyper::body::Body<Data = Bytes>,
+        B::Error: Into<BoxError>,
+    {
+        read_bounded(body, limit, &LargeBodyBytes::new(Gauge::default(), 0)).await
+    }
 
     fn chunks(
         parts: Vec<Result<&'static [u8], BoxError>>,
@@ -155,18 +229,15 @@ mod tests {
     #[tokio::test]
     async fn a_body_is_read_whole_up_to_its_limit_and_refused_beyond() {
         let body = || chunks(vec![Ok(b"abc"), Ok(b"def")]);
-        assert_eq!(read_bounded(body(), 6).await.unwrap(), &b"abcdef"[..]);
-        assert_eq!(
-            read_bounded(body(), 5).await,
-            Err(ReadError::TooLarge { limit: 5 })
-        );
+        assert_eq!(read(body(), 6).await.unwrap(), &b"abcdef"[..]);
+        assert_eq!(read(body(), 5).await, Err(ReadError::TooLarge { limit: 5 }));
     }
 
     #[tokio::test]
     async fn a_broken_body_is_told_apart_from_a_large_or_slow_one() {
         let broken = chunks(vec![Ok(b"abc"), Err("connection reset".into())]);
         assert_eq!(
-            read_bounded(broken, 100).await,
+            read(broken, 100).await,
             Err(ReadError::Broken("connection reset".into()))
         );
     }
@@ -177,14 +248,13 @@ mod tests {
         let guarded_stalled = guarded(stalled, Duration::from_secs(5), None);
         // Time is paused and jumps to the next timer: a body without its
         // deadline fails here rather than hanging the test.
-        let read =
-            tokio::time::timeout(Duration::from_secs(60), read_bounded(guarded_stalled, 100));
-        assert_eq!(read.await, Ok(Err(ReadError::Timeout)));
+        let stalled = tokio::time::timeout(Duration::from_secs(60), read(guarded_stalled, 100));
+        assert_eq!(stalled.await, Ok(Err(ReadError::Timeout)));
         let arrived = guarded(chunks(vec![Ok(b"abc")]), Duration::from_secs(5), None);
-        assert_eq!(read_bounded(arrived, 100).await.unwrap(), &b"abc"[..]);
+        assert_eq!(read(arrived, 100).await.unwrap(), &b"abc"[..]);
         let nothing = guarded(Empty::<Bytes>::new(), Duration::ZERO, None);
         assert!(hyper::body::Body::is_end_stream(&nothing));
-        assert_eq!(read_bounded(nothing, 100).await.unwrap(), &b""[..]);
+        assert_eq!(read(nothing, 100).await.unwrap(), &b""[..]);
     }
 
     #[tokio::test]
@@ -211,6 +281,50 @@ mod tests {
         let guarded = guarded(inner, Duration::from_secs(5), None);
         assert_eq!(hyper::body::Body::size_hint(&guarded).exact(), Some(3));
         assert!(!hyper::body::Body::is_end_stream(&guarded));
-        assert_eq!(read_bounded(guarded, 3).await.unwrap(), &b"abc"[..]);
+        assert_eq!(read(guarded, 3).await.unwrap(), &b"abc"[..]);
+    }
+
+    /// A large body is counted from the moment its bytes reach the
+    /// threshold, while the rest arrives, and until the count returned
+    /// with it is dropped; a small one never is. Past the bound, a large
+    /// body is refused as it arrives, and what it held is given back.
+    #[tokio::test]
+    async fn a_large_body_is_counted_while_it_arrives_and_refused_past_the_bound() {
+        let threshold = LARGE_BODY_BYTES;
+        let large = LargeBodyBytes::new(Gauge::default(), 3 * threshold as u64);
+        let (send, arriving) = tokio::sync::mpsc::unbounded_channel::<Bytes>();
+        let frames = stream::unfold(arriving, |mut arriving| async move {
+            let data = arriving.recv().await?;
+            Some((Ok::<_, BoxError>(Frame::data(data)), arriving))
+        });
+        let mut first = Box::pin(read_held(StreamBody::new(frames), u64::MAX, &large));
+        send.send(Bytes::from(vec![0; threshold - 1])).unwrap();
+        assert!(poll!(first.as_mut()).is_pending());
+        assert_eq!(large.held(), 0, "below the threshold");
+        send.send(Bytes::from_static(b"a")).unwrap();
+        assert!(poll!(first.as_mut()).is_pending());
+        assert_eq!(large.held(), threshold as i64, "counted as it arrives");
+
+        let small = chunks(vec![Ok(&[0; 1000][..])]);
+        let (_, counted) = read_held(small, u64::MAX, &large).await.unwrap();
+        assert!(counted.is_none(), "a small body is never counted");
+        let two_parts = || chunks(vec![Ok(&[1; LARGE_BODY_BYTES]), Ok(&[2; LARGE_BODY_BYTES])]);
+        let second = read_held(two_parts(), u64::MAX, &large).await;
+        let (bytes, counted) = second.unwrap();
+        assert_eq!(bytes.len(), 2 * threshold, "read whole, in one buffer");
+        assert_eq!(bytes[..threshold], [1; LARGE_BODY_BYTES]);
+        assert_eq!(large.held(), 3 * threshold as i64, "at the bound");
+        let refused = read_held(two_parts(), u64::MAX, &large).await;
+        assert_eq!(refused.unwrap_err(), ReadError::LargeBodiesHeld);
+        assert_eq!(large.held(), 3 * threshold as i64, "given back");
+        drop(counted);
+
+        send.send(Bytes::from(vec![0; threshold])).unwrap();
+        drop(send);
+        let (bytes, counted) = first.await.unwrap();
+        assert_eq!(bytes.len(), 2 * threshold);
+        assert_eq!(large.held(), 2 * threshold as i64);
+        drop(counted);
+        assert_eq!(large.held(), 0);
     }
 }

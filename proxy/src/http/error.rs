@@ -90,6 +90,7 @@ impl From<ReadError> for ProxyError {
         match e {
             ReadError::TooLarge { limit } => Self::BodyTooLarge { limit },
             ReadError::Timeout => Self::BodyTimeout,
+            ReadError::LargeBodiesHeld => Self::LargeBodiesHeld,
             broken @ ReadError::Broken(_) => Self::BadData(broken.to_string()),
         }
     }

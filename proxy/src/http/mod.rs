@@ -10,6 +10,7 @@ pub mod client_address;
 pub mod connection;
 pub mod error;
 pub mod headers;
+pub mod large_bodies;
 pub mod path;
 pub mod protocol;
 pub mod server;

@@ -126,6 +126,7 @@ impl UpstreamDurations {
 /// An amount in `gauge` for as long as it lives (a live tail, a large
 /// body in a body worker's care, its bytes): taken out again on every path
 /// out, an early return or a cancelled future among them.
+#[derive(Debug)]
 pub struct GaugeHeld {
     gauge: Gauge,
     amount: i64,
@@ -144,6 +145,16 @@ impl GaugeHeld {
             gauge: gauge.clone(),
             amount,
         }
+    }
+
+    /// What it holds.
+    pub fn amount(&self) -> i64 {
+        self.amount
+    }
+
+    /// Holds `more`, already added to the gauge (as a bound was checked).
+    pub fn grow(&mut self, more: i64) {
+        self.amount += more;
     }
 }
 
@@ -433,7 +444,7 @@ impl Default for Metrics {
         let large_body_bytes = Gauge::default();
         registry.register(
             "large_body_bytes",
-            "Bytes of the bodies counted in tenant_proxy_large_bodies, which limits.max_large_body_bytes_held bounds",
+            "Bytes of large bodies held: read whole and still arriving (from 256 KiB on), or counted in tenant_proxy_large_bodies; limits.max_large_body_bytes_held bounds them",
             large_body_bytes.clone(),
         );
         let body_worker_jobs = Counter::default();

@@ -34,10 +34,11 @@ pub(super) async fn request(
             Ok((Some(filtered), body::empty()))
         }
         AlertmanagerCall::PostSilence => {
-            let received = body::read_bounded(body, state.limits.max_body_bytes).await?;
+            let (received, counted) = state.read_whole(body).await?;
             let (owned, posted) = (OwnedTenantAlerts::of(tenant), received.clone());
             let step = move || alertmanager::rewrite_silence(&posted, &owned.view());
-            let silence = state.body_workers.run(received.len(), step).await??;
+            let workers = &state.body_workers;
+            let silence = workers.run_held(received.len(), counted, step).await??;
             if let Some(id) = &silence.id {
                 check_silence_owner(state, target, id, tenant).await?;
             }

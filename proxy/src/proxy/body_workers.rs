@@ -24,14 +24,14 @@
 //! one step per thread runs at once, which bounds their memory as the
 //! worker count did.
 //!
-//! The large bodies held, waiting for a turn or being worked on, are
-//! bounded in bytes if `limits.max_large_body_bytes_held` is set: when
-//! large batches arrive faster than the workers check them, the next one
-//! is refused at once with a 503 its sender retries after a while,
-//! instead of held until the sender gives up on it (Prometheus after
-//! `remote_timeout`, 30 s) and sends it again into the same queue.
+//! The large bodies held, still arriving, waiting for a turn or being
+//! worked on, are bounded in bytes if `limits.max_large_body_bytes_held`
+//! is set (`http/large_bodies.rs`): when large batches arrive faster than
+//! the workers check them, the next one is refused at once with a 503 its
+//! sender retries after a while, instead of held until the sender gives
+//! up on it (Prometheus after `remote_timeout`, 30 s) and sends it again
+//! into the same queue.
 
-use std::sync::atomic::Ordering;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 
@@ -40,15 +40,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{oneshot, Semaphore};
 
 use crate::http::error::ProxyError;
+pub use crate::http::large_bodies::LARGE_BODY_BYTES;
+use crate::http::large_bodies::{AtTheBound, LargeBodyBytes};
 use crate::ops::metrics::GaugeHeld;
 use crate::ops::panics;
-
-/// The size of a body (as received, compressed) from which its step runs
-/// on a body worker: about 1 MiB once snappy-decompressed, a couple of
-/// milliseconds of work. A Prometheus batch at its default
-/// `max_samples_per_send` (2,000) stays below it, where handing it over
-/// would cost more than it spares.
-pub const LARGE_BODY_BYTES: usize = 256 * 1024;
 
 /// The size a compressed body inflates to from which its step runs on a
 /// body worker, however small it came: the work goes by what the step
@@ -103,10 +98,8 @@ pub struct BodyWorkers {
     /// Large bodies waiting for a turn or being worked on
     /// (`tenant_proxy_large_bodies`).
     in_work: Gauge,
-    /// Their bytes (`tenant_proxy_large_body_bytes`), which
-    /// `max_bytes_held` bounds (0: unbounded).
-    bytes_held: Gauge,
-    max_bytes_held: u64,
+    /// The bytes of large bodies held, proxy-wide, and their bound.
+    bytes: LargeBodyBytes,
     jobs_run: Counter,
 }
 
@@ -114,16 +107,14 @@ pub struct BodyWorkers {
 #[derive(Clone, Debug, Default)]
 pub struct LargeBodyMetrics {
     pub count: Gauge,
-    pub bytes: Gauge,
     /// Steps handed to a body worker (`tenant_proxy_body_worker_jobs_total`).
     pub jobs: Counter,
 }
 
 impl BodyWorkers {
     /// `threads` threads (at least one), named `body-worker-<i>`, holding
-    /// at most `max_bytes_held` bytes of large bodies at once (0: no
-    /// bound), counted in `metrics`.
-    pub fn new(threads: usize, max_bytes_held: u64, metrics: LargeBodyMetrics) -> Self {
+    /// large bodies as far as `bytes` leaves room, counted in `metrics`.
+    pub fn new(threads: usize, bytes: LargeBodyBytes, metrics: LargeBodyMetrics) -> Self {
         let threads = threads.max(1);
         let (jobs, queue) = sync_channel::<Job>(threads);
         let queue = Arc::new(Mutex::new(queue));
@@ -138,16 +129,21 @@ impl BodyWorkers {
             jobs,
             turns: Arc::new(Semaphore::new(threads)),
             in_work: metrics.count,
-            bytes_held: metrics.bytes,
+            bytes,
             jobs_run: metrics.jobs,
-            max_bytes_held,
         }
     }
 
     /// One per core, as tokio counts its default worker threads.
-    pub fn per_core(max_bytes_held: u64, metrics: LargeBodyMetrics) -> Self {
+    pub fn per_core(bytes: LargeBodyBytes, metrics: LargeBodyMetrics) -> Self {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        Self::new(cores, max_bytes_held, metrics)
+        Self::new(cores, bytes, metrics)
+    }
+
+    /// The bytes of large bodies held, which bodies being read count in
+    /// too.
+    pub fn bytes(&self) -> &LargeBodyBytes {
+        &self.bytes
     }
 
     /// Runs `step`, the work on a body of `size` (its bytes as received, or
@@ -162,13 +158,25 @@ impl BodyWorkers {
         size: impl Into<BodySize>,
         step: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T, ProxyError> {
+        self.run_held(size, None, step).await
+    }
+
+    /// [`run`](Self::run) for a body whose bytes are `counted` already,
+    /// as they arrived (`http::body::read_held`): held on, not counted
+    /// again.
+    pub async fn run_held<T: Send + 'static>(
+        &self,
+        size: impl Into<BodySize>,
+        counted: Option<GaugeHeld>,
+        step: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, ProxyError> {
         let size = size.into();
         if !size.is_large() {
             return Ok(step());
         }
-        // Counted from now until the step has run, or until its request
-        // goes away before the step was handed over.
-        let counted = self.hold(size.received)?;
+        // Counted from now (or from its arrival) until the step has run,
+        // or until its request goes away before the step was handed over.
+        let counted = self.hold(counted, size.received)?;
         let turn =
             (self.turns.clone().acquire_owned().await).expect("the semaphore is never closed");
         let (done, result) = oneshot::channel();
@@ -193,22 +201,17 @@ impl BodyWorkers {
             .map_err(|_| ProxyError::Internal("the request's handling failed unexpectedly".into()))
     }
 
-    /// Counts a large body as held, if the bound leaves room for it. A body
-    /// is taken when nothing else is held, however large: the bound is
-    /// there to keep a queue short, never to refuse a body every time.
-    /// The body and its bytes stay counted until both are dropped.
-    fn hold(&self, body_bytes: usize) -> Result<(GaugeHeld, GaugeHeld), ProxyError> {
-        let bytes = i64::try_from(body_bytes).unwrap_or(i64::MAX);
-        let bound = i64::try_from(self.max_bytes_held).unwrap_or(i64::MAX);
-        let fits = |held: i64| {
-            let after = held.saturating_add(bytes);
-            (bound == 0 || held == 0 || after <= bound).then_some(after)
-        };
-        (self.bytes_held.inner())
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, fits)
-            .map_err(|_| ProxyError::LargeBodiesHeld)?;
-        let bytes_held = GaugeHeld::added(&self.bytes_held, bytes);
-        Ok((GaugeHeld::new(&self.in_work), bytes_held))
+    /// Counts a large body as held, with its bytes, if the bound leaves
+    /// room for them (`LargeBodyBytes::hold_up_to`). The body and its
+    /// bytes stay counted until both are dropped.
+    fn hold(
+        &self,
+        counted: Option<GaugeHeld>,
+        received: usize,
+    ) -> Result<(GaugeHeld, GaugeHeld), ProxyError> {
+        let bytes = (self.bytes.hold_up_to(counted, received))
+            .map_err(|AtTheBound| ProxyError::LargeBodiesHeld)?;
+        Ok((GaugeHeld::new(&self.in_work), bytes))
     }
 }
 
@@ -237,7 +240,8 @@ mod tests {
 
     /// One body worker, holding at most `max_bytes_held` (0: unbounded).
     fn one_thread(max_bytes_held: u64) -> BodyWorkers {
-        BodyWorkers::new(1, max_bytes_held, LargeBodyMetrics::default())
+        let bytes = LargeBodyBytes::new(Gauge::default(), max_bytes_held);
+        BodyWorkers::new(1, bytes, LargeBodyMetrics::default())
     }
 
     fn thread_name() -> Option<String> {
@@ -367,7 +371,7 @@ mod tests {
         // Boxed, so that dropping it drops the request.
         let mut second = Box::pin(workers.run(LARGE_BODY_BYTES, || "second"));
         assert!(poll_once(second.as_mut()).await.is_pending());
-        assert_eq!(workers.bytes_held.get(), 2 * large as i64, "at the bound");
+        assert_eq!(workers.bytes.held(), 2 * large as i64, "at the bound");
         let third = workers.run(1, || "third").await;
         assert_eq!(third.unwrap(), "third", "a small body is not held");
         let mut fourth = pin!(workers.run(LARGE_BODY_BYTES, || "fourth"));
@@ -379,17 +383,17 @@ mod tests {
         assert_eq!(workers.in_work.get(), 2, "the refused one is not counted");
         assert_eq!(workers.jobs_run.get(), 1, "nor made a job");
         drop(second);
-        assert_eq!(workers.bytes_held.get(), large as i64, "room made again");
+        assert_eq!(workers.bytes.held(), large as i64, "room made again");
         let mut fifth = pin!(workers.run(LARGE_BODY_BYTES, || "fifth"));
         assert!(poll_once(fifth.as_mut()).await.is_pending(), "waits again");
         release.send(()).unwrap();
         assert!(first.await.unwrap().unwrap(), "released, not timed out");
         assert_eq!(fifth.await.unwrap(), "fifth");
-        assert_eq!(workers.bytes_held.get(), 0);
+        assert_eq!(workers.bytes.held(), 0);
         assert_eq!(workers.in_work.get(), 0);
         let alone = workers.run(3 * LARGE_BODY_BYTES, || "alone").await;
         assert_eq!(alone.unwrap(), "alone", "over the bound, but alone");
-        assert_eq!(workers.bytes_held.get(), 0);
+        assert_eq!(workers.bytes.held(), 0);
     }
 
     /// A step that panics is an internal error, and its thread takes the

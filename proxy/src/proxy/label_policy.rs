@@ -16,6 +16,7 @@
 //! selects, so that request carries the credential's selector there,
 //! joined to the client's own.
 
+use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::Method;
 
@@ -23,6 +24,7 @@ use crate::enforce::params::Params;
 use crate::enforce::promql::CredentialSelector;
 use crate::http::body::{self, BoxError};
 use crate::http::error::ProxyError;
+use crate::http::large_bodies::LargeBodyBytes;
 
 /// The parameter holding a request's stream selector.
 const QUERY: &str = "query";
@@ -34,14 +36,14 @@ const QUERY: &str = "query";
 pub(super) async fn parameters_in_url<B>(
     parts: &mut http::request::Parts,
     body: B,
-    body_limit: u64,
+    (body_limit, large): (u64, &LargeBodyBytes),
     label_names_of: Option<&CredentialSelector>,
 ) -> Result<Option<String>, ProxyError>
 where
-    B: hyper::body::Body,
+    B: hyper::body::Body<Data = Bytes>,
     B::Error: Into<BoxError>,
 {
-    let bytes = body::read_bounded(body, body_limit).await?;
+    let bytes = body::read_bounded(body, body_limit, large).await?;
     let mut params = Params::from_request(&parts.method, parts.uri.query(), &parts.headers, &bytes)
         .map_err(|e| ProxyError::BadData(e.to_string()))?;
     if let Some(selector) = label_names_of {

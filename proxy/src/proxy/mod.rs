@@ -312,7 +312,7 @@ async fn proxy(
     let (query, body) = match route.operation {
         Operation::Enforce(selectors) => {
             let matcher = target.tenant_matcher(credential)?;
-            let limit = state.limits.max_body_bytes;
+            let limit = (state.limits.max_body_bytes, state.body_workers.bytes());
             let (query, bytes) = prometheus::rewrite_request(
                 &mut parts,
                 body,
@@ -360,7 +360,7 @@ async fn proxy(
             (Query::AsReceived, body)
         }
         _ if label_policy.is_some() => {
-            let limit = state.limits.max_body_bytes;
+            let limit = (state.limits.max_body_bytes, state.body_workers.bytes());
             let label_names_of = credential
                 .selector
                 .as_ref()
@@ -374,7 +374,7 @@ async fn proxy(
         // A query posted as a form (Grafana's data sources post theirs):
         // read whole, so that it too can be sent again after an idle close.
         _ if route.scope.is_read() => {
-            let bytes = body::read_bounded(body, state.limits.max_body_bytes).await?;
+            let (bytes, _counted_while_read) = state.read_whole(body).await?;
             (Query::AsReceived, held_read(&mut parts, bytes))
         }
         _ => {

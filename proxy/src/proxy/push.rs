@@ -31,7 +31,7 @@ pub(super) async fn remote_write(
     parts: &mut http::request::Parts,
     body: body::Guarded<Incoming>,
 ) -> Result<(ProxyBody, remote_write::Version), ProxyError> {
-    let compressed = body::read_bounded(body, state.limits.max_body_bytes).await?;
+    let (compressed, counted) = state.read_whole(body).await?;
     let tenant = OwnedTenantLabel::of(&target.remote_write_label(tenant)?);
     let version = remote_write::read_headers(&parts.headers);
     let (metrics, max) = (state.metrics.clone(), state.limits.max_decompressed_bytes);
@@ -41,7 +41,7 @@ pub(super) async fn remote_write(
         inflates_to: remote_write::declared_size(&compressed),
     };
     let step = move || rewrite_remote_write(&metrics, max, version, &received, &tenant.view());
-    let (version, rewritten) = state.body_workers.run(size, step).await??;
+    let (version, rewritten) = state.body_workers.run_held(size, counted, step).await??;
     let rewritten = match rewritten {
         Rewritten::Unchanged => compressed,
         Rewritten::Body(body) => Bytes::from(body),
@@ -65,7 +65,7 @@ pub(super) async fn otlp_metrics(
     let tenant = Arc::new(OwnedTenantLabel::of(&target.remote_write_label(tenant)?));
     let encoding = otlp::read_headers(&parts.headers)
         .map_err(|e| refused_otlp(&state.metrics, &tenant.view(), e))?;
-    let received = body::read_bounded(body, state.limits.max_body_bytes).await?;
+    let (received, counted) = state.read_whole(body).await?;
     let forward = match target.otlp_forward {
         OtlpForwardEncoding::AsReceived => encoding,
         OtlpForwardEncoding::Identity => otlp::Encoding::Identity,
@@ -90,7 +90,7 @@ pub(super) async fn otlp_metrics(
     };
     let checked = match state
         .body_workers
-        .run(size, attempt(in_place_limit))
+        .run_held(size, counted, attempt(in_place_limit))
         .await??
     {
         Some(checked) => checked,

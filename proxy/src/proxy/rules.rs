@@ -14,7 +14,7 @@ use crate::enforce::tenant_label::{OwnedTenantLabel, TenantLabel};
 use crate::http::body::{self, ProxyBody};
 use crate::http::error::ProxyError;
 use crate::http::headers;
-use crate::ops::metrics::TenantActionLabels;
+use crate::ops::metrics::{GaugeHeld, TenantActionLabels};
 
 /// The rule group to forward in place of the one received (label mode,
 /// Loki).
@@ -24,10 +24,11 @@ pub(super) async fn rule_group(
     parts: &mut http::request::Parts,
     body: body::Guarded<Incoming>,
 ) -> Result<ProxyBody, ProxyError> {
-    let received = read_uncompressed(state, parts, body).await?;
+    let (received, counted) = read_uncompressed(state, parts, body).await?;
     let (owned, group) = (OwnedTenantLabel::of(tenant), received.clone());
     let step = move || rule_group::rewrite(&group, &owned.view());
-    let rewritten = state.body_workers.run(received.len(), step).await?;
+    let workers = &state.body_workers;
+    let rewritten = workers.run_held(received.len(), counted, step).await?;
     let (yaml, pinned) = rewritten.map_err(|error| {
         if let RuleGroupError::ForeignLabel(_) = error {
             count_pinned(state, tenant, "rejected", 1);
@@ -47,30 +48,31 @@ pub(super) async fn federated_rule_group(
     parts: &mut http::request::Parts,
     body: body::Guarded<Incoming>,
 ) -> Result<ProxyBody, ProxyError> {
-    let received = read_uncompressed(state, parts, body).await?;
+    let (received, counted) = read_uncompressed(state, parts, body).await?;
     let (tenant_id, group) = (tenant_id.to_owned(), received.clone());
     let step = move || rule_group::federated(&group, &tenant_id);
     let yaml = state
         .body_workers
-        .run(received.len(), step)
+        .run_held(received.len(), counted, step)
         .await?
         .map_err(refusal)?;
     Ok(yaml_body(parts, yaml))
 }
 
-/// The body, bounded; a compressed one is refused (the checks read YAML).
+/// The body, bounded, and its count if it is large; a compressed one is
+/// refused (the checks read YAML).
 async fn read_uncompressed(
     state: &AppState,
     parts: &mut http::request::Parts,
     body: body::Guarded<Incoming>,
-) -> Result<Bytes, ProxyError> {
+) -> Result<(Bytes, Option<GaugeHeld>), ProxyError> {
     if !headers::identity_coded(&parts.headers) {
         return Err(ProxyError::BadData(
             "a compressed rule group is not accepted; send it as YAML".into(),
         ));
     }
     parts.headers.remove(header::CONTENT_ENCODING);
-    Ok(body::read_bounded(body, state.limits.max_body_bytes).await?)
+    Ok(state.read_whole(body).await?)
 }
 
 fn count_pinned(state: &AppState, tenant: &TenantLabel<'_>, action: &'static str, rules: u64) {

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
+use bytes::Bytes;
 use http::header::HeaderName;
 
 use super::body_workers::{BodyWorkers, LargeBodyMetrics};
@@ -17,10 +18,12 @@ use crate::config::{
 use crate::enforce::alertmanager::TenantAlerts;
 use crate::enforce::promql::{Memo, TenantMatcher};
 use crate::enforce::tenant_label::TenantLabel;
+use crate::http::body::{self, BoxError, ReadError};
 use crate::http::client_address::TrustedProxies;
 use crate::http::error::ProxyError;
 use crate::http::headers::X_SCOPE_ORGID;
-use crate::ops::metrics::Metrics;
+use crate::http::large_bodies::LargeBodyBytes;
+use crate::ops::metrics::{GaugeHeld, Metrics};
 use crate::ops::otel::Tracing;
 use crate::routes::{
     AlertmanagerCall, Operation, Route, RouteTable, Signal, ALERTMANAGER_DATASOURCE_ROOT,
@@ -245,10 +248,12 @@ impl AppState {
             )
             .with_metrics(metrics.clone()),
             body_workers: BodyWorkers::per_core(
-                config.limits.max_large_body_bytes_held,
+                LargeBodyBytes::new(
+                    metrics.large_body_bytes.clone(),
+                    config.limits.max_large_body_bytes_held,
+                ),
                 LargeBodyMetrics {
                     count: metrics.large_bodies.clone(),
-                    bytes: metrics.large_body_bytes.clone(),
                     jobs: metrics.body_worker_jobs.clone(),
                 },
             ),
@@ -266,5 +271,21 @@ impl AppState {
             Signal::Alerts => self.alerts_target.as_ref(),
         };
         target.ok_or_else(|| ProxyError::Internal("route without an upstream".into()))
+    }
+
+    /// Reads a request body whole, within `limits.max_body_bytes`. A large
+    /// one is counted among the large bodies held while it arrives, and for
+    /// as long as the count returned with it lives (a body worker takes it
+    /// over, `BodyWorkers::run_held`).
+    pub(super) async fn read_whole<B>(
+        &self,
+        body: B,
+    ) -> Result<(Bytes, Option<GaugeHeld>), ReadError>
+    where
+        B: hyper::body::Body<Data = Bytes>,
+        B::Error: Into<BoxError>,
+    {
+        let large = self.body_workers.bytes();
+        body::read_held(body, self.limits.max_body_bytes, large).await
     }
 }
