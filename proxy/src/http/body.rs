@@ -161,14 +161,7 @@ where
     let mut body = pin!(body);
     let (mut parts, mut received, mut counted) = (Vec::<Bytes>::new(), 0, None);
     while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| {
-            let e: BoxError = e.into();
-            if e.is::<BodyTimeout>() {
-                ReadError::Timeout
-            } else {
-                ReadError::Broken(e.to_string())
-            }
-        })?;
+        let frame = frame.map_err(broken)?;
         // Trailer fields never pass (`Guarded`).
         let Ok(data) = frame.into_data() else {
             continue;
@@ -178,11 +171,13 @@ where
             return Err(ReadError::TooLarge { limit });
         }
         if received >= LARGE_BODY_BYTES {
-            counted = Some(
-                large
-                    .hold_up_to(counted, received)
-                    .map_err(|AtTheBound| ReadError::LargeBodiesHeld)?,
-            );
+            match large.hold_up_to(counted, received) {
+                Ok(more) => counted = Some(more),
+                Err(AtTheBound) => {
+                    drop(parts);
+                    return Err(drained(body, received, limit).await);
+                }
+            }
         }
         if !data.is_empty() {
             parts.push(data);
@@ -198,6 +193,39 @@ where
         }
     };
     Ok((whole, counted))
+}
+
+/// Why a body refused for the large bodies held, `received` bytes into
+/// it, could not be read: [`ReadError::LargeBodiesHeld`] once the rest of
+/// it (within `limit`) has arrived and been thrown away, holding nothing.
+/// A refusal sent while the client still sends would end in a connection
+/// closed with its bytes unread, which the client's kernel meets with a
+/// reset: many clients then see a broken connection, not the 503 that
+/// says when to send again. The body's deadline still bounds the wait.
+async fn drained<B>(mut body: Pin<&mut B>, mut received: usize, limit: u64) -> ReadError
+where
+    B: hyper::body::Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    while let Some(frame) = body.frame().await {
+        match frame {
+            Ok(frame) => received += frame.data_ref().map_or(0, Bytes::len),
+            Err(e) => return broken(e),
+        }
+        if received as u64 > limit {
+            return ReadError::TooLarge { limit };
+        }
+    }
+    ReadError::LargeBodiesHeld
+}
+
+fn broken(e: impl Into<BoxError>) -> ReadError {
+    let e: BoxError = e.into();
+    if e.is::<BodyTimeout>() {
+        ReadError::Timeout
+    } else {
+        ReadError::Broken(e.to_string())
+    }
 }
 
 #[cfg(test)]
@@ -284,20 +312,31 @@ mod tests {
         assert_eq!(read(guarded, 3).await.unwrap(), &b"abc"[..]);
     }
 
-    /// A large body is counted from the moment its bytes reach the
-    /// threshold, while the rest arrives, and until the count returned
-    /// with it is dropped; a small one never is. Past the bound, a large
-    /// body is refused as it arrives, and what it held is given back.
-    #[tokio::test]
-    async fn a_large_body_is_counted_while_it_arrives_and_refused_past_the_bound() {
-        let threshold = LARGE_BODY_BYTES;
-        let large = LargeBodyBytes::new(Gauge::default(), 3 * threshold as u64);
+    /// A body whose frames arrive as the test sends them.
+    fn arriving() -> (
+        tokio::sync::mpsc::UnboundedSender<Bytes>,
+        impl hyper::body::Body<Data = Bytes, Error = BoxError>,
+    ) {
         let (send, arriving) = tokio::sync::mpsc::unbounded_channel::<Bytes>();
         let frames = stream::unfold(arriving, |mut arriving| async move {
             let data = arriving.recv().await?;
             Some((Ok::<_, BoxError>(Frame::data(data)), arriving))
         });
-        let mut first = Box::pin(read_held(StreamBody::new(frames), u64::MAX, &large));
+        (send, StreamBody::new(frames))
+    }
+
+    /// A large body is counted from the moment its bytes reach the
+    /// threshold, while the rest arrives, and until the count returned
+    /// with it is dropped; a small one never is. Past the bound, a large
+    /// body is refused as it arrives: what it held is given back at once,
+    /// and the refusal waits for the rest of it, holding nothing, so that
+    /// the client can read it.
+    #[tokio::test]
+    async fn a_large_body_is_counted_while_it_arrives_and_refused_past_the_bound() {
+        let threshold = LARGE_BODY_BYTES;
+        let large = LargeBodyBytes::new(Gauge::default(), 3 * threshold as u64);
+        let (send, body) = arriving();
+        let mut first = Box::pin(read_held(body, u64::MAX, &large));
         send.send(Bytes::from(vec![0; threshold - 1])).unwrap();
         assert!(poll!(first.as_mut()).is_pending());
         assert_eq!(large.held(), 0, "below the threshold");
@@ -314,9 +353,23 @@ mod tests {
         assert_eq!(bytes.len(), 2 * threshold, "read whole, in one buffer");
         assert_eq!(bytes[..threshold], [1; LARGE_BODY_BYTES]);
         assert_eq!(large.held(), 3 * threshold as i64, "at the bound");
-        let refused = read_held(two_parts(), u64::MAX, &large).await;
-        assert_eq!(refused.unwrap_err(), ReadError::LargeBodiesHeld);
-        assert_eq!(large.held(), 3 * threshold as i64, "given back");
+
+        let (send_refused, body) = arriving();
+        let mut refused = Box::pin(read_held(body, 4 * threshold as u64, &large));
+        send_refused.send(Bytes::from(vec![0; threshold])).unwrap();
+        assert!(poll!(refused.as_mut()).is_pending(), "the rest awaited");
+        assert_eq!(large.held(), 3 * threshold as i64, "nothing held");
+        send_refused.send(Bytes::from(vec![0; threshold])).unwrap();
+        drop(send_refused);
+        assert_eq!(refused.await.unwrap_err(), ReadError::LargeBodiesHeld);
+        let over_the_limit = read_held(two_parts(), threshold as u64 + 1, &large);
+        let over_the_limit = over_the_limit.await.unwrap_err();
+        assert_eq!(
+            over_the_limit,
+            ReadError::TooLarge {
+                limit: threshold as u64 + 1
+            }
+        );
         drop(counted);
 
         send.send(Bytes::from(vec![0; threshold])).unwrap();
