@@ -14,7 +14,6 @@ use crate::enforce::params::{Params, MATCH, MAX_PARAMS};
 use crate::enforce::promql::{EnforceError, Memo, TenantMatcher, MAX_QUERY_BYTES};
 use crate::http::body::BoxError;
 use crate::http::error::ProxyError;
-use crate::http::large_bodies::LargeBodyBytes;
 
 /// `metadata` takes no selector, so upstream it would list every tenant's
 /// metric names and help texts. Grafana calls it and copes with empty data.
@@ -94,23 +93,17 @@ pub fn enforce(
     Ok(())
 }
 
-/// Reads the request's parameters (bounded), enforces them, and rebuilds
-/// the request: GET carries them in the URL, POST in a fresh form body.
-/// Returns the new query string and body.
-pub async fn rewrite_request<B>(
+/// Reads the request's parameters (URL, and `body` as read), enforces
+/// them, and rebuilds the request: GET carries them in the URL, POST in a
+/// fresh form body. Returns the new query string and body.
+pub fn rewrite_request(
     parts: &mut Parts,
-    body: B,
-    (body_limit, large): (u64, &LargeBodyBytes),
+    body: &[u8],
     selectors: Selectors,
     tenant: &TenantMatcher,
     memo: &Memo,
-) -> Result<(Option<String>, Bytes), ProxyError>
-where
-    B: hyper::body::Body<Data = Bytes>,
-    B::Error: Into<BoxError>,
-{
-    let bytes = crate::http::body::read_bounded(body, body_limit, large).await?;
-    let mut params = Params::from_request(&parts.method, parts.uri.query(), &parts.headers, &bytes)
+) -> Result<(Option<String>, Bytes), ProxyError> {
+    let mut params = Params::from_request(&parts.method, parts.uri.query(), &parts.headers, body)
         .map_err(|e| ProxyError::BadData(e.to_string()))?;
     enforce(&mut params, selectors, tenant, memo)?;
     let encoded = params.encode();
@@ -328,28 +321,21 @@ mod tests {
 
     /// `rewrite_request` on a request of `method` to `uri` with `headers`
     /// and `body`: the request's head after it, and what it returned.
-    async fn rewritten(
+    fn rewritten(
         method: Method,
         uri: &str,
         headers: &[(header::HeaderName, &str)],
-        body: &'static str,
+        body: &str,
     ) -> (Parts, Option<String>, Bytes) {
         let mut request = http::Request::builder().method(method).uri(uri);
         for (name, value) in headers {
             request = request.header(name, *value);
         }
-        let (mut parts, body) = request
-            .body(http_body_util::Full::new(Bytes::from_static(
-                body.as_bytes(),
-            )))
-            .unwrap()
-            .into_parts();
+        let (mut parts, ()) = request.body(()).unwrap().into_parts();
         let memo = Memo::new(0);
-        let limit = (1024, &LargeBodyBytes::new(Default::default(), 0));
+        let selectors = Selectors::Query;
         let (query, body) =
-            rewrite_request(&mut parts, body, limit, Selectors::Query, &tenant(), &memo)
-                .await
-                .unwrap();
+            rewrite_request(&mut parts, body.as_bytes(), selectors, &tenant(), &memo).unwrap();
         (parts, query, body)
     }
 
@@ -357,8 +343,8 @@ mod tests {
         form_urlencoded::parse(form).into_owned().collect()
     }
 
-    #[tokio::test]
-    async fn a_post_leaves_with_every_parameter_in_a_form_its_headers_describe() {
+    #[test]
+    fn a_post_leaves_with_every_parameter_in_a_form_its_headers_describe() {
         let (parts, query, body) = rewritten(
             Method::POST,
             "/api/v1/query?time=1",
@@ -371,8 +357,7 @@ mod tests {
                 (header::CONTENT_LENGTH, "8"),
             ],
             "query=up",
-        )
-        .await;
+        );
         assert_eq!(query, None);
         assert_eq!(
             pairs(&body),
@@ -393,8 +378,8 @@ mod tests {
         assert!(!headers.contains_key(header::CONTENT_ENCODING));
     }
 
-    #[tokio::test]
-    async fn a_get_leaves_with_its_parameters_in_the_url_and_no_body_headers() {
+    #[test]
+    fn a_get_leaves_with_its_parameters_in_the_url_and_no_body_headers() {
         let (parts, query, body) = rewritten(
             Method::GET,
             "/api/v1/query?query=up&time=1",
@@ -404,8 +389,7 @@ mod tests {
                 (header::CONTENT_ENCODING, "identity"),
             ],
             "",
-        )
-        .await;
+        );
         assert_eq!(
             pairs(query.unwrap().as_bytes()),
             [

@@ -128,20 +128,6 @@ pub enum ReadError {
     LargeBodiesHeld,
 }
 
-/// Reads a whole request body, at most `limit` bytes, counted in `large`
-/// while it arrives if it is large, and given back once read.
-pub async fn read_bounded<B>(
-    body: B,
-    limit: u64,
-    large: &LargeBodyBytes,
-) -> Result<Bytes, ReadError>
-where
-    B: hyper::body::Body<Data = Bytes>,
-    B::Error: Into<BoxError>,
-{
-    Ok(read_held(body, limit, large).await?.0)
-}
-
 /// Reads a whole request body, at most `limit` bytes. A large body is
 /// counted in `large` from the moment its bytes reach
 /// [`LARGE_BODY_BYTES`], and stays counted until the count returned with
@@ -241,7 +227,8 @@ mod tests {
         B: hyper::body::Body<Data = Bytes>,
         B::Error: Into<BoxError>,
     {
-        read_bounded(body, limit, &LargeBodyBytes::new(Gauge::default(), 0)).await
+        let unbounded = LargeBodyBytes::new(Gauge::default(), 0);
+        Ok(read_held(body, limit, &unbounded).await?.0)
     }
 
     fn chunks(

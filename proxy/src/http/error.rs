@@ -49,9 +49,9 @@ pub enum ProxyError {
     /// The proxy as a whole is at its limit of requests in flight (503).
     #[error("too many requests in flight; retry later")]
     Overloaded,
-    /// The large bodies waiting for the body workers are at their bound
-    /// in bytes (503).
-    #[error("too many large bodies waiting to be checked; retry later")]
+    /// The large bodies held (arriving, waiting for a body worker or
+    /// worked on by one) are at their bound in bytes (503).
+    #[error("too many large bodies held to be checked; retry later")]
     LargeBodiesHeld,
     /// The 2.0 spec's answer to a remote write a receiver does not read; a
     /// sender may fall back from 2.0 to 1.0 on it.

@@ -211,7 +211,8 @@ pub struct Metrics {
     /// tenants file no longer granted their credential.
     pub live_tails: Gauge,
     pub live_tails_revoked: Counter,
-    /// Large bodies in the body workers' care, and their bytes.
+    /// Large bodies in the body workers' care, and the bytes of large
+    /// bodies held (arriving too).
     pub large_bodies: Gauge,
     pub large_body_bytes: Gauge,
     pub body_worker_jobs: Counter,

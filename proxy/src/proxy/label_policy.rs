@@ -16,35 +16,26 @@
 //! selects, so that request carries the credential's selector there,
 //! joined to the client's own.
 
-use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::Method;
 
 use crate::enforce::params::Params;
 use crate::enforce::promql::CredentialSelector;
-use crate::http::body::{self, BoxError};
 use crate::http::error::ProxyError;
-use crate::http::large_bodies::LargeBodyBytes;
 
 /// The parameter holding a request's stream selector.
 const QUERY: &str = "query";
 
-/// Reads the request's parameters (bounded) and leaves `parts` with no
-/// body headers; returns the query string to forward. With
-/// `label_names_of`, a request for label names, its `query` is narrowed to
-/// that selector.
-pub(super) async fn parameters_in_url<B>(
+/// Reads the request's parameters (URL, and `body` as read) and leaves
+/// `parts` with no body headers; returns the query string to forward.
+/// With `label_names_of`, a request for label names, its `query` is
+/// narrowed to that selector.
+pub(super) fn parameters_in_url(
     parts: &mut http::request::Parts,
-    body: B,
-    (body_limit, large): (u64, &LargeBodyBytes),
+    body: &[u8],
     label_names_of: Option<&CredentialSelector>,
-) -> Result<Option<String>, ProxyError>
-where
-    B: hyper::body::Body<Data = Bytes>,
-    B::Error: Into<BoxError>,
-{
-    let bytes = body::read_bounded(body, body_limit, large).await?;
-    let mut params = Params::from_request(&parts.method, parts.uri.query(), &parts.headers, &bytes)
+) -> Result<Option<String>, ProxyError> {
+    let mut params = Params::from_request(&parts.method, parts.uri.query(), &parts.headers, body)
         .map_err(|e| ProxyError::BadData(e.to_string()))?;
     if let Some(selector) = label_names_of {
         narrow_label_names(&mut params, selector)?;

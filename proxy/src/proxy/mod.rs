@@ -312,16 +312,14 @@ async fn proxy(
     let (query, body) = match route.operation {
         Operation::Enforce(selectors) => {
             let matcher = target.tenant_matcher(credential)?;
-            let limit = (state.limits.max_body_bytes, state.body_workers.bytes());
+            let (received, _) = state.read_whole(body).await?;
             let (query, bytes) = prometheus::rewrite_request(
                 &mut parts,
-                body,
-                limit,
+                &received,
                 selectors,
                 matcher,
                 &state.memo,
-            )
-            .await?;
+            )?;
             (Query::Rewritten(query), held_read(&mut parts, bytes))
         }
         Operation::RemoteWrite => {
@@ -360,13 +358,12 @@ async fn proxy(
             (Query::AsReceived, body)
         }
         _ if label_policy.is_some() => {
-            let limit = (state.limits.max_body_bytes, state.body_workers.bytes());
             let label_names_of = credential
                 .selector
                 .as_ref()
                 .filter(|_| route.pattern == routes::LOKI_LABEL_NAMES);
-            let query =
-                label_policy::parameters_in_url(&mut parts, body, limit, label_names_of).await?;
+            let (received, _) = state.read_whole(body).await?;
+            let query = label_policy::parameters_in_url(&mut parts, &received, label_names_of)?;
             (Query::Rewritten(query), held_read(&mut parts, Bytes::new()))
         }
         // Most queries have no body: not boxed, nothing to limit.
@@ -374,7 +371,7 @@ async fn proxy(
         // A query posted as a form (Grafana's data sources post theirs):
         // read whole, so that it too can be sent again after an idle close.
         _ if route.scope.is_read() => {
-            let (bytes, _counted_while_read) = state.read_whole(body).await?;
+            let (bytes, _) = state.read_whole(body).await?;
             (Query::AsReceived, held_read(&mut parts, bytes))
         }
         _ => {
