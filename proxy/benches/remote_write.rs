@@ -10,7 +10,7 @@ use prost::Message;
 use std::hint::black_box;
 use tenant_proxy::config::ForeignLabelPolicy;
 use tenant_proxy::enforce::prompb::{Label, Sample, TimeSeries, WriteRequest};
-use tenant_proxy::enforce::remote_write::{rewrite, rewrite_body, Version};
+use tenant_proxy::enforce::remote_write::{rewrite, rewrite_body, Output, Version};
 use tenant_proxy::enforce::tenant_label::TenantLabel;
 
 /// `series` series of 20 labels (one of them `namespace`), one sample each.
@@ -69,7 +69,33 @@ fn bench(c: &mut Criterion) {
             BenchmarkId::new("rewrite_body_snappy", series),
             &compressed,
             |b, body| {
-                b.iter(|| rewrite_body(Version::V1, black_box(body), &tenant, 1 << 30).unwrap())
+                b.iter(|| {
+                    rewrite_body(
+                        Version::V1,
+                        black_box(body),
+                        &tenant,
+                        1 << 30,
+                        Output::Compressed,
+                    )
+                    .unwrap()
+                })
+            },
+        );
+        // The same, written back as literals (`remote_write_forward_compression: literal`).
+        group.bench_with_input(
+            BenchmarkId::new("rewrite_body_literal", series),
+            &compressed,
+            |b, body| {
+                b.iter(|| {
+                    rewrite_body(
+                        Version::V1,
+                        black_box(body),
+                        &tenant,
+                        1 << 30,
+                        Output::Literal,
+                    )
+                    .unwrap()
+                })
             },
         );
         // The sender's scrape config set the tenant's own namespace already.
@@ -80,7 +106,16 @@ fn bench(c: &mut Criterion) {
             BenchmarkId::new("rewrite_body_snappy_already_labelled", series),
             &labelled,
             |b, body| {
-                b.iter(|| rewrite_body(Version::V1, black_box(body), &tenant, 1 << 30).unwrap())
+                b.iter(|| {
+                    rewrite_body(
+                        Version::V1,
+                        black_box(body),
+                        &tenant,
+                        1 << 30,
+                        Output::Compressed,
+                    )
+                    .unwrap()
+                })
             },
         );
         group.bench_with_input(

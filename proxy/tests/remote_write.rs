@@ -1204,6 +1204,80 @@ async fn a_large_push_is_checked_and_forwarded_whole() {
     );
 }
 
+/// `remote_write_forward_compression: literal`: a relabelled push leaves in
+/// snappy's block format without compression (as large as the message it
+/// holds), declared snappy, decoding to the message compression would have
+/// sent; a push that needs no change still leaves as it came.
+#[tokio::test]
+async fn a_relabelled_push_forwarded_as_literals_is_uncompressed_snappy() {
+    let receiver = LokiStandIn::start().await;
+    let proxy = label_mode_proxy(
+        &receiver.url(),
+        "  remote_write_forward_compression: literal\n",
+    )
+    .await;
+    let (_, body) = large_push();
+
+    let forwarded = accepted_and_forwarded(&proxy, &receiver, body).await;
+    let sent = receiver.last();
+    assert_eq!(sent.headers["content-encoding"], "snappy");
+    assert_eq!(
+        sent.headers["content-length"],
+        sent.body.len().to_string().as_str()
+    );
+    // Compression would have made it smaller than the message; literals
+    // add a few bytes of tags.
+    assert!(
+        sent.body.len() > forwarded.len(),
+        "{} bytes forwarded for a message of {}",
+        sent.body.len(),
+        forwarded.len()
+    );
+    let stored = WriteRequest::decode(forwarded.as_slice()).unwrap();
+    assert_eq!(stored.timeseries.len(), 4_000);
+    assert!(stored.timeseries.iter().all(|series| series
+        .labels
+        .iter()
+        .any(|l| l.name == "namespace" && l.value == "team-a")));
+
+    let scoped = v1_body(&[(&[("__name__", "up"), ("namespace", "team-a")], 1.0)]);
+    accepted_and_forwarded(&proxy, &receiver, scoped.clone()).await;
+    assert_eq!(receiver.last().body, scoped, "forwarded as it came");
+}
+
+/// The real Prometheus 2.42 (Go's snappy decoder) stores a relabelled
+/// push forwarded as literals, every series under the tenant's namespace:
+/// 4,000 series, a message of several 64 KiB literals.
+#[tokio::test]
+async fn a_real_prometheus_stores_a_push_forwarded_as_literals() {
+    let receiver = PrometheusProcess::start("groups: []\n").await;
+    let proxy = label_mode_proxy(
+        &receiver.url(),
+        "  remote_write_forward_compression: literal\n",
+    )
+    .await;
+    let (_, body) = large_push();
+    let reply = push(&proxy, V1_HEADERS, body).await;
+    assert_eq!(reply.status, StatusCode::NO_CONTENT, "{}", reply.text());
+
+    let direct = format!("{}/api/v1/query", receiver.url());
+    let count = async |promql: &str| {
+        let result = query(&direct, None, promql).await;
+        result
+            .first()
+            .map(|sample| sample["value"][1].as_str().unwrap().to_owned())
+    };
+    assert_eq!(
+        count(r#"count({__name__=~"large_push_.*", namespace="team-a"})"#).await,
+        Some("4000".to_owned())
+    );
+    assert_eq!(
+        count(r#"count({__name__=~"large_push_.*", namespace!="team-a"})"#).await,
+        None,
+        "no series under another namespace"
+    );
+}
+
 /// A large push is counted among the large bodies held while it is still
 /// arriving, not only once read: with one trickling in, holding all but
 /// its last byte, the next large push is refused at once (503 with

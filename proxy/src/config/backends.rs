@@ -10,6 +10,7 @@ use http::Uri;
 use serde::Deserialize;
 
 use super::defaults;
+use crate::enforce::remote_write;
 use crate::http::headers;
 
 #[derive(Clone, Debug, Deserialize)]
@@ -58,6 +59,11 @@ pub struct MetricsConfig {
     /// Label mode, OTLP metrics: how a relabelled body is forwarded.
     #[serde(default)]
     pub otlp_forward_encoding: OtlpForwardEncoding,
+    /// Label mode, remote write: how a relabelled body is forwarded, in
+    /// snappy's block format either way (`compressed`, or `literal`: no
+    /// compression work, more bytes to the receiver).
+    #[serde(default)]
+    pub remote_write_forward_compression: remote_write::Output,
     /// Label mode: how many enforced queries and selectors are remembered
     /// (with a quarter as many query shapes); 0 remembers none, at most
     /// [`MAX_QUERY_CACHE_SIZE`].

@@ -1,4 +1,5 @@
 use super::*;
+use crate::enforce::remote_write;
 
 const MINIMAL: &str = "listen: 127.0.0.1:8080\nadmin_listen: 127.0.0.1:8081\ntenants_file: t.yaml\nlogs:\n  upstream: http://127.0.0.1:3100\n";
 
@@ -531,6 +532,30 @@ fn tenant_limits_are_validated_by_name_in_the_default_and_every_override() {
     }
 }
 
+#[test]
+fn remote_write_forward_compression_is_read_strictly() {
+    let forward = |value: &str| {
+        Config::parse(&format!(
+            "{MINIMAL}metrics:\n  upstream: http://127.0.0.1:9090\n  remote_write_forward_compression: {value}\n"
+        ))
+    };
+    let read = |value| forward(value).unwrap().metrics.unwrap();
+    assert_eq!(
+        read("literal").remote_write_forward_compression,
+        remote_write::Output::Literal
+    );
+    assert_eq!(
+        read("compressed").remote_write_forward_compression,
+        remote_write::Output::Compressed
+    );
+    let err = forward("none").unwrap_err();
+    assert!(
+        err.contains("unknown variant `none`")
+            && err.contains("expected `compressed` or `literal`"),
+        "{err}"
+    );
+}
+
 /// docs/configuration.md's table of keys gives each default; writing
 /// every one explicitly must change nothing, so the table and the code
 /// cannot drift apart.
@@ -597,7 +622,7 @@ fn every_documented_default_is_the_default() {
     ] {
         assert!(written.contains(&key), "{key} not read from the table");
     }
-    assert_eq!(written.len(), 34, "{written:?}");
+    assert_eq!(written.len(), 35, "{written:?}");
     let defaults = Config::parse(base).unwrap();
     let explicit = Config::parse(&serde_yaml_ng::to_string(&explicit).unwrap()).unwrap();
     assert_eq!(format!("{explicit:#?}"), format!("{defaults:#?}"));

@@ -33,6 +33,8 @@ use super::tenant_label::{decide, Decision, ForeignLabel, Found, TenantLabel};
 use super::{release_large_scratch, Rewritten};
 use crate::enforce::protowire::{self, fields, WireError, LEN, VARINT};
 
+mod literal;
+
 pub const V1_CONTENT_TYPE: &str = "application/x-protobuf";
 pub const V1_PROTO: &str = "prometheus.WriteRequest";
 pub const V2_PROTO: &str = "io.prometheus.write.v2.Request";
@@ -214,13 +216,27 @@ pub fn declared_size(compressed: &[u8]) -> u64 {
     snap::raw::decompress_len(compressed).map_or(0, |size| size as u64)
 }
 
-/// Decompresses (size checked first), rewrites and recompresses a body of
-/// the `version` [`read_headers`] found.
+/// How a rewritten body is written back into snappy's block format
+/// (`metrics.remote_write_forward_compression`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Output {
+    /// Compressed, as senders write it.
+    #[default]
+    Compressed,
+    /// Uncompressed, as literals ([`literal`]): no compression work, about
+    /// 4.5× the bytes on the upstream link.
+    Literal,
+}
+
+/// Decompresses (size checked first), rewrites and writes back in the
+/// block format (`output`) a body of the `version` [`read_headers`] found.
 pub fn rewrite_body(
     version: Version,
     compressed: &[u8],
     tenant: &TenantLabel<'_>,
     max_decompressed: u64,
+    output: Output,
 ) -> Result<(Rewritten, Stats), RemoteWriteError> {
     if compressed.starts_with(SNAPPY_FRAMED_STREAM) {
         return Err(RemoteWriteError::Malformed(
@@ -237,7 +253,7 @@ pub fn rewrite_body(
     }
     SCRATCH.with(|scratch| {
         let scratch = &mut *scratch.borrow_mut();
-        let result = rewrite_in(version, compressed, size as usize, tenant, scratch);
+        let result = rewrite_in(version, compressed, size as usize, tenant, output, scratch);
         release_large_scratch([
             &mut scratch.decompressed,
             &mut scratch.rewritten,
@@ -252,6 +268,7 @@ fn rewrite_in(
     compressed: &[u8],
     size: usize,
     tenant: &TenantLabel<'_>,
+    output: Output,
     scratch: &mut Scratch,
 ) -> Result<(Rewritten, Stats), RemoteWriteError> {
     let snappy = |e: snap::Error| RemoteWriteError::Malformed(format!("snappy: {e}"));
@@ -268,6 +285,12 @@ fn rewrite_in(
     )?;
     if scratch.rewritten == scratch.decompressed[..n] {
         return Ok((Rewritten::Unchanged, stats));
+    }
+    if output == Output::Literal {
+        let body = literal::encode(&scratch.rewritten).ok_or_else(|| {
+            RemoteWriteError::Compress("snappy: past the block format's 4 GiB".into())
+        })?;
+        return Ok((Rewritten::Body(body), stats));
     }
     let bound = snap::raw::max_compress_len(scratch.rewritten.len());
     if scratch.recompressed.len() < bound {

@@ -35,12 +35,14 @@ pub(super) async fn remote_write(
     let tenant = OwnedTenantLabel::of(&target.remote_write_label(tenant)?);
     let version = remote_write::read_headers(&parts.headers);
     let (metrics, max) = (state.metrics.clone(), state.limits.max_decompressed_bytes);
+    let output = target.remote_write_forward;
     let received = compressed.clone();
     let size = BodySize {
         received: compressed.len(),
         inflates_to: remote_write::declared_size(&compressed),
     };
-    let step = move || rewrite_remote_write(&metrics, max, version, &received, &tenant.view());
+    let step =
+        move || rewrite_remote_write(&metrics, (max, output), version, &received, &tenant.view());
     let (version, rewritten) = state.body_workers.run_held(size, counted, step).await??;
     let rewritten = match rewritten {
         Rewritten::Unchanged => compressed,
@@ -120,10 +122,11 @@ fn set_length(parts: &mut http::request::Parts, body: &[u8]) {
 }
 
 /// Rewrites a remote-write body of the `version` its request declares
-/// for the tenant and counts what happened.
+/// for the tenant and counts what happened. `(max, output)`: how far the
+/// body may decompress, and how the rewritten one is written.
 fn rewrite_remote_write(
     metrics: &Metrics,
-    max: u64,
+    (max, output): (u64, remote_write::Output),
     version: Result<remote_write::Version, RemoteWriteError>,
     compressed: &[u8],
     tenant: &TenantLabel<'_>,
@@ -136,7 +139,7 @@ fn rewrite_remote_write(
         .get_or_create(&tenant_id())
         .inc_by(compressed.len() as u64);
     let rewritten = version.and_then(|version| {
-        let (body, stats) = remote_write::rewrite_body(version, compressed, tenant, max)?;
+        let (body, stats) = remote_write::rewrite_body(version, compressed, tenant, max, output)?;
         Ok((version, body, stats))
     });
     match rewritten {

@@ -17,6 +17,7 @@ use crate::config::{
 };
 use crate::enforce::alertmanager::TenantAlerts;
 use crate::enforce::promql::{Memo, TenantMatcher};
+use crate::enforce::remote_write;
 use crate::enforce::tenant_label::TenantLabel;
 use crate::http::body::{self, BoxError, ReadError};
 use crate::http::client_address::TrustedProxies;
@@ -47,6 +48,8 @@ pub struct Target {
     pub foreign_label: ForeignLabelPolicy,
     /// OTLP metrics in label mode: how a relabelled body is forwarded.
     pub otlp_forward: OtlpForwardEncoding,
+    /// Remote write in label mode: how a relabelled body is forwarded.
+    pub remote_write_forward: remote_write::Output,
     /// Loki enforces `X-Prom-Label-Policy` (`logs.lbac`).
     pub enforces_label_policy: bool,
     /// This upstream's pooled client; swapped when its TLS files change.
@@ -180,6 +183,7 @@ impl AppState {
                 tenant_label: None,
                 foreign_label: ForeignLabelPolicy::default(),
                 otlp_forward: OtlpForwardEncoding::default(),
+                remote_write_forward: remote_write::Output::default(),
                 enforces_label_policy: l.lbac,
                 client: client(l.tls.as_ref())?,
                 tls: l.tls.clone(),
@@ -203,6 +207,7 @@ impl AppState {
                     tenant_label,
                     foreign_label: m.foreign_label,
                     otlp_forward: m.otlp_forward_encoding,
+                    remote_write_forward: m.remote_write_forward_compression,
                     enforces_label_policy: false,
                     client: client(m.tls.as_ref())?,
                     tls: m.tls.clone(),
@@ -219,6 +224,7 @@ impl AppState {
                     tenant_label,
                     foreign_label: ForeignLabelPolicy::default(),
                     otlp_forward: OtlpForwardEncoding::default(),
+                    remote_write_forward: remote_write::Output::default(),
                     enforces_label_policy: false,
                     client: client(a.tls.as_ref())?,
                     tls: a.tls.clone(),

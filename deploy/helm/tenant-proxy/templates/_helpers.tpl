@@ -33,6 +33,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- $_ := set $metrics "foreign_label" $.Values.metrics.foreignLabel }}
 {{- $_ := set $metrics "query_cache_size" (int $.Values.metrics.queryCacheSize) }}
 {{- $_ := set $metrics "otlp_forward_encoding" $.Values.metrics.otlpForwardEncoding }}
+{{- $_ := set $metrics "remote_write_forward_compression" $.Values.metrics.remoteWriteForwardCompression }}
 {{- else }}
 {{- $_ := set $metrics "header" $.Values.metrics.header }}
 {{- end }}

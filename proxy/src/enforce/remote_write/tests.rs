@@ -509,7 +509,7 @@ fn a_thread_keeps_buffers_of_a_usual_batch_and_releases_an_unusually_large_ones(
     // shows `rewrite_body` hands it all three buffers.
     // 2 MiB, under the 4 MiB kept: every buffer stays for the next request.
     let usual = compressed_of(2 << 20);
-    assert!(rewrite_body(Version::V1, &usual, &t, 64 << 20).is_ok());
+    assert!(rewrite_body(Version::V1, &usual, &t, 64 << 20, Output::Compressed).is_ok());
     assert!(
         capacities().iter().all(|c| *c >= 2 << 20),
         "{:?}",
@@ -517,7 +517,7 @@ fn a_thread_keeps_buffers_of_a_usual_batch_and_releases_an_unusually_large_ones(
     );
     // 6 MiB: released, so one large batch does not pin its size.
     let large = compressed_of(6 << 20);
-    assert!(rewrite_body(Version::V1, &large, &t, 64 << 20).is_ok());
+    assert!(rewrite_body(Version::V1, &large, &t, 64 << 20, Output::Compressed).is_ok());
     assert_eq!(capacities(), [0, 0, 0]);
 }
 
@@ -695,11 +695,11 @@ fn body_is_size_checked_before_decompressing() {
     ])]);
     let compressed = snap::raw::Encoder::new().compress_vec(&raw).unwrap();
     let h = Version::V1;
-    assert!(rewrite_body(h, &compressed, &t, 100_000).is_ok());
+    assert!(rewrite_body(h, &compressed, &t, 100_000, Output::Compressed).is_ok());
     // The limit is the largest size accepted, not the first refused.
-    assert!(rewrite_body(h, &compressed, &t, raw.len() as u64).is_ok());
+    assert!(rewrite_body(h, &compressed, &t, raw.len() as u64, Output::Compressed).is_ok());
     assert_eq!(
-        rewrite_body(h, &compressed, &t, 1_000),
+        rewrite_body(h, &compressed, &t, 1_000, Output::Compressed),
         Err(RemoteWriteError::TooLarge {
             size: raw.len() as u64,
             limit: 1_000
@@ -708,22 +708,31 @@ fn body_is_size_checked_before_decompressing() {
     // A snappy header claiming 4 GiB is refused without allocating it.
     let bomb = [0xff, 0xff, 0xff, 0xff, 0x0f, 0x00];
     assert!(matches!(
-        rewrite_body(h, &bomb, &t, 1 << 26),
+        rewrite_body(h, &bomb, &t, 1 << 26, Output::Compressed),
         Err(RemoteWriteError::TooLarge { .. })
     ));
     assert!(matches!(
-        rewrite_body(h, &compressed[..compressed.len() / 2], &t, 100_000),
+        rewrite_body(
+            h,
+            &compressed[..compressed.len() / 2],
+            &t,
+            100_000,
+            Output::Compressed
+        ),
         Err(RemoteWriteError::Malformed(_))
     ));
     // Snappy's framing format is not remote write's block format.
     let mut framed = SNAPPY_FRAMED_STREAM.to_vec();
     framed.extend_from_slice(&compressed);
     assert!(matches!(
-        rewrite_body(h, &framed, &t, 100_000),
+        rewrite_body(h, &framed, &t, 100_000, Output::Compressed),
         Err(RemoteWriteError::Malformed(m)) if m.contains("framing")
     ));
 }
 
+/// A body that needs no change is forwarded as it came, however rewritten
+/// bodies are written; one that does decodes to the same message whether
+/// compressed or written as literals, and as literals is not compressed.
 #[test]
 fn a_body_that_needs_no_change_is_forwarded_as_it_came() {
     let owned = owned();
@@ -734,9 +743,11 @@ fn a_body_that_needs_no_change_is_forwarded_as_it_came() {
         series(&[("__name__", "up"), ("namespace", "team-a")]),
         series(&[("__name__", "up"), ("namespace", "team-a-2"), ("pod", "p")]),
     ]));
-    let (out, stats) = rewrite_body(h, &ready, &t, 1 << 20).unwrap();
-    assert_eq!(out, Rewritten::Unchanged);
-    assert_eq!((stats.series, stats.added, stats.overwritten), (2, 0, 0));
+    for output in [Output::Compressed, Output::Literal] {
+        let (out, stats) = rewrite_body(h, &ready, &t, 1 << 20, output).unwrap();
+        assert_eq!(out, Rewritten::Unchanged);
+        assert_eq!((stats.series, stats.added, stats.overwritten), (2, 0, 0));
+    }
 
     // One series that needs the label is enough to rewrite the whole body.
     for needs_work in [
@@ -753,12 +764,16 @@ fn a_body_that_needs_no_change_is_forwarded_as_it_came() {
             series(&[("__name__", "up"), ("namespace", "team-a")]),
             series(&needs_work),
         ]);
-        let (out, _) = rewrite_body(h, &compress(&raw), &t, 1 << 20).unwrap();
-        let Rewritten::Body(body) = out else {
-            panic!("{needs_work:?} must be rewritten");
+        let forwarded = |output| {
+            let (out, _) = rewrite_body(h, &compress(&raw), &t, 1 << 20, output).unwrap();
+            let Rewritten::Body(body) = out else {
+                panic!("{needs_work:?} must be rewritten");
+            };
+            let message = snap::raw::Decoder::new().decompress_vec(&body).unwrap();
+            (body, message)
         };
-        let raw = snap::raw::Decoder::new().decompress_vec(&body).unwrap();
-        let sent = WriteRequest::decode(raw.as_slice()).unwrap();
+        let (_, message) = forwarded(Output::Compressed);
+        let sent = WriteRequest::decode(message.as_slice()).unwrap();
         let namespaces: Vec<_> = sent.timeseries[1]
             .labels
             .iter()
@@ -766,6 +781,9 @@ fn a_body_that_needs_no_change_is_forwarded_as_it_came() {
             .map(|l| l.value.as_str())
             .collect();
         assert!(matches!(namespaces[..], ["team-a"]), "{needs_work:?}");
+        let (literals, as_literals) = forwarded(Output::Literal);
+        assert_eq!(as_literals, message, "{needs_work:?}");
+        assert!(literals.len() > message.len(), "{needs_work:?}");
     }
 }
 
