@@ -4,11 +4,12 @@
 Starts the proxy (label mode, its upstream a closed port: no body is ever
 forwarded) with limits.max_large_body_bytes_held at the manifests' 32 MiB,
 opens CONNECTIONS connections as one credential, sends each a 2 MB
-remote-write body but for its last byte, and prints the proxy's RSS
-before and while they are held, with tenant_proxy_large_body_bytes. The
-bytes are random: the proxy never gets to read them as a push.
+remote-write body (or BODY_BYTES) but for its last byte, and prints the
+proxy's RSS before and while they are held, with
+tenant_proxy_large_body_bytes. The bytes are random: the proxy never gets
+to read them as a push.
 
-    python3 loadtest/stalled-bodies.py PROXY_BINARY [CONNECTIONS]   # 150
+    [BODY_BYTES=250000] python3 loadtest/stalled-bodies.py PROXY_BINARY [CONNECTIONS]   # 150
 
 Loopback only; every port is a free one; the proxy is killed at the end.
 """
@@ -21,7 +22,7 @@ import tempfile
 import time
 import urllib.request
 
-BODY_BYTES = 2_000_000
+BODY_BYTES = int(os.environ.get("BODY_BYTES", "2000000"))
 BOUND = 32 << 20
 USER = b"team-b:team-b-password"  # examples/proxy/tenants.yaml
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1115,10 +1115,18 @@ fn every_series_a_real_prometheus_stores_from_a_generated_push_is_the_tenants() 
 }
 
 /// A push of hundreds of KiB sent (ten times Prometheus' usual batch):
-/// 4,000 series, half claiming team-b, their values of little repetition
-/// so that snappy does not shrink the body much. Returns each series'
-/// labels, sorted, and the body.
+/// 4,000 series (see [`push_of`]).
 fn large_push() -> (Vec<Vec<(String, String)>>, Vec<u8>) {
+    let (values, body) = push_of(4_000);
+    assert!(body.len() >= 256 * 1024, "{} bytes", body.len());
+    (values, body)
+}
+
+/// A push of `series` series, half claiming team-b, their values of
+/// little repetition so that snappy does not shrink the body much (about
+/// 160 bytes a series sent). Returns each series' labels, sorted, and the
+/// body.
+fn push_of(series: usize) -> (Vec<Vec<(String, String)>>, Vec<u8>) {
     let mut state = 0x9e37_79b9_7f4a_7c15_u64;
     let mut noise = move || {
         state ^= state << 13;
@@ -1126,7 +1134,7 @@ fn large_push() -> (Vec<Vec<(String, String)>>, Vec<u8>) {
         state ^= state << 17;
         format!("{state:016x}")
     };
-    let values: Vec<Vec<(String, String)>> = (0..4_000)
+    let values: Vec<Vec<(String, String)>> = (0..series)
         .map(|i| {
             let claimed = if i % 2 == 0 { "team-b" } else { "team-a" };
             let mut labels = vec![
@@ -1151,9 +1159,7 @@ fn large_push() -> (Vec<Vec<(String, String)>>, Vec<u8>) {
             .collect(),
         metadata: vec![],
     };
-    let body = snappy(&request);
-    assert!(body.len() >= 256 * 1024, "{} bytes", body.len());
-    (values, body)
+    (values, snappy(&request))
 }
 
 /// A push of hundreds of KiB sent (ten times Prometheus' usual batch)
@@ -1285,8 +1291,25 @@ async fn a_real_prometheus_stores_a_push_forwarded_as_literals() {
 /// one passes. The first, once whole, is checked and forwarded.
 #[tokio::test]
 async fn a_large_push_still_arriving_counts_against_the_bound() {
+    counted_while_arriving(large_push()).await;
+}
+
+/// The same for a push under the body workers' threshold but over 64 KiB,
+/// checked in place: such pushes are counted as they arrive too, or each
+/// connection could hold up to 256 KiB uncounted.
+#[tokio::test]
+async fn a_push_of_a_hundred_kib_still_arriving_counts_against_the_bound() {
+    let (values, body) = push_of(700);
+    assert!(
+        (64 * 1024..256 * 1024).contains(&body.len()),
+        "{} bytes",
+        body.len()
+    );
+    counted_while_arriving((values, body)).await;
+}
+
+async fn counted_while_arriving((values, body): (Vec<Vec<(String, String)>>, Vec<u8>)) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let (_, body) = large_push();
     let receiver = LokiStandIn::start().await;
     support::captured_logs();
     let section = format!("  upstream: {}\n  mode: label\n", receiver.url());
@@ -1340,7 +1363,7 @@ async fn a_large_push_still_arriving_counts_against_the_bound() {
         .decompress_vec(&receiver.last().body)
         .unwrap();
     let stored = WriteRequest::decode(forwarded.as_slice()).unwrap();
-    assert_eq!(stored.timeseries.len(), 4_000);
+    assert_eq!(stored.timeseries.len(), values.len());
     let metrics = proxy.metrics().await;
     assert!(
         metrics.contains("tenant_proxy_large_body_bytes 0\n")

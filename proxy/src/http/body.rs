@@ -9,7 +9,7 @@ use bytes::{Bytes, BytesMut};
 use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Empty, Full};
 use hyper::body::Frame;
 
-use super::large_bodies::{AtTheBound, LargeBodyBytes, LARGE_BODY_BYTES};
+use super::large_bodies::{AtTheBound, LargeBodyBytes, COUNTED_FROM_BYTES};
 use crate::admission::ByteMeter;
 use crate::ops::metrics::GaugeHeld;
 
@@ -128,10 +128,10 @@ pub enum ReadError {
     LargeBodiesHeld,
 }
 
-/// Reads a whole request body, at most `limit` bytes. A large body is
-/// counted in `large` from the moment its bytes reach
-/// [`LARGE_BODY_BYTES`], and stays counted until the count returned with
-/// it is dropped (a body worker takes it over).
+/// Reads a whole request body, at most `limit` bytes. A body is counted
+/// in `large` from the moment its bytes reach [`COUNTED_FROM_BYTES`], and
+/// stays counted until the count returned with it is dropped (a body
+/// worker takes it over).
 pub async fn read_held<B>(
     body: B,
     limit: u64,
@@ -156,7 +156,7 @@ where
         if received as u64 > limit {
             return Err(ReadError::TooLarge { limit });
         }
-        if received >= LARGE_BODY_BYTES {
+        if received >= COUNTED_FROM_BYTES {
             match large.hold_up_to(counted, received) {
                 Ok(more) => counted = Some(more),
                 Err(AtTheBound) => {
@@ -320,7 +320,7 @@ mod tests {
     /// the client can read it.
     #[tokio::test]
     async fn a_large_body_is_counted_while_it_arrives_and_refused_past_the_bound() {
-        let threshold = LARGE_BODY_BYTES;
+        let threshold = COUNTED_FROM_BYTES;
         let large = LargeBodyBytes::new(Gauge::default(), 3 * threshold as u64);
         let (send, body) = arriving();
         let mut first = Box::pin(read_held(body, u64::MAX, &large));
@@ -334,11 +334,16 @@ mod tests {
         let small = chunks(vec![Ok(&[0; 1000][..])]);
         let (_, counted) = read_held(small, u64::MAX, &large).await.unwrap();
         assert!(counted.is_none(), "a small body is never counted");
-        let two_parts = || chunks(vec![Ok(&[1; LARGE_BODY_BYTES]), Ok(&[2; LARGE_BODY_BYTES])]);
+        let two_parts = || {
+            chunks(vec![
+                Ok(&[1; COUNTED_FROM_BYTES]),
+                Ok(&[2; COUNTED_FROM_BYTES]),
+            ])
+        };
         let second = read_held(two_parts(), u64::MAX, &large).await;
         let (bytes, counted) = second.unwrap();
         assert_eq!(bytes.len(), 2 * threshold, "read whole, in one buffer");
-        assert_eq!(bytes[..threshold], [1; LARGE_BODY_BYTES]);
+        assert_eq!(bytes[..threshold], [1; COUNTED_FROM_BYTES]);
         assert_eq!(large.held(), 3 * threshold as i64, "at the bound");
 
         let (send_refused, body) = arriving();

@@ -3,14 +3,16 @@
 //!
 //! A body read whole (a label-mode push, a rule group, a query posted as
 //! a form) is counted from the moment its bytes as received reach
-//! [`LARGE_BODY_BYTES`], while the rest of it arrives, and on through its
-//! wait for a body worker and its step there (`proxy/body_workers.rs`),
-//! until it is dropped. Counting it only once read would leave the bodies
-//! still arriving unbounded as a whole: one credential's connections, each
-//! trickling a body up to `limits.max_body_bytes`, could hold gigabytes.
-//! Bodies below the threshold are never counted, so that small queries
-//! and pushes are never refused because large ones are held; what they
-//! hold is bounded by the connection limit.
+//! [`COUNTED_FROM_BYTES`], while the rest of it arrives, and on through
+//! its step, on a body worker (`proxy/body_workers.rs`) or in place, until
+//! it is dropped. Counting it only once read would leave the bodies still
+//! arriving unbounded as a whole: one credential's connections, each
+//! trickling a body up to `limits.max_body_bytes`, could hold gigabytes;
+//! counting only those past the body workers' threshold (256 KiB) left
+//! each connection 256 KiB, a gigabyte over the default connection limit.
+//! Bodies below [`COUNTED_FROM_BYTES`] are never counted, so that queries
+//! posted as forms and small pushes are never refused because large ones
+//! are held: each holds no more than a request head may.
 
 use std::sync::atomic::Ordering;
 
@@ -23,6 +25,12 @@ use crate::ops::metrics::GaugeHeld;
 /// snappy-decompressed, a couple of milliseconds of work; a Prometheus
 /// batch at its default `max_samples_per_send` (2,000) stays below it.
 pub const LARGE_BODY_BYTES: usize = 256 * 1024;
+
+/// The size of a body as received from which it counts in the bytes held:
+/// the default `limits.max_header_bytes`, so that a credential's
+/// connections hold no more uncounted than anyone's heads may, and above
+/// the query forms Grafana posts (a few KiB).
+pub const COUNTED_FROM_BYTES: usize = 64 * 1024;
 
 /// The bytes held and their bound, shared by every request.
 #[derive(Clone, Debug)]
