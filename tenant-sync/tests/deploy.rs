@@ -146,6 +146,36 @@ fn assert_probes(container: &Container, admin_port: u16) {
     );
 }
 
+/// The proxy's memory limit holds what anyone can make it hold without a
+/// credential, at once: a request head of the largest size arriving on
+/// every connection (about the head and 16 KiB more each:
+/// `loadtest/partial-heads.py` measured 74 KiB at 60 KB), argon2's working
+/// memory (logins with wrong passwords fill it), the bodies' bound, and the
+/// process itself (docs/operations.md, "Memory at worst").
+fn assert_memory_holds_what_anyone_can_make_the_proxy_hold(
+    overlay: &str,
+    proxy: &Container,
+    config: &Config,
+) {
+    let limits = proxy.resources.as_ref().and_then(|r| r.limits.as_ref());
+    let memory = limits
+        .and_then(|l| l.get("memory"))
+        .expect("a memory limit");
+    let mebibytes: u64 = (memory.0.strip_suffix("Mi"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{overlay}: memory limit {memory:?} not in Mi"));
+    let per_connection = config.limits.max_header_bytes as u64 + (16 << 10);
+    let at_worst = config.limits.max_connections as u64 * per_connection
+        + config.auth.verification_memory_bytes
+        + config.limits.max_large_body_bytes_held
+        + (16 << 20);
+    assert!(
+        at_worst <= mebibytes << 20,
+        "{overlay}: {} MiB at worst within a {memory:?} limit",
+        at_worst >> 20
+    );
+}
+
 fn assert_locked_down(container: &Container) {
     let security = container.security_context.as_ref().unwrap();
     assert_eq!(
@@ -213,7 +243,7 @@ fn check_rendered(overlay: &str, mode: MetricsMode, objects: &[serde_yaml_ng::Va
     assert_eq!(
         config.limits.max_large_body_bytes_held,
         32 << 20,
-        "{overlay}: large bodies held, sized for the 256Mi memory limit"
+        "{overlay}: large bodies held, sized for the 512Mi memory limit"
     );
 
     let deployment: Deployment = one(objects, "Deployment");
@@ -244,6 +274,7 @@ fn check_rendered(overlay: &str, mode: MetricsMode, objects: &[serde_yaml_ng::Va
     assert_probes(sync, sync_admin.port());
     assert_locked_down(proxy);
     assert_locked_down(sync);
+    assert_memory_holds_what_anyone_can_make_the_proxy_hold(overlay, proxy, &config);
 
     // The proxy reads the file tenant-sync writes: same path, same volume.
     let written = Path::new(flag(sync, "--tenants-file").expect("--tenants-file"));
