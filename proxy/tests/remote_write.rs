@@ -1308,12 +1308,17 @@ async fn a_push_of_a_hundred_kib_still_arriving_counts_against_the_bound() {
     counted_while_arriving((values, body)).await;
 }
 
+/// What a connection's bodies may hold uncounted (`large_bodies.rs`).
+const UNCOUNTED: usize = 64 * 1024;
+
 async fn counted_while_arriving((values, body): (Vec<Vec<(String, String)>>, Vec<u8>)) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let receiver = LokiStandIn::start().await;
     support::captured_logs();
     let section = format!("  upstream: {}\n  mode: label\n", receiver.url());
-    let limits = format!("  max_large_body_bytes_held: {}\n", body.len() + 1000);
+    // Room for one such push beyond its connection's share, not two.
+    let bound = body.len() - UNCOUNTED + 1000;
+    let limits = format!("  max_large_body_bytes_held: {bound}\n");
     let proxy = RunningProxy::start(ProxyOptions {
         limits: Box::leak(limits.into_boxed_str()),
         ..ProxyOptions::metrics(tenants(), section)
@@ -1331,7 +1336,8 @@ async fn counted_while_arriving((values, body): (Vec<Vec<(String, String)>>, Vec
     let (all_but_last, last) = body.split_at(body.len() - 1);
     trickling.write_all(head.as_bytes()).await.unwrap();
     trickling.write_all(all_but_last).await.unwrap();
-    let counted = format!("tenant_proxy_large_body_bytes {}\n", all_but_last.len());
+    let counted = all_but_last.len() - UNCOUNTED;
+    let counted = format!("tenant_proxy_large_body_bytes {counted}\n");
     eventually(
         "the arriving body counted",
         Duration::from_secs(10),
@@ -1370,6 +1376,59 @@ async fn counted_while_arriving((values, body): (Vec<Vec<(String, String)>>, Vec
             && metrics.contains("surface=\"metrics_push\",limit=\"large_body_bytes_held\"} 1\n"),
         "{metrics}"
     );
+}
+
+/// HTTP/2's streams share what their connection may hold of bodies
+/// uncounted (64 KiB), or each of 200 streams could hold that much: four
+/// pushes of 40 KB held but for their last byte on one connection count,
+/// together, all they hold beyond it, and nothing once they are reset.
+#[tokio::test]
+async fn the_streams_of_one_http2_connection_share_what_it_holds_uncounted() {
+    const STREAMS: usize = 4;
+    const BODY: usize = 40_000;
+    let receiver = LokiStandIn::start().await;
+    let proxy = label_mode_proxy(&receiver.url(), "").await;
+    let tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    let connection = tokio::spawn(connection);
+    let mut client = client.ready().await.unwrap();
+    let mut streams = Vec::new();
+    for _ in 0..STREAMS {
+        let request = http::Request::post(proxy.url("/api/v1/write"))
+            .header("authorization", basic("alice", "alice-pw"))
+            .header("content-type", "application/x-protobuf")
+            .header("content-encoding", "snappy")
+            .header("content-length", BODY)
+            .body(())
+            .unwrap();
+        let (answer, mut stream) = client.send_request(request, false).unwrap();
+        stream
+            .send_data(bytes::Bytes::from(vec![7; BODY - 1]), false)
+            .unwrap();
+        streams.push((answer, stream));
+        client = client.ready().await.unwrap();
+    }
+    let counted = STREAMS * (BODY - 1) - UNCOUNTED;
+    let held = format!("tenant_proxy_large_body_bytes {counted}\n");
+    eventually(
+        "the bodies beyond the connection's share counted",
+        Duration::from_secs(10),
+        async || proxy.metrics().await.contains(&held),
+    )
+    .await;
+
+    for (_, stream) in &mut streams {
+        stream.send_reset(h2::Reason::CANCEL);
+    }
+    eventually(
+        "nothing counted once they are reset",
+        Duration::from_secs(10),
+        async || (proxy.metrics().await).contains("tenant_proxy_large_body_bytes 0\n"),
+    )
+    .await;
+    assert!(receiver.received().is_empty(), "nothing forwarded");
+    drop((streams, client));
+    connection.abort();
 }
 
 /// A batch under the body workers' threshold as sent whose snappy header

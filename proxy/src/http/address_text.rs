@@ -6,16 +6,26 @@
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
 
 use http::HeaderValue;
 
-/// A client connection's peer: its address, and that address as text in a
-/// header value (`X-Forwarded-For`), written once per connection instead
-/// of once per request.
+use super::large_bodies::UncountedShare;
+
+/// A client connection's peer, handed to each of its requests: one
+/// reference counted, so that a request's copy costs one count.
 #[derive(Clone, Debug)]
-pub struct Peer {
+pub struct Peer(Arc<PeerInfo>);
+
+/// What a [`Peer`] holds.
+#[derive(Debug)]
+pub struct PeerInfo {
     pub address: SocketAddr,
+    /// The address as text in a header value (`X-Forwarded-For`), written
+    /// once per connection instead of once per request.
     pub header: HeaderValue,
+    /// The body bytes its requests may hold uncounted, together.
+    pub uncounted: UncountedShare,
 }
 
 impl Peer {
@@ -23,7 +33,19 @@ impl Peer {
         let mut text = String::with_capacity(45);
         push_address(&mut text, address.ip());
         let header = HeaderValue::from_str(&text).expect("an address is written in visible ASCII");
-        Self { address, header }
+        Self(Arc::new(PeerInfo {
+            address,
+            header,
+            uncounted: UncountedShare::default(),
+        }))
+    }
+}
+
+impl std::ops::Deref for Peer {
+    type Target = PeerInfo;
+
+    fn deref(&self) -> &PeerInfo {
+        &self.0
     }
 }
 

@@ -9,7 +9,7 @@ use bytes::{Bytes, BytesMut};
 use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Empty, Full};
 use hyper::body::Frame;
 
-use super::large_bodies::{AtTheBound, LargeBodyBytes, COUNTED_FROM_BYTES};
+use super::large_bodies::{AtTheBound, LargeBodyBytes, Uncounted, UncountedShare};
 use crate::admission::ByteMeter;
 use crate::ops::metrics::GaugeHeld;
 
@@ -38,18 +38,29 @@ pub struct Guarded<B> {
     /// for, so no timer is set up and torn down for it.
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     meter: Option<ByteMeter>,
+    /// Its connection's share of bytes held uncounted, if it has bytes.
+    share: Option<UncountedShare>,
 }
 
 pub fn guarded<B: hyper::body::Body>(
     inner: B,
     timeout: Duration,
     meter: Option<ByteMeter>,
+    share: &UncountedShare,
 ) -> Guarded<B> {
-    let deadline = (!inner.is_end_stream()).then(|| Box::pin(tokio::time::sleep(timeout)));
+    let has_bytes = !inner.is_end_stream();
     Guarded {
         inner,
-        deadline,
+        deadline: has_bytes.then(|| Box::pin(tokio::time::sleep(timeout))),
         meter,
+        share: has_bytes.then(|| share.clone()),
+    }
+}
+
+impl<B> Guarded<B> {
+    /// Its connection's share of bytes held uncounted, if it has bytes.
+    pub fn share(&self) -> Option<&UncountedShare> {
+        self.share.as_ref()
     }
 }
 
@@ -128,14 +139,16 @@ pub enum ReadError {
     LargeBodiesHeld,
 }
 
-/// Reads a whole request body, at most `limit` bytes. A body is counted
-/// in `large` from the moment its bytes reach [`COUNTED_FROM_BYTES`], and
-/// stays counted until the count returned with it is dropped (a body
-/// worker takes it over).
+/// Reads a whole request body, at most `limit` bytes. Its bytes beyond
+/// what its connection's `share` covers (none: every byte) are counted in
+/// `large` as they arrive, and stay counted until the count returned with
+/// it is dropped (a body worker takes it over); what it took of the share
+/// is given back once it is read.
 pub async fn read_held<B>(
     body: B,
     limit: u64,
     large: &LargeBodyBytes,
+    share: Option<&UncountedShare>,
 ) -> Result<(Bytes, Option<GaugeHeld>), ReadError>
 where
     B: hyper::body::Body<Data = Bytes>,
@@ -146,6 +159,7 @@ where
     }
     let mut body = pin!(body);
     let (mut parts, mut received, mut counted) = (Vec::<Bytes>::new(), 0, None);
+    let mut uncounted = Uncounted::of(share);
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(broken)?;
         // Trailer fields never pass (`Guarded`).
@@ -156,11 +170,12 @@ where
         if received as u64 > limit {
             return Err(ReadError::TooLarge { limit });
         }
-        if received >= COUNTED_FROM_BYTES {
-            match large.hold_up_to(counted, received) {
+        let beyond = received - uncounted.cover(received);
+        if beyond > 0 {
+            match large.hold_up_to(counted, beyond) {
                 Ok(more) => counted = Some(more),
                 Err(AtTheBound) => {
-                    drop(parts);
+                    drop((parts, uncounted));
                     return Err(drained(body, received, limit).await);
                 }
             }
@@ -217,6 +232,7 @@ fn broken(e: impl Into<BoxError>) -> ReadError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http::large_bodies::COUNTED_FROM_BYTES;
     use futures_util::{poll, stream};
     use http_body_util::StreamBody;
     use prometheus_client::metrics::gauge::Gauge;
@@ -228,7 +244,7 @@ mod tests {
         B::Error: Into<BoxError>,
     {
         let unbounded = LargeBodyBytes::new(Gauge::default(), 0);
-        Ok(read_held(body, limit, &unbounded).await?.0)
+        Ok(read_held(body, limit, &unbounded, None).await?.0)
     }
 
     fn chunks(
@@ -260,14 +276,29 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_guarded_body_that_stops_arriving_times_out_and_an_empty_one_never_does() {
         let stalled = StreamBody::new(stream::pending::<Result<Frame<Bytes>, BoxError>>());
-        let guarded_stalled = guarded(stalled, Duration::from_secs(5), None);
+        let guarded_stalled = guarded(
+            stalled,
+            Duration::from_secs(5),
+            None,
+            &UncountedShare::default(),
+        );
         // Time is paused and jumps to the next timer: a body without its
         // deadline fails here rather than hanging the test.
         let stalled = tokio::time::timeout(Duration::from_secs(60), read(guarded_stalled, 100));
         assert_eq!(stalled.await, Ok(Err(ReadError::Timeout)));
-        let arrived = guarded(chunks(vec![Ok(b"abc")]), Duration::from_secs(5), None);
+        let arrived = guarded(
+            chunks(vec![Ok(b"abc")]),
+            Duration::from_secs(5),
+            None,
+            &UncountedShare::default(),
+        );
         assert_eq!(read(arrived, 100).await.unwrap(), &b"abc"[..]);
-        let nothing = guarded(Empty::<Bytes>::new(), Duration::ZERO, None);
+        let nothing = guarded(
+            Empty::<Bytes>::new(),
+            Duration::ZERO,
+            None,
+            &UncountedShare::default(),
+        );
         assert!(hyper::body::Body::is_end_stream(&nothing));
         assert_eq!(read(nothing, 100).await.unwrap(), &b""[..]);
     }
@@ -284,6 +315,7 @@ mod tests {
             StreamBody::new(stream::iter(frames)),
             Duration::from_secs(5),
             None,
+            &UncountedShare::default(),
         );
         let collected = guarded.collect().await.unwrap();
         assert_eq!(collected.trailers(), None);
@@ -293,7 +325,12 @@ mod tests {
     #[tokio::test]
     async fn a_guarded_body_keeps_the_inner_bodys_length_and_end() {
         let inner = full("abc");
-        let guarded = guarded(inner, Duration::from_secs(5), None);
+        let guarded = guarded(
+            inner,
+            Duration::from_secs(5),
+            None,
+            &UncountedShare::default(),
+        );
         assert_eq!(hyper::body::Body::size_hint(&guarded).exact(), Some(3));
         assert!(!hyper::body::Body::is_end_stream(&guarded));
         assert_eq!(read(guarded, 3).await.unwrap(), &b"abc"[..]);
@@ -312,27 +349,30 @@ mod tests {
         (send, StreamBody::new(frames))
     }
 
-    /// A large body is counted from the moment its bytes reach the
-    /// threshold, while the rest arrives, and until the count returned
-    /// with it is dropped; a small one never is. Past the bound, a large
+    /// A body is counted from the moment its bytes go beyond its
+    /// connection's share, while the rest arrives, and until the count
+    /// returned with it is dropped; a small one never is. Past the bound, a
     /// body is refused as it arrives: what it held is given back at once,
     /// and the refusal waits for the rest of it, holding nothing, so that
     /// the client can read it.
     #[tokio::test]
-    async fn a_large_body_is_counted_while_it_arrives_and_refused_past_the_bound() {
-        let threshold = COUNTED_FROM_BYTES;
-        let large = LargeBodyBytes::new(Gauge::default(), 3 * threshold as u64);
+    async fn a_body_is_counted_beyond_its_share_while_it_arrives_and_refused_past_the_bound() {
+        let share = COUNTED_FROM_BYTES;
+        let large = LargeBodyBytes::new(Gauge::default(), 3 * share as u64);
         let (send, body) = arriving();
-        let mut first = Box::pin(read_held(body, u64::MAX, &large));
-        send.send(Bytes::from(vec![0; threshold - 1])).unwrap();
+        let connection = UncountedShare::default();
+        let mut first = Box::pin(read_held(body, u64::MAX, &large, Some(&connection)));
+        send.send(Bytes::from(vec![0; share])).unwrap();
         assert!(poll!(first.as_mut()).is_pending());
-        assert_eq!(large.held(), 0, "below the threshold");
+        assert_eq!(large.held(), 0, "within its connection's share");
         send.send(Bytes::from_static(b"a")).unwrap();
         assert!(poll!(first.as_mut()).is_pending());
-        assert_eq!(large.held(), threshold as i64, "counted as it arrives");
+        assert_eq!(large.held(), 1, "counted beyond it, as it arrives");
 
         let small = chunks(vec![Ok(&[0; 1000][..])]);
-        let (_, counted) = read_held(small, u64::MAX, &large).await.unwrap();
+        let (_, counted) = read_held(small, u64::MAX, &large, Some(&UncountedShare::default()))
+            .await
+            .unwrap();
         assert!(counted.is_none(), "a small body is never counted");
         let two_parts = || {
             chunks(vec![
@@ -340,37 +380,81 @@ mod tests {
                 Ok(&[2; COUNTED_FROM_BYTES]),
             ])
         };
-        let second = read_held(two_parts(), u64::MAX, &large).await;
+        // No connection's share: every byte counts.
+        let second = read_held(two_parts(), u64::MAX, &large, None).await;
         let (bytes, counted) = second.unwrap();
-        assert_eq!(bytes.len(), 2 * threshold, "read whole, in one buffer");
-        assert_eq!(bytes[..threshold], [1; COUNTED_FROM_BYTES]);
-        assert_eq!(large.held(), 3 * threshold as i64, "at the bound");
+        assert_eq!(bytes.len(), 2 * share, "read whole, in one buffer");
+        assert_eq!(bytes[..share], [1; COUNTED_FROM_BYTES]);
+        assert_eq!(large.held(), 2 * share as i64 + 1);
 
         let (send_refused, body) = arriving();
         // Its end comes at the body limit itself, which it may reach.
-        let mut refused = Box::pin(read_held(body, 2 * threshold as u64, &large));
-        send_refused.send(Bytes::from(vec![0; threshold])).unwrap();
+        let mut refused = Box::pin(read_held(body, 2 * share as u64, &large, None));
+        send_refused.send(Bytes::from(vec![0; share])).unwrap();
         assert!(poll!(refused.as_mut()).is_pending(), "the rest awaited");
-        assert_eq!(large.held(), 3 * threshold as i64, "nothing held");
-        send_refused.send(Bytes::from(vec![0; threshold])).unwrap();
+        assert_eq!(large.held(), 2 * share as i64 + 1, "nothing held");
+        send_refused.send(Bytes::from(vec![0; share])).unwrap();
         drop(send_refused);
         assert_eq!(refused.await.unwrap_err(), ReadError::LargeBodiesHeld);
-        let over_the_limit = read_held(two_parts(), threshold as u64 + 1, &large);
+        let over_the_limit = read_held(two_parts(), share as u64 + 1, &large, None);
         let over_the_limit = over_the_limit.await.unwrap_err();
         assert_eq!(
             over_the_limit,
             ReadError::TooLarge {
-                limit: threshold as u64 + 1
+                limit: share as u64 + 1
             }
         );
         drop(counted);
 
-        send.send(Bytes::from(vec![0; threshold])).unwrap();
+        send.send(Bytes::from(vec![0; share])).unwrap();
         drop(send);
         let (bytes, counted) = first.await.unwrap();
-        assert_eq!(bytes.len(), 2 * threshold);
-        assert_eq!(large.held(), 2 * threshold as i64);
+        assert_eq!(bytes.len(), 2 * share + 1);
+        assert_eq!(large.held(), share as i64 + 1);
         drop(counted);
         assert_eq!(large.held(), 0);
+    }
+
+    /// The bodies of one connection share what it may hold uncounted
+    /// (HTTP/2's streams): the second counts from its first byte while the
+    /// first holds the share, and a body read gives its part back.
+    #[tokio::test]
+    async fn bodies_of_one_connection_share_what_it_holds_uncounted() {
+        let large = LargeBodyBytes::new(Gauge::default(), 0);
+        let connection = UncountedShare::default();
+        let (send, body) = arriving();
+        let mut first = Box::pin(read_held(body, u64::MAX, &large, Some(&connection)));
+        send.send(Bytes::from(vec![0; COUNTED_FROM_BYTES - 100]))
+            .unwrap();
+        assert!(poll!(first.as_mut()).is_pending());
+        assert_eq!(large.held(), 0);
+
+        let (send_second, body) = arriving();
+        let mut second = Box::pin(read_held(body, u64::MAX, &large, Some(&connection)));
+        send_second.send(Bytes::from(vec![0; 1000])).unwrap();
+        assert!(poll!(second.as_mut()).is_pending());
+        assert_eq!(large.held(), 900, "the 100 bytes left uncounted");
+        let elsewhere = chunks(vec![Ok(&[0; 1000][..])]);
+        let other_connection = UncountedShare::default();
+        let (_, counted) = read_held(elsewhere, u64::MAX, &large, Some(&other_connection))
+            .await
+            .unwrap();
+        assert!(counted.is_none(), "another connection has its own");
+
+        drop(send);
+        let (_, counted) = first.await.unwrap();
+        assert!(counted.is_none());
+        send_second.send(Bytes::from(vec![0; 1000])).unwrap();
+        drop(send_second);
+        let (bytes, counted) = second.await.unwrap();
+        assert_eq!(bytes.len(), 2000);
+        assert_eq!(large.held(), 900, "the share given back covers the rest");
+        drop(counted);
+        assert_eq!(large.held(), 0);
+        let whole = vec![Ok(&[0; COUNTED_FROM_BYTES][..])];
+        let (_, counted) = read_held(chunks(whole), u64::MAX, &large, Some(&connection))
+            .await
+            .unwrap();
+        assert!(counted.is_none(), "all of the share back");
     }
 }

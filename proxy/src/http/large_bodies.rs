@@ -2,19 +2,22 @@
 //! `limits.max_large_body_bytes_held`.
 //!
 //! A body read whole (a label-mode push, a rule group, a query posted as
-//! a form) is counted from the moment its bytes as received reach
-//! [`COUNTED_FROM_BYTES`], while the rest of it arrives, and on through
-//! its step, on a body worker (`proxy/body_workers.rs`) or in place, until
-//! it is dropped. Counting it only once read would leave the bodies still
-//! arriving unbounded as a whole: one credential's connections, each
-//! trickling a body up to `limits.max_body_bytes`, could hold gigabytes;
-//! counting only those past the body workers' threshold (256 KiB) left
-//! each connection 256 KiB, a gigabyte over the default connection limit.
-//! Bodies below [`COUNTED_FROM_BYTES`] are never counted, so that queries
-//! posted as forms and small pushes are never refused because large ones
-//! are held: each holds no more than a request head may.
+//! a form) is counted as its bytes arrive, beyond the first
+//! [`COUNTED_FROM_BYTES`] that its connection's bodies hold together
+//! ([`UncountedShare`]), and on through its step, on a body worker
+//! (`proxy/body_workers.rs`) or in place, until it is dropped. Counting it
+//! only once read would leave the bodies still arriving unbounded as a
+//! whole: one credential's connections, each trickling a body up to
+//! `limits.max_body_bytes`, could hold gigabytes; leaving each body its
+//! first 256 KiB (the body workers' threshold) uncounted left a gigabyte
+//! over the default connection limit, and each of an HTTP/2 connection's
+//! 200 streams its own share would leave 13 MiB a connection. Within the
+//! share nothing is counted, so that queries posted as forms and small
+//! pushes are never refused because large bodies are held: a connection
+//! holds no more of them than a request head may.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use prometheus_client::metrics::gauge::Gauge;
 
@@ -26,11 +29,62 @@ use crate::ops::metrics::GaugeHeld;
 /// batch at its default `max_samples_per_send` (2,000) stays below it.
 pub const LARGE_BODY_BYTES: usize = 256 * 1024;
 
-/// The size of a body as received from which it counts in the bytes held:
-/// the default `limits.max_header_bytes`, so that a credential's
-/// connections hold no more uncounted than anyone's heads may, and above
-/// the query forms Grafana posts (a few KiB).
+/// The body bytes a connection's requests hold before they count in the
+/// bytes held: the default `limits.max_header_bytes`, so that a
+/// credential's connections hold no more uncounted than anyone's heads
+/// may, and above the query forms Grafana posts (a few KiB).
 pub const COUNTED_FROM_BYTES: usize = 64 * 1024;
+
+/// The body bytes a connection's requests may hold uncounted, together:
+/// one HTTP/1.1 request at a time has all of [`COUNTED_FROM_BYTES`], the
+/// streams of an HTTP/2 connection share it.
+#[derive(Clone, Debug)]
+pub struct UncountedShare(Arc<AtomicUsize>);
+
+impl Default for UncountedShare {
+    fn default() -> Self {
+        Self(Arc::new(AtomicUsize::new(COUNTED_FROM_BYTES)))
+    }
+}
+
+/// What one body took of its connection's share (none: it has no
+/// connection's, and every byte counts), given back when dropped, once
+/// the body is read or refused.
+#[derive(Debug)]
+pub struct Uncounted<'a> {
+    share: Option<&'a UncountedShare>,
+    taken: usize,
+}
+
+impl<'a> Uncounted<'a> {
+    pub fn of(share: Option<&'a UncountedShare>) -> Self {
+        Self { share, taken: 0 }
+    }
+
+    /// Of a body's first `received` bytes, how many are not counted: as
+    /// many as it took before, and more while the share lasts.
+    pub fn cover(&mut self, received: usize) -> usize {
+        let (Some(share), wanted) = (self.share, received.saturating_sub(self.taken)) else {
+            return 0;
+        };
+        let take = |left: usize| (left > 0 && wanted > 0).then(|| left - left.min(wanted));
+        if let Ok(left) = share
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, take)
+        {
+            self.taken += left.min(wanted);
+        }
+        self.taken
+    }
+}
+
+impl Drop for Uncounted<'_> {
+    fn drop(&mut self) {
+        if let Some(share) = self.share.filter(|_| self.taken > 0) {
+            share.0.fetch_add(self.taken, Ordering::Relaxed);
+        }
+    }
+}
 
 /// The bytes held and their bound, shared by every request.
 #[derive(Clone, Debug)]

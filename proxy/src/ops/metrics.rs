@@ -445,7 +445,7 @@ impl Default for Metrics {
         let large_body_bytes = Gauge::default();
         registry.register(
             "large_body_bytes",
-            "Bytes of bodies read whole held: requests' from 64 KiB on, as they arrive and until checked, and those counted in tenant_proxy_large_bodies; limits.max_large_body_bytes_held bounds them",
+            "Bytes of bodies read whole held: requests' beyond the first 64 KiB of each connection's, as they arrive and until checked, and those counted in tenant_proxy_large_bodies; limits.max_large_body_bytes_held bounds them",
             large_body_bytes.clone(),
         );
         let body_worker_jobs = Counter::default();

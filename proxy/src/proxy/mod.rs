@@ -297,7 +297,7 @@ async fn proxy(
     upstream::strip_hop_by_hop(request.headers_mut());
 
     let (mut parts, body) = request.into_parts();
-    let body = body::guarded(body, state.limits.body_read_timeout, meter);
+    let body = body::guarded(body, state.limits.body_read_timeout, meter, &peer.uncounted);
     if declared_length(&parts.headers).is_some_and(|len| len > state.limits.max_body_bytes) {
         return Err(ProxyError::BodyTooLarge {
             limit: state.limits.max_body_bytes,

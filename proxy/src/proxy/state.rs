@@ -279,19 +279,19 @@ impl AppState {
         target.ok_or_else(|| ProxyError::Internal("route without an upstream".into()))
     }
 
-    /// Reads a request body whole, within `limits.max_body_bytes`. A large
-    /// one is counted among the large bodies held while it arrives, and for
-    /// as long as the count returned with it lives (a body worker takes it
-    /// over, `BodyWorkers::run_held`).
+    /// Reads a request body whole, within `limits.max_body_bytes`. What
+    /// its connection's share does not cover is counted among the large
+    /// bodies held while it arrives, and for as long as the count returned
+    /// with it lives (a body worker takes it over, `BodyWorkers::run_held`).
     pub(super) async fn read_whole<B>(
         &self,
-        body: B,
+        body: body::Guarded<B>,
     ) -> Result<(Bytes, Option<GaugeHeld>), ReadError>
     where
-        B: hyper::body::Body<Data = Bytes>,
+        B: hyper::body::Body<Data = Bytes> + Unpin,
         B::Error: Into<BoxError>,
     {
-        let large = self.body_workers.bytes();
-        body::read_held(body, self.limits.max_body_bytes, large).await
+        let (large, share) = (self.body_workers.bytes(), body.share().cloned());
+        body::read_held(body, self.limits.max_body_bytes, large, share.as_ref()).await
     }
 }

@@ -1,0 +1,173 @@
+//! Many HTTP/2 streams each holding a push body but for its last byte.
+//!
+//! Starts the proxy (label mode, its upstream a closed port: nothing is
+//! ever forwarded) with `limits.max_large_body_bytes_held` at the
+//! manifests' 32 MiB, opens CONNECTIONS HTTP/2 connections (prior
+//! knowledge) as one credential, and on each STREAMS streams, each sending
+//! a BODY_BYTES push but for its last byte; then prints the proxy's RSS
+//! before and while they are held, with `tenant_proxy_large_body_bytes`.
+//!
+//! ```sh
+//! cargo run --release -p loadtest --example h2-stalled-bodies -- \
+//!     target/release/tenant-proxy 10 200 60000
+//! ```
+//!
+//! Loopback only; every port is a free one; the proxy is killed at the end.
+
+use std::convert::Infallible;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use base64::Engine;
+use bytes::Bytes;
+use http_body_util::StreamBody;
+use hyper::body::Frame;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::sync::mpsc;
+
+const BOUND: u64 = 32 << 20;
+/// examples/proxy/tenants.yaml
+const USER: &str = "team-b:team-b-password";
+
+type Chunk = Result<Frame<Bytes>, Infallible>;
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let [_, binary, connections, streams, body_bytes] = &args[..] else {
+        bail!("usage: h2-stalled-bodies PROXY_BINARY CONNECTIONS STREAMS BODY_BYTES");
+    };
+    let (connections, streams): (usize, usize) = (connections.parse()?, streams.parse()?);
+    let body_bytes: usize = body_bytes.parse()?;
+
+    let work = tempfile_dir()?;
+    let (port, admin, closed) = (free_port()?, free_port()?, free_port()?);
+    let repo = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    std::fs::copy(
+        format!("{repo}/examples/proxy/tenants.yaml"),
+        work.join("tenants.yaml"),
+    )?;
+    std::fs::write(
+        work.join("config.yaml"),
+        format!(
+            "listen: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin}\n\
+             tenants_file: tenants.yaml\nmetrics:\n  upstream: http://127.0.0.1:{closed}\n  \
+             mode: label\nlimits:\n  max_large_body_bytes_held: {BOUND}\n"
+        ),
+    )?;
+    let proxy = KilledOnDrop(
+        std::process::Command::new(binary)
+            .arg("--config")
+            .arg(work.join("config.yaml"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .context("starting the proxy")?,
+    );
+    let pid = proxy.0.id();
+    let started = Instant::now();
+    while admin_get(admin, "/readyz").await.is_err() {
+        if started.elapsed() > Duration::from_secs(10) {
+            bail!("the proxy did not get ready");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let auth = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(USER)
+    );
+    let before = rss_mib(pid)?;
+
+    let mut held: Vec<mpsc::Sender<Chunk>> = Vec::new();
+    for _ in 0..connections {
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        let (sender, connection) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp)).await?;
+        tokio::spawn(connection);
+        for _ in 0..streams {
+            let (send, receive) = mpsc::channel::<Chunk>(1);
+            let mut receive = receive;
+            let body = StreamBody::new(futures::stream::poll_fn(move |cx| receive.poll_recv(cx)));
+            let request = http::Request::post(format!("http://127.0.0.1:{port}/api/v1/write"))
+                .header("authorization", &auth)
+                .header("content-type", "application/x-protobuf")
+                .header("content-encoding", "snappy")
+                .header("content-length", body_bytes)
+                .body(body)?;
+            send.send(Ok(Frame::data(Bytes::from(vec![7; body_bytes - 1]))))
+                .await?;
+            held.push(send);
+            let mut sender = sender.clone();
+            tokio::spawn(async move {
+                if sender.ready().await.is_ok() {
+                    let _ = sender.send_request(request).await;
+                }
+            });
+        }
+    }
+    // The last streams' bytes may still be on their way: read the RSS
+    // until it stops moving (ten reads 100 ms apart alike, or 10 s).
+    let (mut rss, mut same, started) = (rss_mib(pid)?, 0, Instant::now());
+    while same < 10 && started.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = rss_mib(pid)?;
+        same = if now == rss { same + 1 } else { 0 };
+        rss = now;
+    }
+    let metrics = admin_get(admin, "/metrics").await?;
+    let counted = metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("tenant_proxy_large_body_bytes "))
+        .unwrap_or("?");
+    println!(
+        "| {binary} | {connections} | {streams} | {body_bytes} | {before} | {rss} | {counted} |"
+    );
+    drop((proxy, held));
+    std::fs::remove_dir_all(work)?;
+    Ok(())
+}
+
+/// The proxy, stopped by its PID whichever way `main` ends.
+struct KilledOnDrop(std::process::Child);
+
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+fn tempfile_dir() -> Result<std::path::PathBuf> {
+    let dir = std::env::temp_dir().join(format!("h2-stalled-bodies-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+fn rss_mib(pid: u32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kib = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .context("VmRSS")?;
+    Ok(kib.parse::<u64>()? / 1024)
+}
+
+async fn admin_get(port: u16, path: &str) -> Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    let request = format!("GET {path} HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await?;
+    if !answer.starts_with("HTTP/1.1 200") {
+        bail!("{path}: {}", answer.lines().next().unwrap_or_default());
+    }
+    Ok(answer)
+}
