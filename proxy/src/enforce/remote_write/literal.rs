@@ -12,18 +12,12 @@
 /// The longest literal written.
 const LITERAL_BYTES: usize = 1 << 16;
 
-/// The block format's length field is 32 bits.
-const MAX_BODY_BYTES: usize = u32::MAX as usize;
-
 /// `raw` in snappy's block format, uncompressed; `None` past the format's
-/// 4 GiB.
+/// 4 GiB (its length is 32 bits).
 pub fn encode(raw: &[u8]) -> Option<Vec<u8>> {
-    if raw.len() > MAX_BODY_BYTES {
-        return None;
-    }
+    let mut length = u32::try_from(raw.len()).ok()?;
     // The length's varint (5 bytes at most), then 3 bytes of tag per literal.
     let mut out = Vec::with_capacity(5 + raw.len() + 3 * raw.len().div_ceil(LITERAL_BYTES));
-    let mut length = raw.len();
     while length >= 0x80 {
         out.push(length as u8 | 0x80);
         length >>= 7;
