@@ -1,15 +1,20 @@
-//! Many HTTP/2 streams each holding a push body but for its last byte.
+//! Many HTTP/2 streams each holding a push body.
 //!
-//! Starts the proxy (label mode, its upstream a closed port: nothing is
-//! ever forwarded) with `limits.max_large_body_bytes_held` at the
-//! manifests' 32 MiB, opens CONNECTIONS HTTP/2 connections (prior
-//! knowledge) as one credential, and on each STREAMS streams, each sending
-//! a BODY_BYTES push but for its last byte; then prints the proxy's RSS
-//! before and while they are held, with `tenant_proxy_large_body_bytes`.
+//! Opens CONNECTIONS HTTP/2 connections (prior knowledge) to the proxy as
+//! one credential, and on each STREAMS streams, each sending a BODY_BYTES
+//! push; then prints the proxy's RSS before and while they are held, with
+//! `tenant_proxy_large_body_bytes`. The proxy runs with
+//! `limits.max_large_body_bytes_held` at the manifests' 32 MiB, and:
+//!
+//! - `remote-write` (the default): label mode, each push but its last
+//!   byte sent, its upstream a closed port (nothing is ever forwarded);
+//! - `loki-stalled`: a Loki push (header mode) sent whole, streamed to a
+//!   Loki that takes connections and never reads from them, as an
+//!   overloaded one may.
 //!
 //! ```sh
 //! cargo run --release -p loadtest --example h2-stalled-bodies -- \
-//!     target/release/tenant-proxy 10 200 60000
+//!     target/release/tenant-proxy 10 200 60000 [remote-write|loki-stalled]
 //! ```
 //!
 //! Loopback only; every port is a free one; the proxy is killed at the end.
@@ -34,14 +39,32 @@ type Chunk = Result<Frame<Bytes>, Infallible>;
 #[tokio::main]
 async fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let [_, binary, connections, streams, body_bytes] = &args[..] else {
-        bail!("usage: h2-stalled-bodies PROXY_BINARY CONNECTIONS STREAMS BODY_BYTES");
+    let (binary, connections, streams, body_bytes, mode) = match &args[..] {
+        [_, b, c, s, n] => (b, c, s, n, "remote-write"),
+        [_, b, c, s, n, mode] => (b, c, s, n, mode.as_str()),
+        _ => bail!("usage: h2-stalled-bodies PROXY_BINARY CONNECTIONS STREAMS BODY_BYTES [MODE]"),
+    };
+    let stalled_loki = match mode {
+        "remote-write" => false,
+        "loki-stalled" => true,
+        other => bail!("unknown mode {other:?}"),
     };
     let (connections, streams): (usize, usize) = (connections.parse()?, streams.parse()?);
     let body_bytes: usize = body_bytes.parse()?;
 
     let work = tempfile_dir()?;
     let (port, admin, closed) = (free_port()?, free_port()?, free_port()?);
+    // Takes connections and never reads: what it was sent stays in the
+    // kernel's buffers, then in the proxy's.
+    let never_reads = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let loki = never_reads.local_addr()?.port();
+    let accepted = std::thread::spawn(move || {
+        never_reads
+            .incoming()
+            .map_while(Result::ok)
+            .collect::<Vec<_>>()
+    });
+    drop(accepted);
     let repo = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
     std::fs::copy(
         format!("{repo}/examples/proxy/tenants.yaml"),
@@ -51,7 +74,8 @@ async fn main() -> Result<()> {
         work.join("config.yaml"),
         format!(
             "listen: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin}\n\
-             tenants_file: tenants.yaml\nmetrics:\n  upstream: http://127.0.0.1:{closed}\n  \
+             tenants_file: tenants.yaml\nlogs:\n  upstream: http://127.0.0.1:{loki}\n\
+             metrics:\n  upstream: http://127.0.0.1:{closed}\n  \
              mode: label\nlimits:\n  max_large_body_bytes_held: {BOUND}\n"
         ),
     )?;
@@ -88,14 +112,18 @@ async fn main() -> Result<()> {
             let (send, receive) = mpsc::channel::<Chunk>(1);
             let mut receive = receive;
             let body = StreamBody::new(futures::stream::poll_fn(move |cx| receive.poll_recv(cx)));
-            let request = http::Request::post(format!("http://127.0.0.1:{port}/api/v1/write"))
+            let path = match stalled_loki {
+                true => "/loki/api/v1/push",
+                false => "/api/v1/write",
+            };
+            let request = http::Request::post(format!("http://127.0.0.1:{port}{path}"))
                 .header("authorization", &auth)
                 .header("content-type", "application/x-protobuf")
                 .header("content-encoding", "snappy")
                 .header("content-length", body_bytes)
                 .body(body)?;
-            send.send(Ok(Frame::data(Bytes::from(vec![7; body_bytes - 1]))))
-                .await?;
+            let sent = body_bytes - usize::from(!stalled_loki);
+            send.send(Ok(Frame::data(Bytes::from(vec![7; sent])))).await?;
             held.push(send);
             let mut sender = sender.clone();
             tokio::spawn(async move {
