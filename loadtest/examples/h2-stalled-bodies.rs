@@ -123,7 +123,8 @@ async fn main() -> Result<()> {
                 .header("content-length", body_bytes)
                 .body(body)?;
             let sent = body_bytes - usize::from(!stalled_loki);
-            send.send(Ok(Frame::data(Bytes::from(vec![7; sent])))).await?;
+            send.send(Ok(Frame::data(Bytes::from(vec![7; sent]))))
+                .await?;
             held.push(send);
             let mut sender = sender.clone();
             tokio::spawn(async move {

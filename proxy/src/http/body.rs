@@ -237,6 +237,11 @@ mod tests {
     use http_body_util::StreamBody;
     use prometheus_client::metrics::gauge::Gauge;
 
+    /// A guarded body of a connection of its own, metered by no tenant.
+    fn guarded_alone<B: hyper::body::Body>(inner: B, timeout: Duration) -> Guarded<B> {
+        guarded(inner, timeout, None, &UncountedShare::default())
+    }
+
     /// Reads a body with no bound on the large bodies held.
     async fn read<B>(body: B, limit: u64) -> Result<Bytes, ReadError>
     where
@@ -276,29 +281,14 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_guarded_body_that_stops_arriving_times_out_and_an_empty_one_never_does() {
         let stalled = StreamBody::new(stream::pending::<Result<Frame<Bytes>, BoxError>>());
-        let guarded_stalled = guarded(
-            stalled,
-            Duration::from_secs(5),
-            None,
-            &UncountedShare::default(),
-        );
+        let guarded_stalled = guarded_alone(stalled, Duration::from_secs(5));
         // Time is paused and jumps to the next timer: a body without its
         // deadline fails here rather than hanging the test.
         let stalled = tokio::time::timeout(Duration::from_secs(60), read(guarded_stalled, 100));
         assert_eq!(stalled.await, Ok(Err(ReadError::Timeout)));
-        let arrived = guarded(
-            chunks(vec![Ok(b"abc")]),
-            Duration::from_secs(5),
-            None,
-            &UncountedShare::default(),
-        );
+        let arrived = guarded_alone(chunks(vec![Ok(b"abc")]), Duration::from_secs(5));
         assert_eq!(read(arrived, 100).await.unwrap(), &b"abc"[..]);
-        let nothing = guarded(
-            Empty::<Bytes>::new(),
-            Duration::ZERO,
-            None,
-            &UncountedShare::default(),
-        );
+        let nothing = guarded_alone(Empty::<Bytes>::new(), Duration::ZERO);
         assert!(hyper::body::Body::is_end_stream(&nothing));
         assert_eq!(read(nothing, 100).await.unwrap(), &b""[..]);
     }
@@ -311,11 +301,9 @@ mod tests {
             Ok(Frame::data(Bytes::from_static(b"abc"))),
             Ok(Frame::trailers(trailers)),
         ];
-        let guarded = guarded(
+        let guarded = guarded_alone(
             StreamBody::new(stream::iter(frames)),
             Duration::from_secs(5),
-            None,
-            &UncountedShare::default(),
         );
         let collected = guarded.collect().await.unwrap();
         assert_eq!(collected.trailers(), None);
@@ -325,12 +313,7 @@ mod tests {
     #[tokio::test]
     async fn a_guarded_body_keeps_the_inner_bodys_length_and_end() {
         let inner = full("abc");
-        let guarded = guarded(
-            inner,
-            Duration::from_secs(5),
-            None,
-            &UncountedShare::default(),
-        );
+        let guarded = guarded_alone(inner, Duration::from_secs(5));
         assert_eq!(hyper::body::Body::size_hint(&guarded).exact(), Some(3));
         assert!(!hyper::body::Body::is_end_stream(&guarded));
         assert_eq!(read(guarded, 3).await.unwrap(), &b"abc"[..]);
