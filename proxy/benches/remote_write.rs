@@ -65,59 +65,26 @@ fn bench(c: &mut Criterion) {
         let raw = batch(series, "someone-else").encode_to_vec();
         let compressed = snap::raw::Encoder::new().compress_vec(&raw).unwrap();
         group.throughput(Throughput::Elements(series as u64));
-        group.bench_with_input(
-            BenchmarkId::new("rewrite_body_snappy", series),
-            &compressed,
-            |b, body| {
-                b.iter(|| {
-                    rewrite_body(
-                        Version::V1,
-                        black_box(body),
-                        &tenant,
-                        1 << 30,
-                        Output::Compressed,
-                    )
-                    .unwrap()
-                })
-            },
-        );
-        // The same, written back as literals (`remote_write_forward_compression: literal`).
-        group.bench_with_input(
-            BenchmarkId::new("rewrite_body_literal", series),
-            &compressed,
-            |b, body| {
-                b.iter(|| {
-                    rewrite_body(
-                        Version::V1,
-                        black_box(body),
-                        &tenant,
-                        1 << 30,
-                        Output::Literal,
-                    )
-                    .unwrap()
-                })
-            },
-        );
         // The sender's scrape config set the tenant's own namespace already.
         let labelled = snap::raw::Encoder::new()
             .compress_vec(&batch(series, "team-a").encode_to_vec())
             .unwrap();
-        group.bench_with_input(
-            BenchmarkId::new("rewrite_body_snappy_already_labelled", series),
-            &labelled,
-            |b, body| {
+        for (name, body, output) in [
+            ("rewrite_body_snappy", &compressed, Output::Compressed),
+            // Written back as literals (`remote_write_forward_compression: literal`).
+            ("rewrite_body_literal", &compressed, Output::Literal),
+            (
+                "rewrite_body_snappy_already_labelled",
+                &labelled,
+                Output::Compressed,
+            ),
+        ] {
+            group.bench_with_input(BenchmarkId::new(name, series), body, |b, body| {
                 b.iter(|| {
-                    rewrite_body(
-                        Version::V1,
-                        black_box(body),
-                        &tenant,
-                        1 << 30,
-                        Output::Compressed,
-                    )
-                    .unwrap()
+                    rewrite_body(Version::V1, black_box(body), &tenant, 1 << 30, output).unwrap()
                 })
-            },
-        );
+            });
+        }
         group.bench_with_input(
             BenchmarkId::new("rewrite_decompressed", series),
             &raw,
