@@ -16,76 +16,33 @@ Loopback only; every port is a free one; the proxy is killed at the end.
 import base64
 import os
 import socket
-import subprocess
 import sys
-import tempfile
-import time
 import urllib.request
+
+from local_proxy import LocalProxy
 
 BODY_BYTES = int(os.environ.get("BODY_BYTES", "2000000"))
 BOUND = 32 << 20
 USER = b"team-b:team-b-password"  # examples/proxy/tenants.yaml
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main():
     binary = sys.argv[1]
     count = int(sys.argv[2]) if len(sys.argv) > 2 else 150
-    work = tempfile.mkdtemp()
-    port, admin, closed = free_port(), free_port(), free_port()
-    with open(os.path.join(REPO, "examples/proxy/tenants.yaml")) as src:
-        tenants = src.read()
-    with open(f"{work}/tenants.yaml", "w") as out:
-        out.write(tenants)
-    with open(f"{work}/config.yaml", "w") as out:
-        out.write(
-            f"listen: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin}\n"
-            f"tenants_file: tenants.yaml\nmetrics:\n"
-            f"  upstream: http://127.0.0.1:{closed}\n  mode: label\n"
-            f"limits:\n  max_large_body_bytes_held: {BOUND}\n"
-        )
-    proxy = subprocess.Popen(
-        [binary, "--config", f"{work}/config.yaml"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-
-    def admin_get(path):
-        return urllib.request.urlopen(f"http://127.0.0.1:{admin}{path}").read().decode()
-
-    def rss_mib():
-        with open(f"/proc/{proxy.pid}/status") as status:
-            for line in status:
-                if line.startswith("VmRSS"):
-                    return int(line.split()[1]) // 1024
+    proxy = LocalProxy(binary, f"  max_large_body_bytes_held: {BOUND}\n")
 
     def large_body_bytes():
-        for line in admin_get("/metrics").splitlines():
+        for line in proxy.admin_get("/metrics").splitlines():
             if line.startswith("tenant_proxy_large_body_bytes "):
                 return int(line.split()[1])
 
     connections = []
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                admin_get("/readyz")
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
         auth = "Basic " + base64.b64encode(USER).decode()
         # One query first, so that the credential is verified once, not
         # by every connection at once.
         first = urllib.request.Request(
-            f"http://127.0.0.1:{port}/api/v1/query?query=up",
+            f"http://127.0.0.1:{proxy.port}/api/v1/query?query=up",
             headers={"Authorization": auth},
         )
         try:
@@ -99,21 +56,14 @@ def main():
             f"content-length: {BODY_BYTES}\r\n\r\n"
         ).encode()
         body = os.urandom(BODY_BYTES)
-        before = rss_mib()
+        before = proxy.rss_mib()
         for _ in range(count):
-            connection = socket.create_connection(("127.0.0.1", port))
+            connection = socket.create_connection(("127.0.0.1", proxy.port))
             # Returns once the proxy has read it all (the socket buffers
             # hold far less), but for the byte left out.
             connection.sendall(head + body[:-1])
             connections.append(connection)
-        # The last sends may still sit in the socket buffers: read the RSS
-        # until it stops moving (ten reads 100 ms apart alike, or 10 s).
-        held, same, deadline = rss_mib(), 0, time.monotonic() + 10
-        while same < 10 and time.monotonic() < deadline:
-            time.sleep(0.1)
-            now = rss_mib()
-            same = same + 1 if now == held else 0
-            held = now
+        held = proxy.settled_rss_mib()
         print(f"| {binary} | {count} | {before} | {held} | {large_body_bytes():,} |")
     finally:
         proxy.kill()

@@ -1,0 +1,74 @@
+"""The proxy on loopback for the memory scripts (stalled-bodies.py,
+partial-heads.py): started on free ports with examples/proxy/tenants.yaml
+and label mode towards a closed port (nothing is ever forwarded), its RSS
+read from /proc, killed by its PID by the caller."""
+import os
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalProxy:
+    def __init__(self, binary, limits=""):
+        work = tempfile.mkdtemp()
+        self.port, self.admin, closed = free_port(), free_port(), free_port()
+        with open(os.path.join(REPO, "examples/proxy/tenants.yaml")) as src:
+            tenants = src.read()
+        with open(f"{work}/tenants.yaml", "w") as out:
+            out.write(tenants)
+        with open(f"{work}/config.yaml", "w") as out:
+            out.write(
+                f"listen: 127.0.0.1:{self.port}\nadmin_listen: 127.0.0.1:{self.admin}\n"
+                f"tenants_file: tenants.yaml\nmetrics:\n"
+                f"  upstream: http://127.0.0.1:{closed}\n  mode: label\n"
+                + (f"limits:\n{limits}" if limits else "")
+            )
+        self.process = subprocess.Popen(
+            [binary, "--config", f"{work}/config.yaml"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                self.admin_get("/readyz")
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    self.kill()
+                    raise
+                time.sleep(0.05)
+
+    def admin_get(self, path):
+        url = f"http://127.0.0.1:{self.admin}{path}"
+        return urllib.request.urlopen(url).read().decode()
+
+    def rss_mib(self):
+        with open(f"/proc/{self.process.pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS"):
+                    return int(line.split()[1]) // 1024
+
+    def settled_rss_mib(self):
+        """The RSS once it stops moving (ten reads 100 ms apart alike, or
+        10 s): the last sends may still sit in the socket buffers."""
+        held, same, deadline = self.rss_mib(), 0, time.monotonic() + 10
+        while same < 10 and time.monotonic() < deadline:
+            time.sleep(0.1)
+            now = self.rss_mib()
+            same = same + 1 if now == held else 0
+            held = now
+        return held
+
+    def kill(self):
+        self.process.kill()
