@@ -64,23 +64,22 @@ impl<'a> Uncounted<'a> {
     /// Of a body's first `received` bytes, how many are not counted: as
     /// many as it took before, and more while the share lasts.
     pub fn cover(&mut self, received: usize) -> usize {
-        let (Some(share), wanted) = (self.share, received.saturating_sub(self.taken)) else {
+        let Some(share) = self.share else {
             return 0;
         };
-        let take = |left: usize| (left > 0 && wanted > 0).then(|| left - left.min(wanted));
-        if let Ok(left) = share
-            .0
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, take)
-        {
-            self.taken += left.min(wanted);
-        }
+        let wanted = received - self.taken;
+        // Takes what it wants, or what is left.
+        let take = |left: usize| Some(left - left.min(wanted));
+        let (Ok(left) | Err(left)) =
+            (share.0).fetch_update(Ordering::Relaxed, Ordering::Relaxed, take);
+        self.taken += left.min(wanted);
         self.taken
     }
 }
 
 impl Drop for Uncounted<'_> {
     fn drop(&mut self) {
-        if let Some(share) = self.share.filter(|_| self.taken > 0) {
+        if let Some(share) = self.share {
             share.0.fetch_add(self.taken, Ordering::Relaxed);
         }
     }
