@@ -102,6 +102,10 @@ async fn main() -> Result<()> {
     );
     let before = rss_mib(pid)?;
 
+    let path = match stalled_loki {
+        true => "/loki/api/v1/push",
+        false => "/api/v1/write",
+    };
     let mut held: Vec<mpsc::Sender<Chunk>> = Vec::new();
     for _ in 0..connections {
         let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
@@ -109,13 +113,8 @@ async fn main() -> Result<()> {
             hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp)).await?;
         tokio::spawn(connection);
         for _ in 0..streams {
-            let (send, receive) = mpsc::channel::<Chunk>(1);
-            let mut receive = receive;
+            let (send, mut receive) = mpsc::channel::<Chunk>(1);
             let body = StreamBody::new(futures::stream::poll_fn(move |cx| receive.poll_recv(cx)));
-            let path = match stalled_loki {
-                true => "/loki/api/v1/push",
-                false => "/api/v1/write",
-            };
             let request = http::Request::post(format!("http://127.0.0.1:{port}{path}"))
                 .header("authorization", &auth)
                 .header("content-type", "application/x-protobuf")

@@ -35,7 +35,7 @@ pub(super) async fn remote_write(
     let tenant = OwnedTenantLabel::of(&target.remote_write_label(tenant)?);
     let version = remote_write::read_headers(&parts.headers);
     let (metrics, max) = (state.metrics.clone(), state.limits.max_decompressed_bytes);
-    let output = target.remote_write_forward;
+    let output = target.pushes.remote_write_forward;
     let received = compressed.clone();
     let size = BodySize {
         received: compressed.len(),
@@ -68,7 +68,7 @@ pub(super) async fn otlp_metrics(
     let encoding = otlp::read_headers(&parts.headers)
         .map_err(|e| refused_otlp(&state.metrics, &tenant.view(), e))?;
     let (received, counted) = state.read_whole(body).await?;
-    let forward = match target.otlp_forward {
+    let forward = match target.pushes.otlp_forward {
         OtlpForwardEncoding::AsReceived => encoding,
         OtlpForwardEncoding::Identity => otlp::Encoding::Identity,
     };

@@ -44,18 +44,25 @@ pub struct Target {
     pub tenant_header: Option<HeaderName>,
     /// The label a tenant's `namespaces` are values of (metrics label mode).
     pub tenant_label: Option<String>,
-    /// Remote write in label mode: what to do with a foreign label value.
-    pub foreign_label: ForeignLabelPolicy,
-    /// OTLP metrics in label mode: how a relabelled body is forwarded.
-    pub otlp_forward: OtlpForwardEncoding,
-    /// Remote write in label mode: how a relabelled body is forwarded.
-    pub remote_write_forward: remote_write::Output,
+    /// How label mode's pushes are rewritten (metrics only).
+    pub pushes: LabelPushes,
     /// Loki enforces `X-Prom-Label-Policy` (`logs.lbac`).
     pub enforces_label_policy: bool,
     /// This upstream's pooled client; swapped when its TLS files change.
     pub client: Arc<ArcSwap<HttpClient>>,
     /// Its TLS settings, for the reloader.
     pub tls: Option<UpstreamTls>,
+}
+
+/// How label mode rewrites a target's pushes (`metrics.*`).
+#[derive(Debug, Default)]
+pub struct LabelPushes {
+    /// What to do with a series' foreign tenant label value.
+    pub foreign_label: ForeignLabelPolicy,
+    /// How a relabelled OTLP metrics body is forwarded.
+    pub otlp_forward: OtlpForwardEncoding,
+    /// How a relabelled remote-write body is forwarded.
+    pub remote_write_forward: remote_write::Output,
 }
 
 impl Target {
@@ -128,7 +135,7 @@ impl Target {
             name: self.label()?,
             owned: &tenant.namespaces,
             owned_by: tenant.id.as_str(),
-            policy: self.foreign_label,
+            policy: self.pushes.foreign_label,
         })
     }
 }
@@ -181,9 +188,7 @@ impl AppState {
                 push_upstream: None,
                 tenant_header: Some(X_SCOPE_ORGID),
                 tenant_label: None,
-                foreign_label: ForeignLabelPolicy::default(),
-                otlp_forward: OtlpForwardEncoding::default(),
-                remote_write_forward: remote_write::Output::default(),
+                pushes: LabelPushes::default(),
                 enforces_label_policy: l.lbac,
                 client: client(l.tls.as_ref())?,
                 tls: l.tls.clone(),
@@ -205,9 +210,11 @@ impl AppState {
                     push_upstream: m.push_upstream.clone(),
                     tenant_header,
                     tenant_label,
-                    foreign_label: m.foreign_label,
-                    otlp_forward: m.otlp_forward_encoding,
-                    remote_write_forward: m.remote_write_forward_compression,
+                    pushes: LabelPushes {
+                        foreign_label: m.foreign_label,
+                        otlp_forward: m.otlp_forward_encoding,
+                        remote_write_forward: m.remote_write_forward_compression,
+                    },
                     enforces_label_policy: false,
                     client: client(m.tls.as_ref())?,
                     tls: m.tls.clone(),
@@ -222,9 +229,7 @@ impl AppState {
                     push_upstream: None,
                     tenant_header,
                     tenant_label,
-                    foreign_label: ForeignLabelPolicy::default(),
-                    otlp_forward: OtlpForwardEncoding::default(),
-                    remote_write_forward: remote_write::Output::default(),
+                    pushes: LabelPushes::default(),
                     enforces_label_policy: false,
                     client: client(a.tls.as_ref())?,
                     tls: a.tls.clone(),
