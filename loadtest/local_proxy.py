@@ -33,6 +33,7 @@ class LocalProxy:
                 f"  upstream: http://127.0.0.1:{closed}\n  mode: label\n"
                 + (f"limits:\n{limits}" if limits else "")
             )
+        self.connections = []
         self.process = subprocess.Popen(
             [binary, "--config", f"{work}/config.yaml"],
             stdout=subprocess.DEVNULL,
@@ -70,5 +71,18 @@ class LocalProxy:
             held = now
         return held
 
+    def hold(self, count, data):
+        """Opens `count` connections, each sending `data` (which returns
+        once the proxy has read it, the socket buffers holding far less)
+        and then holding; returns the RSS before and once it settled."""
+        before = self.rss_mib()
+        for _ in range(count):
+            connection = socket.create_connection(("127.0.0.1", self.port))
+            connection.sendall(data)
+            self.connections.append(connection)
+        return before, self.settled_rss_mib()
+
     def kill(self):
         self.process.kill()
+        for connection in self.connections:
+            connection.close()

@@ -13,7 +13,6 @@ while they are held. No credential is needed: a head is read before any.
 Loopback only; every port is a free one; the proxy is killed at the end.
 Raise the shell's open-file limit (ulimit -n) above CONNECTIONS first.
 """
-import socket
 import sys
 
 from local_proxy import LocalProxy
@@ -26,23 +25,15 @@ def main():
     binary = sys.argv[1]
     count = int(sys.argv[2]) if len(sys.argv) > 2 else 1000
     proxy = LocalProxy(binary)
-    connections = []
     try:
         head = b"GET /api/v1/query?query=up HTTP/1.1\r\nhost: proxy\r\n" + b"".join(
             b"x-pad-%d: %s\r\n" % (i, b"a" * FIELD_VALUE_BYTES) for i in range(FIELDS)
         )
-        before = proxy.rss_mib()
-        for _ in range(count):
-            connection = socket.create_connection(("127.0.0.1", proxy.port))
-            connection.sendall(head)
-            connections.append(connection)
-        held = proxy.settled_rss_mib()
+        before, held = proxy.hold(count, head)
         each = (held - before) * 1024 / count
         print(f"| {binary} | {count} | {len(head):,} | {before} | {held} | {each:.0f} |")
     finally:
         proxy.kill()
-        for connection in connections:
-            connection.close()
 
 
 if __name__ == "__main__":

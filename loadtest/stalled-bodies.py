@@ -15,7 +15,6 @@ Loopback only; every port is a free one; the proxy is killed at the end.
 """
 import base64
 import os
-import socket
 import sys
 import urllib.request
 
@@ -36,7 +35,6 @@ def main():
             if line.startswith("tenant_proxy_large_body_bytes "):
                 return int(line.split()[1])
 
-    connections = []
     try:
         auth = "Basic " + base64.b64encode(USER).decode()
         # One query first, so that the credential is verified once, not
@@ -56,19 +54,11 @@ def main():
             f"content-length: {BODY_BYTES}\r\n\r\n"
         ).encode()
         body = os.urandom(BODY_BYTES)
-        before = proxy.rss_mib()
-        for _ in range(count):
-            connection = socket.create_connection(("127.0.0.1", proxy.port))
-            # Returns once the proxy has read it all (the socket buffers
-            # hold far less), but for the byte left out.
-            connection.sendall(head + body[:-1])
-            connections.append(connection)
-        held = proxy.settled_rss_mib()
+        # All of each body but its last byte.
+        before, held = proxy.hold(count, head + body[:-1])
         print(f"| {binary} | {count} | {before} | {held} | {large_body_bytes():,} |")
     finally:
         proxy.kill()
-        for connection in connections:
-            connection.close()
 
 
 if __name__ == "__main__":
