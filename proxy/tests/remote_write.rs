@@ -1311,6 +1311,17 @@ async fn a_push_of_a_hundred_kib_still_arriving_counts_against_the_bound() {
 /// What a connection's bodies may hold uncounted (`large_bodies.rs`).
 const UNCOUNTED: usize = 64 * 1024;
 
+/// Waits until the proxy counts `bytes` of bodies held.
+async fn large_body_bytes_come_to(proxy: &RunningProxy, bytes: usize) {
+    let line = format!("tenant_proxy_large_body_bytes {bytes}\n");
+    eventually(
+        &format!("{bytes} bytes of bodies counted"),
+        Duration::from_secs(10),
+        async || proxy.metrics().await.contains(&line),
+    )
+    .await;
+}
+
 async fn counted_while_arriving((values, body): (Vec<Vec<(String, String)>>, Vec<u8>)) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let receiver = LokiStandIn::start().await;
@@ -1336,14 +1347,7 @@ async fn counted_while_arriving((values, body): (Vec<Vec<(String, String)>>, Vec
     let (all_but_last, last) = body.split_at(body.len() - 1);
     trickling.write_all(head.as_bytes()).await.unwrap();
     trickling.write_all(all_but_last).await.unwrap();
-    let counted = all_but_last.len() - UNCOUNTED;
-    let counted = format!("tenant_proxy_large_body_bytes {counted}\n");
-    eventually(
-        "the arriving body counted",
-        Duration::from_secs(10),
-        async || proxy.metrics().await.contains(&counted),
-    )
-    .await;
+    large_body_bytes_come_to(&proxy, all_but_last.len() - UNCOUNTED).await;
 
     let refused = push(&proxy, V1_HEADERS, body.clone()).await;
     assert_eq!(
@@ -1408,24 +1412,14 @@ async fn the_streams_of_one_http2_connection_share_what_it_holds_uncounted() {
         streams.push((answer, stream));
         client = client.ready().await.unwrap();
     }
-    let counted = STREAMS * (BODY - 1) - UNCOUNTED;
-    let held = format!("tenant_proxy_large_body_bytes {counted}\n");
-    eventually(
-        "the bodies beyond the connection's share counted",
-        Duration::from_secs(10),
-        async || proxy.metrics().await.contains(&held),
-    )
-    .await;
+    // The bodies beyond the connection's share.
+    large_body_bytes_come_to(&proxy, STREAMS * (BODY - 1) - UNCOUNTED).await;
 
     for (_, stream) in &mut streams {
         stream.send_reset(h2::Reason::CANCEL);
     }
-    eventually(
-        "nothing counted once they are reset",
-        Duration::from_secs(10),
-        async || (proxy.metrics().await).contains("tenant_proxy_large_body_bytes 0\n"),
-    )
-    .await;
+    // Nothing once they are reset.
+    large_body_bytes_come_to(&proxy, 0).await;
     assert!(receiver.received().is_empty(), "nothing forwarded");
     drop((streams, client));
     connection.abort();
