@@ -9,7 +9,10 @@ proxy's RSS before and while they are held, with
 tenant_proxy_large_body_bytes. The bytes are random: the proxy never gets
 to read them as a push.
 
-    [BODY_BYTES=250000] python3 loadtest/stalled-bodies.py PROXY_BINARY [CONNECTIONS]   # 150
+    [BODY_BYTES=250000] [MAX_CONCURRENT_REQUESTS=1024] \
+        python3 loadtest/stalled-bodies.py PROXY_BINARY [CONNECTIONS]   # 150
+
+MAX_CONCURRENT_REQUESTS sets limits.max_concurrent_requests (off if unset).
 
 Loopback only; every port is a free one; the proxy is killed at the end.
 """
@@ -21,6 +24,7 @@ import urllib.request
 from local_proxy import LocalProxy
 
 BODY_BYTES = int(os.environ.get("BODY_BYTES", "2000000"))
+MAX_CONCURRENT_REQUESTS = int(os.environ.get("MAX_CONCURRENT_REQUESTS", "0"))
 BOUND = 32 << 20
 USER = b"team-b:team-b-password"  # examples/proxy/tenants.yaml
 
@@ -28,7 +32,11 @@ USER = b"team-b:team-b-password"  # examples/proxy/tenants.yaml
 def main():
     binary = sys.argv[1]
     count = int(sys.argv[2]) if len(sys.argv) > 2 else 150
-    proxy = LocalProxy(binary, f"  max_large_body_bytes_held: {BOUND}\n")
+    proxy = LocalProxy(
+        binary,
+        f"  max_large_body_bytes_held: {BOUND}\n"
+        f"  max_concurrent_requests: {MAX_CONCURRENT_REQUESTS}\n",
+    )
 
     def large_body_bytes():
         for line in proxy.admin_get("/metrics").splitlines():

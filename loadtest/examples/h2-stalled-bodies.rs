@@ -17,6 +17,9 @@
 //!     target/release/tenant-proxy 10 200 60000 [remote-write|loki-stalled]
 //! ```
 //!
+//! `MAX_CONCURRENT_REQUESTS=N` in the environment sets
+//! `limits.max_concurrent_requests` (off if unset).
+//!
 //! Loopback only; every port is a free one; the proxy is killed at the end.
 
 use std::convert::Infallible;
@@ -51,6 +54,9 @@ async fn main() -> Result<()> {
     };
     let (connections, streams): (usize, usize) = (connections.parse()?, streams.parse()?);
     let body_bytes: usize = body_bytes.parse()?;
+    let max_concurrent_requests: usize = std::env::var("MAX_CONCURRENT_REQUESTS")
+        .map_or(Ok(0), |n| n.parse())
+        .context("MAX_CONCURRENT_REQUESTS")?;
 
     let work = tempfile_dir()?;
     let (port, admin, closed) = (free_port()?, free_port()?, free_port()?);
@@ -76,7 +82,8 @@ async fn main() -> Result<()> {
             "listen: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin}\n\
              tenants_file: tenants.yaml\nlogs:\n  upstream: http://127.0.0.1:{loki}\n\
              metrics:\n  upstream: http://127.0.0.1:{closed}\n  \
-             mode: label\nlimits:\n  max_large_body_bytes_held: {BOUND}\n"
+             mode: label\nlimits:\n  max_large_body_bytes_held: {BOUND}\n  \
+             max_concurrent_requests: {max_concurrent_requests}\n"
         ),
     )?;
     let proxy = KilledOnDrop(

@@ -287,6 +287,56 @@ async fn the_global_limit_answers_503_with_retry_after() {
     );
 }
 
+/// An HTTP/2 connection carries up to 200 requests at once: the global
+/// limit counts each of its streams, so one connection holds no more than
+/// the limit however many it opens.
+#[tokio::test]
+async fn the_global_limit_counts_each_stream_of_an_http2_connection() {
+    let (loki, proxy) = start("  max_concurrent_requests: 2\n", "").await;
+    let tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    let connection = tokio::spawn(connection);
+    let mut client = client.ready().await.unwrap();
+    let query = |stall_ms: &str| {
+        http::Request::get(proxy.url(QUERY))
+            .header("authorization", basic("alice", "alice-pw"))
+            .header("x-test-stall-ms", stall_ms)
+            .body(())
+            .unwrap()
+    };
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        held.push(client.send_request(query("2000"), true).unwrap().0);
+        client = client.ready().await.unwrap();
+    }
+    loki.wait_for_requests(2).await;
+
+    let (refused, _) = client.send_request(query("0"), true).unwrap();
+    let refused = refused.await.unwrap();
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    assert_eq!(loki.received().len(), 2, "the third never reached Loki");
+    let metrics = proxy.metrics().await;
+    assert!(
+        metrics.contains(r#"limit="global_concurrency"} 1"#),
+        "{metrics}"
+    );
+
+    for answer in held {
+        assert_eq!(answer.await.unwrap().status(), StatusCode::OK);
+    }
+    // A stream's slot is given back as its answer's end is sent, which
+    // the client may see first.
+    eventually("a slot given back", Duration::from_secs(5), async || {
+        client = client.clone().ready().await.unwrap();
+        let (answer, _) = client.send_request(query("0"), true).unwrap();
+        answer.await.unwrap().status() == StatusCode::OK
+    })
+    .await;
+    drop(client);
+    connection.abort();
+}
+
 /// What the proxy answers a client that promises `promised` bytes of body,
 /// sends `sent`, then nothing; the proxy must answer and close.
 async fn stopped_mid_body(

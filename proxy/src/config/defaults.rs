@@ -70,7 +70,7 @@ pub fn max_concurrent_verifications() -> usize {
 }
 /// 128 MiB: six verifications against hashes of the default parameters
 /// (19 MiB each), or two against the largest accepted (64 MiB), within
-/// a quarter of the manifests' 512 MiB memory limit.
+/// a fifth of the manifests' 640 MiB memory limit.
 pub fn verification_memory_bytes() -> u64 {
     128 << 20
 }
