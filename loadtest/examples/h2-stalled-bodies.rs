@@ -18,7 +18,8 @@
 //! ```
 //!
 //! `MAX_CONCURRENT_REQUESTS=N` in the environment sets
-//! `limits.max_concurrent_requests` (off if unset).
+//! `limits.max_concurrent_requests` (off if unset); `HEAD_BYTES=N` pads
+//! each request's head with a field of N bytes.
 //!
 //! Loopback only; every port is a free one; the proxy is killed at the end.
 
@@ -47,13 +48,18 @@ async fn main() -> Result<()> {
         [_, b, c, s, n, mode] => (b, c, s, n, mode.as_str()),
         _ => bail!("usage: h2-stalled-bodies PROXY_BINARY CONNECTIONS STREAMS BODY_BYTES [MODE]"),
     };
-    let stalled_loki = match mode {
-        "remote-write" => false,
-        "loki-stalled" => true,
+    let (stalled_loki, wrong_passwords) = match mode {
+        "remote-write" => (false, false),
+        "loki-stalled" => (true, false),
+        "wrong-password" => (true, true),
         other => bail!("unknown mode {other:?}"),
     };
     let (connections, streams): (usize, usize) = (connections.parse()?, streams.parse()?);
     let body_bytes: usize = body_bytes.parse()?;
+    let padding = "p".repeat(match std::env::var("HEAD_BYTES") {
+        Ok(n) => n.parse().context("HEAD_BYTES")?,
+        Err(_) => 0,
+    });
     let max_concurrent_requests: usize = std::env::var("MAX_CONCURRENT_REQUESTS")
         .map_or(Ok(0), |n| n.parse())
         .context("MAX_CONCURRENT_REQUESTS")?;
@@ -115,11 +121,31 @@ async fn main() -> Result<()> {
     };
     let mut held: Vec<mpsc::Sender<Chunk>> = Vec::new();
     for _ in 0..connections {
-        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        if wrong_passwords {
+            // Each connection from an address of its own (127.0.x.y), as
+            // a guesser with many addresses: none is out of failures.
+            let n = held.len() / streams + 1;
+            socket.bind(std::net::SocketAddr::from((
+                [127, 1, (n >> 8) as u8, n as u8],
+                0,
+            )))?;
+        }
+        let tcp = socket
+            .connect(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+            .await?;
         let (sender, connection) =
             hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp)).await?;
         tokio::spawn(connection);
-        for _ in 0..streams {
+        for stream in 0..streams {
+            let auth = match wrong_passwords {
+                false => auth.clone(),
+                true => format!(
+                    "Basic {}",
+                    base64::engine::general_purpose::STANDARD
+                        .encode(format!("team-b:wrong-{}-{stream}", held.len()))
+                ),
+            };
             let (send, mut receive) = mpsc::channel::<Chunk>(1);
             let body = StreamBody::new(futures::stream::poll_fn(move |cx| receive.poll_recv(cx)));
             let request = http::Request::post(format!("http://127.0.0.1:{port}{path}"))
@@ -127,6 +153,7 @@ async fn main() -> Result<()> {
                 .header("content-type", "application/x-protobuf")
                 .header("content-encoding", "snappy")
                 .header("content-length", body_bytes)
+                .header("x-padding", &padding)
                 .body(body)?;
             let sent = body_bytes - usize::from(!stalled_loki);
             send.send(Ok(Frame::data(Bytes::from(vec![7; sent]))))

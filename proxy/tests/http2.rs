@@ -290,7 +290,9 @@ async fn assert_sent_away(connection: tokio::task::JoinHandle<Result<(), h2::Err
 }
 
 /// What one HTTP/2 connection may hold: 200 streams at once, as the
-/// proxy's settings tell the client; and a client that resets streams
+/// proxy's settings tell the client, each sending at most 64 KiB of body
+/// ahead of what the proxy has read (a request waiting for its
+/// credential's verification reads none); and a client that resets streams
 /// faster than they are served (the "rapid reset" flood) is sent away
 /// with GOAWAY after 20.
 #[tokio::test]
@@ -311,6 +313,11 @@ async fn an_http2_connection_is_held_to_its_streams_and_its_resets() {
     let (answer, _) = client.send_request(request(), true).unwrap();
     assert_eq!(answer.await.unwrap().status(), StatusCode::OK);
     assert_eq!(client.current_max_send_streams(), 200);
+    let (_, mut stream) = client.send_request(request(), false).unwrap();
+    stream.reserve_capacity(1 << 20);
+    let granted = std::future::poll_fn(|cx| stream.poll_capacity(cx)).await;
+    assert_eq!(granted.unwrap().unwrap(), 64 << 10, "a stream's window");
+    stream.send_reset(h2::Reason::CANCEL);
 
     // Streams opened and reset before the proxy could serve them: the
     // test's runtime has one thread, so the client's connection task

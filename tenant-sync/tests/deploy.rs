@@ -167,13 +167,15 @@ fn assert_memory_holds_what_clients_can_make_the_proxy_hold(
         .unwrap_or_else(|| panic!("{overlay}: memory limit {memory:?} not in Mi"));
     // A request head arriving on every connection, without a credential.
     let per_connection = config.limits.max_header_bytes as u64 + (16 << 10);
-    // Beside them, tenants' requests in flight (up to 200 on one HTTP/2
-    // connection): each holds its state and its connection's 64 KiB of
-    // body uncounted, or an upstream connection awaiting the answer; up
-    // to ~80 KiB (docs/benchmarks.md). Unbounded unless the config bounds it.
+    // Beside them, requests in flight (up to 200 on one HTTP/2
+    // connection, those waiting for a verification among them): each
+    // holds its head (twice, as HTTP/2 decodes it), its state, and 64 KiB
+    // of body (an HTTP/2 stream's window, or its connection's share read
+    // uncounted), or an upstream connection awaiting the answer
+    // (docs/benchmarks.md). Unbounded unless the config bounds them.
     let in_flight = config.limits.max_concurrent_requests as u64;
     assert!(in_flight > 0, "{overlay}: requests in flight unbounded");
-    let per_request = (64 << 10) + (16 << 10);
+    let per_request = 2 * config.limits.max_header_bytes as u64 + (80 << 10);
     let at_worst = config.limits.max_connections as u64 * per_connection
         + in_flight * per_request
         + config.auth.verification_memory_bytes
@@ -253,7 +255,7 @@ fn check_rendered(overlay: &str, mode: MetricsMode, objects: &[serde_yaml_ng::Va
     assert_eq!(
         config.limits.max_large_body_bytes_held,
         32 << 20,
-        "{overlay}: large bodies held, sized for the 640Mi memory limit"
+        "{overlay}: large bodies held, sized for the 768Mi memory limit"
     );
 
     let deployment: Deployment = one(objects, "Deployment");

@@ -25,6 +25,15 @@
 //!    verified wait for that one verification instead of starting their
 //!    own: a fleet of log shippers sharing one Secret reconnecting after a
 //!    restart costs one argon2 run, not one per connection.
+//!
+//! Requests waiting for a verification, their own or one they share, are
+//! bounded (`auth.max_pending_verifications`; beyond it 503 at once): they
+//! come before any credential is known, and each holds its request (a head
+//! of up to `limits.max_header_bytes`, an HTTP/2 stream's body window)
+//! while it waits. Unbounded, a guesser with many addresses, each within
+//! its failure count, could have the proxy hold thousands, or take every
+//! slot of `limits.max_concurrent_requests` from the tenants whose
+//! credentials are cached.
 
 mod basic;
 pub mod decoys;
@@ -65,6 +74,8 @@ pub struct Authenticator {
     verified: RwLock<HashMap<[u8; 32], [u8; 32], DigestHash>>,
     cache_size: usize,
     verify_slots: Arc<Semaphore>,
+    /// Requests waiting for a verification (`auth.max_pending_verifications`).
+    pending: Semaphore,
     verifiers: VerifierThreads,
     /// Verifications in progress, keyed by what they verify.
     in_flight: Mutex<HashMap<InFlightKey, Arc<OnceCell<Verdict>>>>,
@@ -89,6 +100,7 @@ impl Authenticator {
             verified: RwLock::new(HashMap::default()),
             cache_size: config.cache_size,
             verify_slots: Arc::new(Semaphore::new(config.max_concurrent_verifications)),
+            pending: Semaphore::new(config.max_pending_verifications),
             verifiers: VerifierThreads::new(
                 config.max_concurrent_verifications,
                 RELEASE_AFTER_IDLE,
@@ -130,6 +142,10 @@ impl Authenticator {
         self.guessing
             .admits(&attempt, Instant::now())
             .map_err(AuthFailure::Throttled)?;
+        let _pending = self
+            .pending
+            .try_acquire()
+            .map_err(|_| AuthFailure::VerifierBusy)?;
 
         let key = (digest, credential.as_ref().map(|c| c.fingerprint));
         let against = match &credential {
@@ -674,6 +690,68 @@ mod tests {
             .count();
         assert_eq!((wrong, throttled), (3, 17), "{results:?}");
         assert_eq!(verifications.get(), 3);
+    }
+
+    /// Requests waiting for a verification are bounded, those sharing one
+    /// included: one more is busy at once, without waiting, and counts no
+    /// failure; a cached credential never waits, so it passes all the same.
+    #[tokio::test]
+    async fn logins_beyond_the_pending_bound_are_busy_at_once() {
+        use futures_util::FutureExt;
+        let verifications = Counter::default();
+        let config = AuthConfig {
+            max_concurrent_verifications: 1,
+            max_pending_verifications: 2,
+            verification_wait: Duration::from_secs(60),
+            ..AuthConfig::default()
+        };
+        let auth = Arc::new(Authenticator::new(&config, verifications.clone()));
+        let s = Arc::new(store_of(&[("alice", "right"), ("bob", "bobs")], 1));
+        auth.authenticate(&s, &basic("bob", "bobs"), CLIENT)
+            .await
+            .unwrap();
+        // The one verifier slot taken: verifications wait.
+        let slot = auth.verify_slots.clone().acquire_owned().await.unwrap();
+        let waiting: Vec<_> = ["guess", "guess"]
+            .map(|password| {
+                let (auth, s) = (auth.clone(), s.clone());
+                tokio::spawn(async move {
+                    auth.authenticate(&s, &basic("alice", password), CLIENT)
+                        .await
+                })
+            })
+            .into();
+        for turn in 0.. {
+            if auth.pending.available_permits() == 0 {
+                break;
+            }
+            assert!(turn < 10_000, "the two never counted as waiting");
+            tokio::task::yield_now().await;
+        }
+        for login in [basic("alice", "other"), basic("carol", "guess")] {
+            let busy = auth.authenticate(&s, &login, CLIENT).now_or_never();
+            assert!(
+                matches!(busy, Some(Err(AuthFailure::VerifierBusy))),
+                "{busy:?}"
+            );
+        }
+        let bob = basic("bob", "bobs");
+        let cached = auth.authenticate(&s, &bob, CLIENT).now_or_never();
+        assert!(cached.is_some_and(|r| r.is_ok()));
+
+        drop(slot);
+        for login in waiting {
+            assert_eq!(
+                login.await.unwrap().unwrap_err(),
+                AuthFailure::WrongPassword
+            );
+        }
+        // bob's, then the two waiting ones' shared verification.
+        assert_eq!(verifications.get(), 2);
+        assert!(auth
+            .authenticate(&s, &basic("alice", "right"), CLIENT)
+            .await
+            .is_ok());
     }
 
     /// A client that goes away while its guess is verified has still had

@@ -70,12 +70,19 @@ pub fn max_concurrent_verifications() -> usize {
 }
 /// 128 MiB: six verifications against hashes of the default parameters
 /// (19 MiB each), or two against the largest accepted (64 MiB), within
-/// a fifth of the manifests' 640 MiB memory limit.
+/// a sixth of the manifests' 768 MiB memory limit.
 pub fn verification_memory_bytes() -> u64 {
     128 << 20
 }
 pub fn verification_wait() -> Duration {
     Duration::from_secs(5)
+}
+/// 256: about three seconds of verifications queued on two cores (some
+/// 25 ms each), more than a wait of five seconds lets many more finish on
+/// a few; 256 requests waiting hold at most about 36 MiB (a head of 64 KiB,
+/// an HTTP/2 body window of 64 KiB and their state each).
+pub fn max_pending_verifications() -> usize {
+    256
 }
 pub fn max_failures_per_user() -> u32 {
     10

@@ -295,6 +295,9 @@ impl Config {
         if self.auth.max_concurrent_verifications == 0 {
             return Err("auth.max_concurrent_verifications must be at least 1".into());
         }
+        if self.auth.max_pending_verifications == 0 {
+            return Err("auth.max_pending_verifications must be at least 1".into());
+        }
         let largest_hash = u64::from(crate::auth::password::MAX_MEMORY_KIB) * 1024;
         if self.auth.verification_memory_bytes < largest_hash {
             return Err(format!(
@@ -490,6 +493,12 @@ pub struct AuthConfig {
     /// as long again for working memory.
     #[serde(default = "defaults::verification_wait", with = "humantime_serde")]
     pub verification_wait: Duration,
+    /// Requests waiting for a verification at once, their own or one
+    /// started by a request with the same credential; one more gets 503 at
+    /// once. They come before any credential is known, each holding its
+    /// request while it waits.
+    #[serde(default = "defaults::max_pending_verifications")]
+    pub max_pending_verifications: usize,
     /// argon2 working memory held at once, by verifications running and
     /// buffers kept for the next (`auth/working_memory.rs`): a hash's own
     /// parameters decide its share, and a tenant may write them.
@@ -518,6 +527,7 @@ impl Default for AuthConfig {
             cache_size: defaults::cache_size(),
             max_concurrent_verifications: defaults::max_concurrent_verifications(),
             verification_wait: defaults::verification_wait(),
+            max_pending_verifications: defaults::max_pending_verifications(),
             verification_memory_bytes: defaults::verification_memory_bytes(),
             max_failures_per_user: defaults::max_failures_per_user(),
             max_failures_per_user_from_fresh_addresses:

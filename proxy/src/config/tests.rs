@@ -79,6 +79,9 @@ fn a_listener_takes_at_least_one_connection() {
     assert_at_least("auth", "verification_memory_bytes", 64 << 20, |c| {
         c.auth.verification_memory_bytes
     });
+    assert_at_least("auth", "max_pending_verifications", 1, |c| {
+        c.auth.max_pending_verifications as u64
+    });
 }
 
 #[test]
@@ -622,7 +625,7 @@ fn every_documented_default_is_the_default() {
     ] {
         assert!(written.contains(&key), "{key} not read from the table");
     }
-    assert_eq!(written.len(), 35, "{written:?}");
+    assert_eq!(written.len(), 36, "{written:?}");
     let defaults = Config::parse(base).unwrap();
     let explicit = Config::parse(&serde_yaml_ng::to_string(&explicit).unwrap()).unwrap();
     assert_eq!(format!("{explicit:#?}"), format!("{defaults:#?}"));

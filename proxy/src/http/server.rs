@@ -274,11 +274,16 @@ impl Protocols {
         // once; a client that resets more than 20 streams before they were
         // served (the "rapid reset" flood, CVE-2023-44487) gets GOAWAY, and
         // so does one that makes the proxy reset 1,024 of its streams by
-        // sending them malformed ("MadeYouReset", CVE-2025-8671).
+        // sending them malformed ("MadeYouReset", CVE-2025-8671). But a
+        // stream's window is 64 KiB, not hyper's 1 MiB: a body arrives that
+        // far ahead of what the proxy reads, and a request waiting for its
+        // credential's verification reads none (Envoy's settings for an
+        // edge proxy take the same).
         let mut http2 = http2::Builder::new(BoxingExecutor);
         http2
             .timer(TokioTimer::new())
             .max_concurrent_streams(200)
+            .initial_stream_window_size(64 << 10)
             .max_pending_accept_reset_streams(20)
             .max_local_error_reset_streams(1024)
             .max_header_list_size(
