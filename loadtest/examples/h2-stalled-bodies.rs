@@ -52,8 +52,10 @@ async fn main() -> Result<()> {
         "remote-write" => (false, false),
         "loki-stalled" => (true, false),
         "wrong-password" => (true, true),
+        "unread-answers" => (true, false),
         other => bail!("unknown mode {other:?}"),
     };
+    let unread_answers = mode == "unread-answers";
     let (connections, streams): (usize, usize) = (connections.parse()?, streams.parse()?);
     let body_bytes: usize = body_bytes.parse()?;
     let padding = "p".repeat(match std::env::var("HEAD_BYTES") {
@@ -134,8 +136,12 @@ async fn main() -> Result<()> {
         let tcp = socket
             .connect(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
             .await?;
-        let (sender, connection) =
-            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp)).await?;
+        let mut client = hyper::client::conn::http2::Builder::new(TokioExecutor::new());
+        if unread_answers {
+            // The answers' bodies can never be sent: no window for them.
+            client.initial_stream_window_size(0);
+        }
+        let (sender, connection) = client.handshake(TokioIo::new(tcp)).await?;
         tokio::spawn(connection);
         for stream in 0..streams {
             let auth = match wrong_passwords {
@@ -148,8 +154,11 @@ async fn main() -> Result<()> {
             };
             let (send, mut receive) = mpsc::channel::<Chunk>(1);
             let body = StreamBody::new(futures::stream::poll_fn(move |cx| receive.poll_recv(cx)));
-            let request = http::Request::post(format!("http://127.0.0.1:{port}{path}"))
-                .header("authorization", &auth)
+            let mut request = http::Request::post(format!("http://127.0.0.1:{port}{path}"));
+            if !unread_answers {
+                request = request.header("authorization", &auth);
+            }
+            let request = request
                 .header("content-type", "application/x-protobuf")
                 .header("content-encoding", "snappy")
                 .header("content-length", body_bytes)
@@ -162,7 +171,9 @@ async fn main() -> Result<()> {
             let mut sender = sender.clone();
             tokio::spawn(async move {
                 if sender.ready().await.is_ok() {
-                    let _ = sender.send_request(request).await;
+                    let _answer = sender.send_request(request).await;
+                    // Held, never read.
+                    std::future::pending::<()>().await;
                 }
             });
         }

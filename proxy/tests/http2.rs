@@ -247,6 +247,33 @@ async fn an_idle_http2_connection_is_closed_with_goaway() {
     ended.unwrap().expect("a graceful close, not a reset");
 }
 
+/// A client that never lets an answer through (a stream window of 0, as
+/// anyone can ask) cannot hold its connection, and the stream's memory,
+/// for ever: told to finish once quiet, the connection is closed once it
+/// stays quiet for `limits.upstream_timeout` more.
+#[tokio::test]
+async fn a_connection_whose_answers_cannot_be_sent_is_closed_in_the_end() {
+    support::captured_logs();
+    let loki = LokiStandIn::start().await;
+    let mut options = ProxyOptions::new(loki.url());
+    options.limits = "  header_read_timeout: 200ms\n  upstream_timeout: 300ms\n";
+    let proxy = RunningProxy::start(options).await;
+    let tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let mut client = hyper::client::conn::http2::Builder::new(TokioExecutor::new());
+    client.initial_stream_window_size(0);
+    let (mut sender, connection) = client.handshake(TokioIo::new(tcp)).await.unwrap();
+    let connection = tokio::spawn(connection);
+    // No credential: a 401, whose body never gets a window.
+    let request = Request::get(proxy.url("/loki/api/v1/labels"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let answer = sender.send_request(request).await.unwrap();
+    assert_eq!(answer.status(), StatusCode::UNAUTHORIZED);
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(10), connection).await;
+    assert!(ended.is_ok(), "the proxy still holds the connection");
+    drop(answer);
+}
+
 #[tokio::test]
 async fn a_request_slower_than_the_quiet_period_still_gets_its_answer() {
     let (loki, proxy) = impatient().await;

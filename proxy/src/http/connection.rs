@@ -35,7 +35,9 @@ pub struct Marked<S> {
     moved: Arc<AtomicBool>,
 }
 
-/// Tells when a [`Marked`] stream has been quiet for a while.
+/// Tells when a [`Marked`] stream has been quiet for a while. Copies share
+/// one mark, which each look clears: one copy at a time may wait.
+#[derive(Clone)]
 pub struct Quiet(Arc<AtomicBool>);
 
 impl<S> Marked<S> {
@@ -86,19 +88,31 @@ impl Quiet {
 const CROWDED_SHARE: u32 = 8;
 
 /// Drives `connection` to its end; once `stop` resolves (shutdown, or the
-/// connection gone quiet), calls `finish` on it and drives it on.
+/// connection gone quiet), calls `finish` on it and drives it on, until it
+/// ends (`Some`) or `abandon` resolves (`None`: the connection is dropped,
+/// closed with whatever it still held).
+///
+/// A finished connection waits for the requests it has in flight, and an
+/// HTTP/2 client can keep a stream from ever ending by giving its answer
+/// no window (an HTTP/1.1 one by not reading): `abandon` is what frees
+/// such a connection, its slot and its streams.
 ///
 /// `stop` is polled only when its own timer or signal wakes the task, not
 /// at every wake of the connection: a request wakes it several times, and
 /// polling a timer and a channel each time cost about 1.4 % more
-/// instructions per request (docs/benchmarks.md).
-pub async fn until_stopped<C: Future>(
+/// instructions per request (docs/benchmarks.md). `abandon` is made, and
+/// polled, only once `finish` has been called: made at the start, its
+/// timer's state in every connection's future cost about 2 % more
+/// instructions per new connection.
+pub async fn until_stopped<C: Future, A: Future<Output = ()>>(
     connection: C,
     stop: impl Future<Output = ()>,
     finish: impl FnOnce(Pin<&mut C>),
-) -> C::Output {
+    abandon: impl FnOnce() -> A,
+) -> Option<C::Output> {
     let mut connection = pin!(connection);
     let mut stop = pin!(stop);
+    let (mut make_abandon, mut abandon) = (Some(abandon), None);
     let mut finish = Some(finish);
     let mut stop_waker: Option<Arc<StopWaker>> = None;
     std::future::poll_fn(|cx| {
@@ -120,11 +134,17 @@ pub async fn until_stopped<C: Future>(
                 {
                     if let Some(finish) = finish.take() {
                         finish(connection.as_mut());
+                        abandon = make_abandon.take().map(|make| Box::pin(make()));
                     }
                 }
             }
         }
-        connection.as_mut().poll(cx)
+        if let Some(abandon) = &mut abandon {
+            if abandon.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(None);
+            }
+        }
+        connection.as_mut().poll(cx).map(Some)
     })
     .await
 }
@@ -341,9 +361,12 @@ mod tests {
             idle: Some(idle),
             told: false,
         };
-        let served = tokio::spawn(until_stopped(busy, signal.wait(), |busy| {
-            busy.get_mut().told = true
-        }));
+        let served = tokio::spawn(until_stopped(
+            busy,
+            signal.wait(),
+            |busy| busy.get_mut().told = true,
+            std::future::pending,
+        ));
         is_idle.await.unwrap();
         assert_eq!(signal.polls(), 1, "once, at the start");
         signal.fire(wake);
@@ -351,7 +374,8 @@ mod tests {
         let polls = tokio::time::timeout(Duration::from_secs(3600), served)
             .await
             .expect("the signal woke the task")
-            .unwrap();
+            .unwrap()
+            .expect("not abandoned");
         // Polled 101 times before the signal, then once to finish.
         assert_eq!(polls, 102);
         assert_eq!(signal.polls(), 2);
@@ -365,6 +389,38 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_stop_signal_waking_by_value_stops_it_too() {
         busy_then_stopped(Waker::wake).await;
+    }
+
+    /// A connection that does not end once told to finish is dropped when
+    /// `abandon` resolves, which is not looked at before.
+    #[tokio::test(start_paused = true)]
+    async fn a_finished_connection_that_never_ends_is_abandoned() {
+        let (stop, abandon) = (Signal::default(), Signal::default());
+        let told = Arc::new(AtomicBool::new(false));
+        let finish = {
+            let told = told.clone();
+            move |_: Pin<&mut std::future::Pending<()>>| told.store(true, Ordering::Relaxed)
+        };
+        let served = tokio::spawn(until_stopped(
+            std::future::pending::<()>(),
+            stop.wait(),
+            finish,
+            {
+                let abandon = abandon.clone();
+                move || abandon.wait()
+            },
+        ));
+        tokio::task::yield_now().await;
+        assert_eq!(abandon.polls(), 0, "not before the connection is finished");
+        stop.fire(Waker::wake);
+        tokio::task::yield_now().await;
+        assert!(told.load(Ordering::Relaxed));
+        assert_eq!(abandon.polls(), 1, "looked at as soon as it is finished");
+        abandon.fire(Waker::wake);
+        let served = tokio::time::timeout(Duration::from_secs(3600), served)
+            .await
+            .expect("abandon woke the task");
+        assert_eq!(served.unwrap(), None);
     }
 
     #[tokio::test(start_paused = true)]

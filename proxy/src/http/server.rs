@@ -144,11 +144,12 @@ pub async fn serve_connections<H, F, B>(
         let _ = stream.set_nodelay(true);
         let handler = handler.clone();
         let known_peer = Peer::new(peer);
-        let service = service_fn(move |request| handler(known_peer.clone(), request));
+        let serve = move |request| handler(known_peer.clone(), request);
         let (protocols, mut draining) = (protocols.clone(), draining.clone());
         // The handshake counts against the same clock as a request head, and
         // so does a connection's silence.
         let head_time = limits.header_read_timeout;
+        let abandon_after = 2 * limits.upstream_timeout;
         let tls = tls
             .as_ref()
             .map(|current| TlsAcceptor::from(current.load_full()));
@@ -179,6 +180,17 @@ pub async fn serve_connections<H, F, B>(
                 }
             };
             let (stream, quiet) = Marked::new(transport);
+            // Told to finish, a connection still quiet for twice
+            // `upstream_timeout` has nothing left in flight that could
+            // still move a byte (a request's answer comes within it, a
+            // push's within twice it): it is held by a client that lets no
+            // answer through, and is closed.
+            let still_quiet = quiet.clone();
+            let abandon = move || async move {
+                let (_never, crowded) = watch::channel(false);
+                still_quiet.for_a_whole(abandon_after, crowded).await;
+                tracing::debug!(%peer, "connection still quiet after being told to finish, closed");
+            };
             let stop = async move {
                 tokio::select! {
                     _ = draining.wait_for(|stop| *stop) => {}
@@ -200,15 +212,24 @@ pub async fn serve_connections<H, F, B>(
                 Ok(Some((Protocol::Http1, stream))) => {
                     let connection = protocols
                         .http1
-                        .serve_connection(TokioIo::new(stream), service)
+                        .serve_connection(TokioIo::new(stream), service_fn(serve))
                         .with_upgrades();
-                    Box::pin(until_stopped(connection, stop, |c| c.graceful_shutdown())).await
+                    let finished =
+                        until_stopped(connection, stop, |c| c.graceful_shutdown(), abandon);
+                    Box::pin(finished).await
                 }
                 Ok(Some((Protocol::Http2, stream))) => {
+                    // Each request's future boxed on its own (over 4 KiB):
+                    // a stream's task then holds it only until the answer's
+                    // head, not while its body is sent, which a client that
+                    // gives it no window can make last.
+                    let service = service_fn(move |request| Box::pin(serve(request)));
                     let connection = protocols
                         .http2
                         .serve_connection(TokioIo::new(stream), service);
-                    Box::pin(until_stopped(connection, stop, |c| c.graceful_shutdown())).await
+                    let finished =
+                        until_stopped(connection, stop, |c| c.graceful_shutdown(), abandon);
+                    Box::pin(finished).await
                 }
                 Ok(None) => return,
                 Err(e) => {
@@ -216,7 +237,7 @@ pub async fn serve_connections<H, F, B>(
                     return;
                 }
             };
-            if let Err(e) = served {
+            if let Some(Err(e)) = served {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
         });
