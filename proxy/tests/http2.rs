@@ -201,10 +201,15 @@ async fn https_clients_that_offer_http2_get_it() {
 
 /// A proxy whose connections must show a byte every 200 ms.
 async fn impatient() -> (LokiStandIn, RunningProxy) {
+    impatient_and("").await
+}
+
+/// The same, with `more` limits.
+async fn impatient_and(more: &str) -> (LokiStandIn, RunningProxy) {
     support::captured_logs();
     let loki = LokiStandIn::start().await;
     let mut options = ProxyOptions::new(loki.url());
-    options.limits = "  header_read_timeout: 200ms\n";
+    options.limits = format!("  header_read_timeout: 200ms\n{more}").leak();
     (loki, RunningProxy::start(options).await)
 }
 
@@ -250,14 +255,10 @@ async fn an_idle_http2_connection_is_closed_with_goaway() {
 /// A client that never lets an answer through (a stream window of 0, as
 /// anyone can ask) cannot hold its connection, and the stream's memory,
 /// for ever: told to finish once quiet, the connection is closed once it
-/// stays quiet for `limits.upstream_timeout` more.
+/// stays quiet for twice `limits.upstream_timeout` more.
 #[tokio::test]
 async fn a_connection_whose_answers_cannot_be_sent_is_closed_in_the_end() {
-    support::captured_logs();
-    let loki = LokiStandIn::start().await;
-    let mut options = ProxyOptions::new(loki.url());
-    options.limits = "  header_read_timeout: 200ms\n  upstream_timeout: 300ms\n";
-    let proxy = RunningProxy::start(options).await;
+    let (_loki, proxy) = impatient_and("  upstream_timeout: 300ms\n").await;
     let tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
     let mut client = hyper::client::conn::http2::Builder::new(TokioExecutor::new());
     client.initial_stream_window_size(0);

@@ -77,10 +77,10 @@ pub fn verification_memory_bytes() -> u64 {
 pub fn verification_wait() -> Duration {
     Duration::from_secs(5)
 }
-/// 256: about three seconds of verifications queued on two cores (some
-/// 25 ms each), more than a wait of five seconds lets many more finish on
-/// a few; 256 requests waiting hold at most about 36 MiB (a head of 64 KiB,
-/// an HTTP/2 body window of 64 KiB and their state each).
+/// 256: about three seconds of verifications on two cores (some 25 ms
+/// each), within the five-second wait; 256 requests waiting hold at most
+/// about 50 MiB (each its head, held twice over HTTP/2, an HTTP/2 stream's
+/// 64 KiB of body and its state).
 pub fn max_pending_verifications() -> usize {
     256
 }
