@@ -10,11 +10,18 @@
 //!   byte sent, its upstream a closed port (nothing is ever forwarded);
 //! - `loki-stalled`: a Loki push (header mode) sent whole, streamed to a
 //!   Loki that takes connections and never reads from them, as an
-//!   overloaded one may.
+//!   overloaded one may;
+//! - `wrong-password`: the same Loki push with a wrong password of its
+//!   own on each stream, each connection from an address of its own
+//!   (127.1.x.y), as a guesser with many addresses (none out of failures):
+//!   the streams wait for their verification;
+//! - `unread-answers`: the same Loki push without a credential, from a
+//!   client that gives the answers no window (so a 401's body can never
+//!   be sent) and holds them.
 //!
 //! ```sh
 //! cargo run --release -p loadtest --example h2-stalled-bodies -- \
-//!     target/release/tenant-proxy 10 200 60000 [remote-write|loki-stalled]
+//!     target/release/tenant-proxy 10 200 60000 [MODE]
 //! ```
 //!
 //! `MAX_CONCURRENT_REQUESTS=N` in the environment sets
@@ -125,7 +132,7 @@ async fn main() -> Result<()> {
     for _ in 0..connections {
         let socket = tokio::net::TcpSocket::new_v4()?;
         if wrong_passwords {
-            // Each connection from an address of its own (127.0.x.y), as
+            // Each connection from an address of its own (127.1.x.y), as
             // a guesser with many addresses: none is out of failures.
             let n = held.len() / streams + 1;
             socket.bind(std::net::SocketAddr::from((
