@@ -25,8 +25,9 @@
 //! ```
 //!
 //! `MAX_CONCURRENT_REQUESTS=N` in the environment sets
-//! `limits.max_concurrent_requests` (off if unset); `HEAD_BYTES=N` pads
-//! each request's head with a field of N bytes.
+//! `limits.max_concurrent_requests` (off if unset), `MAX_HTTP2_STREAMS=N`
+//! `limits.max_http2_streams` (200 if unset); `HEAD_BYTES=N` pads each
+//! request's head with a field of N bytes.
 //!
 //! Loopback only; every port is a free one; the proxy is killed at the end.
 
@@ -72,6 +73,9 @@ async fn main() -> Result<()> {
     let max_concurrent_requests: usize = std::env::var("MAX_CONCURRENT_REQUESTS")
         .map_or(Ok(0), |n| n.parse())
         .context("MAX_CONCURRENT_REQUESTS")?;
+    let max_http2_streams: u32 = std::env::var("MAX_HTTP2_STREAMS")
+        .map_or(Ok(200), |n| n.parse())
+        .context("MAX_HTTP2_STREAMS")?;
 
     let work = tempfile_dir()?;
     let (port, admin, closed) = (free_port()?, free_port()?, free_port()?);
@@ -98,7 +102,8 @@ async fn main() -> Result<()> {
              tenants_file: tenants.yaml\nlogs:\n  upstream: http://127.0.0.1:{loki}\n\
              metrics:\n  upstream: http://127.0.0.1:{closed}\n  \
              mode: label\nlimits:\n  max_large_body_bytes_held: {BOUND}\n  \
-             max_concurrent_requests: {max_concurrent_requests}\n"
+             max_concurrent_requests: {max_concurrent_requests}\n  \
+             max_http2_streams: {max_http2_streams}\n"
         ),
     )?;
     let proxy = KilledOnDrop(

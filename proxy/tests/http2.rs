@@ -317,6 +317,30 @@ async fn assert_sent_away(connection: tokio::task::JoinHandle<Result<(), h2::Err
     );
 }
 
+fn labels_by_alice(proxy: &RunningProxy) -> Request<()> {
+    Request::get(proxy.url("/loki/api/v1/labels"))
+        .header("authorization", basic("alice", "alice-pw"))
+        .body(())
+        .unwrap()
+}
+
+/// An HTTP/2 connection (the `h2` crate's client) that has had one answer:
+/// the proxy's settings have arrived by then.
+async fn h2_after_one_answer(
+    proxy: &RunningProxy,
+) -> (
+    h2::client::SendRequest<Bytes>,
+    tokio::task::JoinHandle<Result<(), h2::Error>>,
+) {
+    let tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    let connection = tokio::spawn(connection);
+    let mut client = client.ready().await.unwrap();
+    let (answer, _) = client.send_request(labels_by_alice(proxy), true).unwrap();
+    assert_eq!(answer.await.unwrap().status(), StatusCode::OK);
+    (client, connection)
+}
+
 /// What one HTTP/2 connection may hold: 200 streams at once, as the
 /// proxy's settings tell the client, each sending at most 64 KiB of body
 /// ahead of what the proxy has read (a request waiting for its
@@ -327,19 +351,8 @@ async fn assert_sent_away(connection: tokio::task::JoinHandle<Result<(), h2::Err
 async fn an_http2_connection_is_held_to_its_streams_and_its_resets() {
     let loki = LokiStandIn::start().await;
     let proxy = RunningProxy::start(ProxyOptions::new(loki.url())).await;
-    let tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
-    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
-    let connection = tokio::spawn(connection);
-    let request = || {
-        Request::get(proxy.url("/loki/api/v1/labels"))
-            .header("authorization", basic("alice", "alice-pw"))
-            .body(())
-            .unwrap()
-    };
-    // One answered request: the proxy's settings have arrived by then.
-    let mut client = client.ready().await.unwrap();
-    let (answer, _) = client.send_request(request(), true).unwrap();
-    assert_eq!(answer.await.unwrap().status(), StatusCode::OK);
+    let (mut client, connection) = h2_after_one_answer(&proxy).await;
+    let request = || labels_by_alice(&proxy);
     assert_eq!(client.current_max_send_streams(), 200);
     let (_, mut stream) = client.send_request(request(), false).unwrap();
     stream.reserve_capacity(1 << 20);
@@ -361,6 +374,19 @@ async fn an_http2_connection_is_held_to_its_streams_and_its_resets() {
         stream.send_reset(h2::Reason::CANCEL);
     }
     assert_sent_away(connection).await;
+}
+
+/// `limits.max_http2_streams` is what the proxy's settings offer.
+#[tokio::test]
+async fn the_streams_a_connection_may_open_are_the_configured_number() {
+    let loki = LokiStandIn::start().await;
+    let mut options = ProxyOptions::new(loki.url());
+    options.limits = "  max_http2_streams: 32\n";
+    let proxy = RunningProxy::start(options).await;
+    let (client, connection) = h2_after_one_answer(&proxy).await;
+    assert_eq!(client.current_max_send_streams(), 32);
+    drop(client);
+    connection.abort();
 }
 
 /// A client that makes the proxy reset its streams, here by sending more

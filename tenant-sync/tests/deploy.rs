@@ -165,8 +165,12 @@ fn assert_memory_holds_what_clients_can_make_the_proxy_hold(
     let mebibytes: u64 = (memory.0.strip_suffix("Mi"))
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("{overlay}: memory limit {memory:?} not in Mi"));
-    // A request head arriving on every connection, without a credential.
-    let per_connection = config.limits.max_header_bytes as u64 + (16 << 10);
+    // On every connection, without a credential: a request head arriving,
+    // or HTTP/2 streams whose answers the client never reads (about 1.5
+    // KiB each, kept open until the connection is closed, with the
+    // connection's own 18 KiB), whichever holds more.
+    let per_connection = (config.limits.max_header_bytes as u64 + (16 << 10))
+        .max((18 << 10) + u64::from(config.limits.max_http2_streams) * 1536);
     // Beside them, requests in flight (up to 200 on one HTTP/2
     // connection, those waiting for a verification among them): each
     // holds its head (twice, as HTTP/2 decodes it), its state, and 64 KiB

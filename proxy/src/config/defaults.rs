@@ -41,6 +41,10 @@ pub fn max_header_count() -> usize {
 pub fn max_connections() -> usize {
     4096
 }
+/// 200, hyper's own default: Go's servers take 250, nginx 128.
+pub fn max_http2_streams() -> u32 {
+    200
+}
 pub fn header_read_timeout() -> Duration {
     Duration::from_secs(30)
 }

@@ -292,6 +292,9 @@ impl Config {
         if self.limits.max_connections == 0 {
             return Err("limits.max_connections must be at least 1".into());
         }
+        if self.limits.max_http2_streams == 0 {
+            return Err("limits.max_http2_streams must be at least 1".into());
+        }
         if self.auth.max_concurrent_verifications == 0 {
             return Err("auth.max_concurrent_verifications must be at least 1".into());
         }
@@ -444,6 +447,13 @@ pub struct Limits {
     /// address.
     #[serde(default)]
     pub max_connections_per_address: usize,
+    /// Requests at once on one HTTP/2 connection (its streams; beyond it
+    /// the client waits or opens another connection). Each holds memory
+    /// while open, and a client that does not read its answers keeps them
+    /// open: the cap times `max_connections` bounds what anyone can hold
+    /// that way.
+    #[serde(default = "defaults::max_http2_streams")]
+    pub max_http2_streams: u32,
     /// How long the upstream may take to answer with its response head (504 after).
     #[serde(default = "defaults::upstream_timeout", with = "humantime_serde")]
     pub upstream_timeout: Duration,
@@ -471,6 +481,7 @@ impl Default for Limits {
             max_large_body_bytes_held: 0,
             max_connections: defaults::max_connections(),
             max_connections_per_address: 0,
+            max_http2_streams: defaults::max_http2_streams(),
             upstream_timeout: defaults::upstream_timeout(),
             upstream_idle_timeout: defaults::upstream_idle_timeout(),
             shutdown_grace: defaults::shutdown_grace(),

@@ -82,6 +82,9 @@ fn a_listener_takes_at_least_one_connection() {
     assert_at_least("auth", "max_pending_verifications", 1, |c| {
         c.auth.max_pending_verifications as u64
     });
+    assert_at_least("limits", "max_http2_streams", 1, |c| {
+        u64::from(c.limits.max_http2_streams)
+    });
 }
 
 #[test]
@@ -625,7 +628,7 @@ fn every_documented_default_is_the_default() {
     ] {
         assert!(written.contains(&key), "{key} not read from the table");
     }
-    assert_eq!(written.len(), 36, "{written:?}");
+    assert_eq!(written.len(), 37, "{written:?}");
     let defaults = Config::parse(base).unwrap();
     let explicit = Config::parse(&serde_yaml_ng::to_string(&explicit).unwrap()).unwrap();
     assert_eq!(format!("{explicit:#?}"), format!("{defaults:#?}"));

@@ -291,8 +291,8 @@ impl Protocols {
             .max_buf_size(limits.max_header_bytes)
             .max_headers(limits.max_header_count);
         // HTTP/2: hyper's own defaults, written out so that a change of them
-        // cannot quietly widen what one connection may hold: 200 streams at
-        // once; a client that resets more than 20 streams before they were
+        // cannot quietly widen what one connection may hold:
+        // `limits.max_http2_streams` at once (200, hyper's); a client that resets more than 20 streams before they were
         // served (the "rapid reset" flood, CVE-2023-44487) gets GOAWAY, and
         // so does one that makes the proxy reset 1,024 of its streams by
         // sending them malformed ("MadeYouReset", CVE-2025-8671). But a
@@ -303,7 +303,7 @@ impl Protocols {
         let mut http2 = http2::Builder::new(BoxingExecutor);
         http2
             .timer(TokioTimer::new())
-            .max_concurrent_streams(200)
+            .max_concurrent_streams(limits.max_http2_streams)
             .initial_stream_window_size(64 << 10)
             .max_pending_accept_reset_streams(20)
             .max_local_error_reset_streams(1024)
