@@ -1116,6 +1116,16 @@ fn every_series_a_real_prometheus_stores_from_a_generated_push_is_the_tenants() 
 
 /// A push of hundreds of KiB sent (ten times Prometheus' usual batch):
 /// 4,000 series (see [`push_of`]).
+/// A forwarded 1.0 message holds `series` series, each labelled team-a's.
+fn assert_all_team_as(forwarded: &[u8], series: usize) {
+    let stored = WriteRequest::decode(forwarded).unwrap();
+    assert_eq!(stored.timeseries.len(), series);
+    assert!(stored.timeseries.iter().all(|series| series
+        .labels
+        .iter()
+        .any(|l| l.name == "namespace" && l.value == "team-a")));
+}
+
 fn large_push() -> (Vec<Vec<(String, String)>>, Vec<u8>) {
     let (values, body) = push_of(4_000);
     assert!(body.len() >= 256 * 1024, "{} bytes", body.len());
@@ -1239,12 +1249,7 @@ async fn a_relabelled_push_forwarded_as_literals_is_uncompressed_snappy() {
         sent.body.len(),
         forwarded.len()
     );
-    let stored = WriteRequest::decode(forwarded.as_slice()).unwrap();
-    assert_eq!(stored.timeseries.len(), 4_000);
-    assert!(stored.timeseries.iter().all(|series| series
-        .labels
-        .iter()
-        .any(|l| l.name == "namespace" && l.value == "team-a")));
+    assert_all_team_as(&forwarded, 4_000);
 
     let scoped = v1_body(&[(&[("__name__", "up"), ("namespace", "team-a")], 1.0)]);
     accepted_and_forwarded(&proxy, &receiver, scoped.clone()).await;
@@ -1447,12 +1452,7 @@ async fn a_small_push_that_decompresses_far_is_checked_on_a_body_worker() {
     assert!(body.len() < 256 << 10, "{} bytes sent", body.len());
 
     let forwarded = accepted_and_forwarded(&proxy, &receiver, body).await;
-    let stored = WriteRequest::decode(forwarded.as_slice()).unwrap();
-    assert_eq!(stored.timeseries.len(), 60_000);
-    assert!(stored.timeseries.iter().all(|series| series
-        .labels
-        .iter()
-        .any(|l| l.name == "namespace" && l.value == "team-a")));
+    assert_all_team_as(&forwarded, 60_000);
     let metrics = proxy.metrics().await;
     assert!(
         metrics.contains("tenant_proxy_body_worker_jobs_total 1\n"),

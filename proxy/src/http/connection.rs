@@ -112,8 +112,9 @@ pub async fn until_stopped<C: Future, A: Future<Output = ()>>(
 ) -> Option<C::Output> {
     let mut connection = pin!(connection);
     let mut stop = pin!(stop);
-    let (mut make_abandon, mut abandon) = (Some(abandon), None);
-    let mut finish = Some(finish);
+    // Until the connection is told to finish: how, and the clock to make then.
+    let mut finish = Some((finish, abandon));
+    let mut abandon = None;
     let mut stop_waker: Option<Arc<StopWaker>> = None;
     std::future::poll_fn(|cx| {
         if finish.is_some() {
@@ -132,9 +133,9 @@ pub async fn until_stopped<C: Future, A: Future<Output = ()>>(
                     .poll(&mut Context::from_waker(&own))
                     .is_ready()
                 {
-                    if let Some(finish) = finish.take() {
+                    if let Some((finish, make_abandon)) = finish.take() {
                         finish(connection.as_mut());
-                        abandon = make_abandon.take().map(|make| Box::pin(make()));
+                        abandon = Some(Box::pin(make_abandon()));
                     }
                 }
             }

@@ -292,10 +292,11 @@ impl Protocols {
             .max_headers(limits.max_header_count);
         // HTTP/2: hyper's own defaults, written out so that a change of them
         // cannot quietly widen what one connection may hold:
-        // `limits.max_http2_streams` at once (200, hyper's); a client that resets more than 20 streams before they were
-        // served (the "rapid reset" flood, CVE-2023-44487) gets GOAWAY, and
-        // so does one that makes the proxy reset 1,024 of its streams by
-        // sending them malformed ("MadeYouReset", CVE-2025-8671). But a
+        // `limits.max_http2_streams` at once (200, hyper's); a client that
+        // resets more than 20 streams before they were served (the "rapid
+        // reset" flood, CVE-2023-44487) gets GOAWAY, and so does one that
+        // makes the proxy reset 1,024 of its streams by sending them
+        // malformed ("MadeYouReset", CVE-2025-8671). But a
         // stream's window is 64 KiB, not hyper's 1 MiB: a body arrives that
         // far ahead of what the proxy reads, and a request waiting for its
         // credential's verification reads none (Envoy's settings for an
