@@ -1,8 +1,10 @@
 """The proxy on loopback for the memory scripts (stalled-bodies.py,
-partial-heads.py): started on free ports with examples/proxy/tenants.yaml
-and label mode towards a closed port (nothing is ever forwarded), its RSS
-read from /proc, killed by its PID by the caller."""
+partial-heads.py, unread-answers.py): started on free ports with
+examples/proxy/tenants.yaml, label mode towards a closed port (nothing is
+ever forwarded) unless given a Loki upstream, its RSS read from /proc and
+its sockets' kernel memory from `ss`, killed by its PID by the caller."""
 import os
+import re
 import socket
 import subprocess
 import tempfile
@@ -19,7 +21,7 @@ def free_port():
 
 
 class LocalProxy:
-    def __init__(self, binary, limits=""):
+    def __init__(self, binary, limits="", logs_upstream=None):
         work = tempfile.mkdtemp()
         self.port, self.admin, closed = free_port(), free_port(), free_port()
         with open(os.path.join(REPO, "examples/proxy/tenants.yaml")) as src:
@@ -31,6 +33,7 @@ class LocalProxy:
                 f"listen: 127.0.0.1:{self.port}\nadmin_listen: 127.0.0.1:{self.admin}\n"
                 f"tenants_file: tenants.yaml\nmetrics:\n"
                 f"  upstream: http://127.0.0.1:{closed}\n  mode: label\n"
+                + (f"logs:\n  upstream: {logs_upstream}\n" if logs_upstream else "")
                 + (f"limits:\n{limits}" if limits else "")
             )
         self.connections = []
@@ -59,6 +62,24 @@ class LocalProxy:
             for line in status:
                 if line.startswith("VmRSS"):
                     return int(line.split()[1]) // 1024
+
+    def socket_memory_kib(self):
+        """What the kernel holds for the proxy's TCP sockets, by `ss -tmp`:
+        bytes received and not yet read (`r`), and queued to send and not
+        yet acknowledged (`w`), summed over its sockets, in KiB. A memory
+        cgroup v2 charges these to the pod beside its RSS."""
+        out = subprocess.run(
+            ["ss", "-tmpnH"], capture_output=True, text=True, check=True
+        ).stdout
+        received = queued = 0
+        # Each socket: a line naming its process, then "\t skmem:(r..,w..)".
+        for socket_lines in out.replace("\n\t", " ").splitlines():
+            if f"pid={self.process.pid}," not in socket_lines:
+                continue
+            skmem = dict(re.findall(r"([a-z]+)(\d+)", socket_lines.split("skmem:(")[1]))
+            received += int(skmem["r"])
+            queued += int(skmem["w"])
+        return received // 1024, queued // 1024
 
     def settled_rss_mib(self):
         """The RSS once it stops moving (ten reads 100 ms apart alike, or

@@ -4,6 +4,7 @@
 
 mod support;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -637,4 +638,77 @@ async fn a_full_listener_closes_idle_connections_sooner() {
         }
     }
     assert!(closed >= 1, "an idle connection was closed");
+}
+
+/// Answers a client leaves unread wait in the proxy, not in the kernel's
+/// buffers: requests without a credential, pipelined, their 401s never
+/// read. Unbounded, the proxy's send buffer grows to `tcp_wmem`'s maximum
+/// (4 MiB by default) on every such connection, memory a cgroup v2 charges
+/// to the pod (docs/operations.md, "Memory at worst").
+#[tokio::test]
+async fn answers_a_client_does_not_read_queue_little_in_the_kernel() {
+    let (_loki, proxy) = start("", "").await;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    // The client's own buffer small: what waits is on the proxy's side.
+    socket.set_recv_buffer_size(4096).unwrap();
+    let client = socket.connect(proxy.addr).await.unwrap();
+    let client_port = client.local_addr().unwrap().port();
+    let (_unread, mut writer) = client.into_split();
+    let written = Arc::new(AtomicU64::new(0));
+    let counted = written.clone();
+    let sending = tokio::spawn(async move {
+        let requests = b"GET /loki/api/v1/labels HTTP/1.1\r\nhost: proxy\r\n\r\n".repeat(100);
+        // 40 MB at most, far more than every buffer on the way holds.
+        for _ in 0..8_000 {
+            if writer.write_all(&requests).await.is_err() {
+                return;
+            }
+            counted.fetch_add(requests.len() as u64, Ordering::Relaxed);
+        }
+    });
+    // Until the client can send no more (the proxy reads no more: its
+    // answers wait), at most 10 s; the kernel's queue is read meanwhile.
+    let (mut last, mut unchanged, mut most_queued) = (0, 0, 0);
+    for _ in 0..2_000 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        most_queued = most_queued.max(queued_to_send(proxy.addr.port(), client_port));
+        let now = written.load(Ordering::Relaxed);
+        (unchanged, last) = if now == last {
+            (unchanged + 1, now)
+        } else {
+            (0, now)
+        };
+        if unchanged == 100 {
+            break;
+        }
+    }
+    sending.abort();
+    assert_eq!(unchanged, 100, "the client's requests were all taken");
+    assert!(most_queued > 0, "no answer waited in the kernel");
+    // The bound, and the part of one write the kernel took before it.
+    let bound = u64::from(tenant_proxy::http::unsent::UNSENT_BYTES) + (128 << 10);
+    assert!(
+        most_queued <= bound,
+        "{most_queued} bytes queued to send, more than {bound}"
+    );
+}
+
+/// Bytes the kernel holds to send, unsent or unacknowledged, on the
+/// loopback socket from port `local` to port `remote` (`tx_queue` in
+/// /proc/net/tcp; 0 if there is none).
+fn queued_to_send(local: u16, remote: u16) -> u64 {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    let (local, remote) = (
+        format!("0100007F:{local:04X}"),
+        format!("0100007F:{remote:04X}"),
+    );
+    table
+        .lines()
+        .skip(1)
+        .map(|line| line.split_whitespace().collect::<Vec<_>>())
+        .find(|fields| fields[1] == local && fields[2] == remote)
+        .map_or(0, |fields| {
+            let (tx_queue, _rx_queue) = fields[4].split_once(':').unwrap();
+            u64::from_str_radix(tx_queue, 16).unwrap()
+        })
 }

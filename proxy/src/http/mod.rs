@@ -16,4 +16,5 @@ pub mod protocol;
 pub mod server;
 pub mod timer;
 pub mod tls;
+pub mod unsent;
 pub mod websocket;

@@ -28,6 +28,7 @@ use crate::http::connection::{until_stopped, Marked, Transport};
 use crate::http::protocol::{sniff, Protocol};
 use crate::http::timer::ReusingTimer;
 use crate::http::tls::CurrentTls;
+use crate::http::unsent;
 
 /// A shutdown signal many tasks can wait on.
 #[derive(Clone, Debug)]
@@ -142,6 +143,7 @@ pub async fn serve_connections<H, F, B>(
             },
         };
         let _ = stream.set_nodelay(true);
+        let _ = unsent::bound(&stream);
         let handler = handler.clone();
         let known_peer = Peer::new(peer);
         let serve = move |request| handler(known_peer.clone(), request);

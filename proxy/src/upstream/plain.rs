@@ -21,6 +21,7 @@ use tokio::net::TcpStream;
 use super::answer::{AnswerError, AnswerReader, Event, Head};
 use super::pool::{Key, Parkable, Pool};
 use crate::http::body::ProxyBody;
+use crate::http::unsent;
 
 /// As hyper's connector had it.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -113,6 +114,7 @@ impl PlainLink {
             .map_err(|_| PlainError::Connect(io::ErrorKind::TimedOut.into()))?
             .map_err(PlainError::Connect)?;
         stream.set_nodelay(true).map_err(PlainError::Connect)?;
+        unsent::bound(&stream).map_err(PlainError::Connect)?;
         Ok(Self {
             stream,
             buf: BytesMut::with_capacity(READ_ROOM),
