@@ -14,6 +14,8 @@ clients). A memory cgroup v2 charges both to the pod.
     [ANSWER_BYTES=8388608] [READ_BYTES=1048576] [PROXY_LIMITS='  key: value\\n'] \\
         python3 loadtest/unread-answers.py PROXY_BINARY [CONNECTIONS]   # 100
 
+PROXY_LIMITS adds keys to the proxy's `limits` section, e.g.
+'  upstream_receive_buffer_bytes: 131072\\n' (the manifests' value).
 MODE=anonymous: no credential; each connection pipelines requests (401s)
 as fast as the proxy takes them, reads READ_BYTES of the answers, then
 reads none and sends on until the proxy stops taking requests.

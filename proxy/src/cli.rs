@@ -73,7 +73,8 @@ fn check_tls_files(config: &Config) -> Result<(), String> {
     for (section, tls) in config.upstream_tls() {
         let reuse =
             crate::upstream::Reuse::new(config.limits.upstream_idle_timeout, Default::default());
-        crate::upstream::client(Some(tls), reuse).map_err(|e| format!("{section}.tls: {e}"))?;
+        crate::upstream::client(Some(tls), reuse, None)
+            .map_err(|e| format!("{section}.tls: {e}"))?;
     }
     Ok(())
 }

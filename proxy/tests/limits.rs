@@ -648,10 +648,7 @@ async fn a_full_listener_closes_idle_connections_sooner() {
 #[tokio::test]
 async fn answers_a_client_does_not_read_queue_little_in_the_kernel() {
     let (_loki, proxy) = start("", "").await;
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    // The client's own buffer small: what waits is on the proxy's side.
-    socket.set_recv_buffer_size(4096).unwrap();
-    let client = socket.connect(proxy.addr).await.unwrap();
+    let client = client_reading_nothing(&proxy).await;
     let client_port = client.local_addr().unwrap().port();
     let (_unread, mut writer) = client.into_split();
     let written = Arc::new(AtomicU64::new(0));
@@ -666,24 +663,13 @@ async fn answers_a_client_does_not_read_queue_little_in_the_kernel() {
             counted.fetch_add(requests.len() as u64, Ordering::Relaxed);
         }
     });
-    // Until the client can send no more (the proxy reads no more: its
-    // answers wait), at most 10 s; the kernel's queue is read meanwhile.
-    let (mut last, mut unchanged, mut most_queued) = (0, 0, 0);
-    for _ in 0..2_000 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-        most_queued = most_queued.max(queued_to_send(proxy.addr.port(), client_port));
-        let now = written.load(Ordering::Relaxed);
-        (unchanged, last) = if now == last {
-            (unchanged + 1, now)
-        } else {
-            (0, now)
-        };
-        if unchanged == 100 {
-            break;
-        }
-    }
+    // Until the client can send no more: the proxy reads no more, its
+    // answers waiting.
+    let most_queued = most_until_still(&written, || {
+        socket_queues(Some(proxy.addr.port()), client_port).map_or(0, |(to_send, _)| to_send)
+    })
+    .await;
     sending.abort();
-    assert_eq!(unchanged, 100, "the client's requests were all taken");
     assert!(most_queued > 0, "no answer waited in the kernel");
     // The bound, and the part of one write the kernel took before it.
     let bound = u64::from(tenant_proxy::http::unsent::UNSENT_BYTES) + (128 << 10);
@@ -693,22 +679,134 @@ async fn answers_a_client_does_not_read_queue_little_in_the_kernel() {
     );
 }
 
-/// Bytes the kernel holds to send, unsent or unacknowledged, on the
-/// loopback socket from port `local` to port `remote` (`tx_queue` in
-/// /proc/net/tcp; 0 if there is none).
-fn queued_to_send(local: u16, remote: u16) -> u64 {
+/// Beyond what the proxy holds itself, an answer whose client stops
+/// reading waits in its upstream connection's kernel receive buffer,
+/// which the kernel would grow with the answer's pace:
+/// `limits.upstream_receive_buffer_bytes` fixes its size, on the
+/// connections the proxy reads by hand (a Loki `GET`) and on hyper's (a
+/// query posted as a form, in header mode).
+#[tokio::test]
+async fn an_unread_answer_waits_upstream_in_a_buffer_of_the_configured_size() {
+    support::captured_logs();
+    let auth = basic("alice", "alice-pw");
+    let form = "query=up";
+    for (by, request) in [
+        ("hand", format!("GET {QUERY} HTTP/1.1\r\nhost: proxy\r\nauthorization: {auth}\r\n\r\n")),
+        (
+            "hyper",
+            format!(
+                "POST /api/v1/query HTTP/1.1\r\nhost: proxy\r\nauthorization: {auth}\r\n\
+                 content-type: application/x-www-form-urlencoded\r\ncontent-length: {}\r\n\r\n{form}",
+                form.len()
+            ),
+        ),
+    ] {
+        let (upstream, written) = answering_64_mib().await;
+        let mut options = match by {
+            "hand" => ProxyOptions::new(format!("http://{upstream}")),
+            _ => ProxyOptions::metrics(
+                support::two_tenants(),
+                support::header_mode_section(&format!("http://{upstream}"), "X-Scope-OrgID"),
+            ),
+        };
+        options.limits = "  upstream_receive_buffer_bytes: 16384\n";
+        let proxy = RunningProxy::start(options).await;
+        let mut client = client_reading_nothing(&proxy).await;
+        client.write_all(request.as_bytes()).await.unwrap();
+        // Until the upstream can send no more.
+        let most_received = most_until_still(&written, || {
+            socket_queues(None, upstream.port()).map_or(0, |(_, received)| received)
+        })
+        .await;
+        assert!(most_received > 0, "{by}: no answer waited in the kernel");
+        // The kernel doubles what it is given, for its own overhead.
+        assert!(
+            most_received <= 2 * 16384,
+            "{by}: {most_received} bytes received and not read, more than twice the buffer"
+        );
+    }
+}
+
+/// A client connected to the proxy whose own receive buffer is small, so
+/// that what waits for it is on the proxy's side.
+async fn client_reading_nothing(proxy: &RunningProxy) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    socket.connect(proxy.addr).await.unwrap()
+}
+
+/// An upstream answering its first request with 64 MiB, written as fast as
+/// the proxy takes them, and the count of the bytes written so far.
+async fn answering_64_mib() -> (std::net::SocketAddr, Arc<AtomicU64>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let written = Arc::new(AtomicU64::new(0));
+    let counted = written.clone();
+    tokio::spawn(async move {
+        let (mut connection, _) = listener.accept().await.unwrap();
+        let (mut head, mut buf) = (Vec::new(), [0; 4096]);
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            match connection.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => head.extend_from_slice(&buf[..n]),
+            }
+        }
+        let (chunk, chunks) = (vec![b' '; 64 << 10], 1024);
+        let answer = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            chunk.len() * chunks
+        );
+        if connection.write_all(answer.as_bytes()).await.is_err() {
+            return;
+        }
+        for _ in 0..chunks {
+            if connection.write_all(&chunk).await.is_err() {
+                return;
+            }
+            counted.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+        }
+    });
+    (address, written)
+}
+
+/// Reads `probe` every 5 ms until `progress` has not moved for 100 reads
+/// in a row (everything on the way is full), and returns the most it read;
+/// fails if that does not happen within 10 s.
+async fn most_until_still(progress: &AtomicU64, probe: impl Fn() -> u64) -> u64 {
+    let (mut last, mut unchanged, mut most) = (0, 0, 0);
+    for _ in 0..2_000 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        most = most.max(probe());
+        let now = progress.load(Ordering::Relaxed);
+        (unchanged, last) = if now == last {
+            (unchanged + 1, now)
+        } else {
+            (0, now)
+        };
+        if unchanged == 100 {
+            return most;
+        }
+    }
+    panic!("still moving after 10 s: {last} bytes");
+}
+
+/// The bytes the kernel holds on a loopback IPv4 socket to port `remote`
+/// (from port `local`, if given; else from any):
+/// to send, unsent or unacknowledged, and received, not yet read
+/// (`tx_queue` and `rx_queue` in /proc/net/tcp).
+fn socket_queues(local: Option<u16>, remote: u16) -> Option<(u64, u64)> {
     let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
-    let (local, remote) = (
-        format!("0100007F:{local:04X}"),
-        format!("0100007F:{remote:04X}"),
-    );
+    let address = |port: u16| format!("0100007F:{port:04X}");
+    let remote = address(remote);
+    let local = local.map(address);
     table
         .lines()
         .skip(1)
         .map(|line| line.split_whitespace().collect::<Vec<_>>())
-        .find(|fields| fields[1] == local && fields[2] == remote)
-        .map_or(0, |fields| {
-            let (tx_queue, _rx_queue) = fields[4].split_once(':').unwrap();
-            u64::from_str_radix(tx_queue, 16).unwrap()
+        .find(|fields| fields[2] == remote && local.as_ref().is_none_or(|l| fields[1] == *l))
+        .map(|fields| {
+            let (to_send, received) = fields[4].split_once(':').unwrap();
+            let hex = |queue| u64::from_str_radix(queue, 16).unwrap();
+            (hex(to_send), hex(received))
         })
 }

@@ -122,7 +122,7 @@ async fn upstream(
 /// A client that keeps connections as the proxy does by default.
 fn client() -> HttpClient {
     let reuse = Reuse::new(Duration::from_secs(50), Counter::default());
-    upstream::client(None, reuse).unwrap()
+    upstream::client(None, reuse, None).unwrap()
 }
 
 /// A client that sends a safe request again on a new connection when a
@@ -134,7 +134,7 @@ fn client_replaying_after(replay_after_idle: Duration) -> (HttpClient, Counter) 
         replay_after_idle,
         ..Reuse::new(Duration::from_secs(50), replays.clone())
     };
-    (upstream::client(None, reuse).unwrap(), replays)
+    (upstream::client(None, reuse, None).unwrap(), replays)
 }
 
 /// A bodiless Loki query to `addr`, sent with `method`.
@@ -555,7 +555,7 @@ async fn a_connection_parked_past_the_idle_timeout_is_closed_unasked() {
     for method in [Method::GET, Method::OPTIONS] {
         let (addr, mut events) = upstream(HELLO, Close::Never).await;
         let reuse = Reuse::new(Duration::from_millis(30), Counter::default());
-        let client = upstream::client(None, reuse).unwrap();
+        let client = upstream::client(None, reuse, None).unwrap();
         assert_eq!(
             get(&client, addr, method.clone()).await,
             (StatusCode::OK, "hello".into())

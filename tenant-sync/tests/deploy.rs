@@ -179,6 +179,15 @@ fn assert_memory_holds_what_clients_can_make_the_proxy_hold(
     // (docs/benchmarks.md). Unbounded unless the config bounds them.
     let in_flight = config.limits.max_concurrent_requests as u64;
     assert!(in_flight > 0, "{overlay}: requests in flight unbounded");
+    // An answer whose client stops reading also waits in its upstream
+    // connection's kernel receive buffer, charged to the pod, which the
+    // kernel grows to 6 MiB unless the config fixes it. (The kernel's
+    // buffers are not in the sum below: operations.md, "Memory at worst".)
+    let receive_buffer = config.limits.upstream_receive_buffer_bytes;
+    assert!(
+        receive_buffer > 0 && receive_buffer <= 256 << 10,
+        "{overlay}: upstream receive buffers unbounded or over 256 KiB: {receive_buffer}"
+    );
     let per_request = 2 * config.limits.max_header_bytes as u64 + (80 << 10);
     let at_worst = config.limits.max_connections as u64 * per_connection
         + in_flight * per_request

@@ -31,6 +31,9 @@ pub use tenant_limits::{
 /// Largest `limits.max_header_bytes`: Go's `http.DefaultMaxHeaderBytes`,
 /// the limit of every upstream this proxy serves.
 pub const MAX_HEADER_BYTES: usize = 1 << 20;
+/// Smallest fixed `limits.upstream_receive_buffer_bytes`: 16 KiB a round
+/// trip is already a crawl; below, a typo more likely than a choice.
+const MIN_RECEIVE_BUFFER: u32 = 16 << 10;
 
 #[derive(Debug, thiserror::Error)]
 #[error("{path}: {message}")]
@@ -292,6 +295,13 @@ impl Config {
         if self.limits.max_connections == 0 {
             return Err("limits.max_connections must be at least 1".into());
         }
+        let receive_buffer = self.limits.upstream_receive_buffer_bytes;
+        if receive_buffer != 0 && receive_buffer < MIN_RECEIVE_BUFFER {
+            return Err(format!(
+                "limits.upstream_receive_buffer_bytes must be 0 (the kernel's) or at least \
+                 {MIN_RECEIVE_BUFFER}, not {receive_buffer}: a smaller one starves every answer"
+            ));
+        }
         if self.limits.max_http2_streams == 0 {
             return Err("limits.max_http2_streams must be at least 1".into());
         }
@@ -457,6 +467,15 @@ pub struct Limits {
     /// How long the upstream may take to answer with its response head (504 after).
     #[serde(default = "defaults::upstream_timeout", with = "humantime_serde")]
     pub upstream_timeout: Duration,
+    /// The kernel's receive buffer of each upstream connection, in bytes
+    /// (`SO_RCVBUF`). 0, the default: the kernel's, which it grows with
+    /// the connection's pace up to `net.ipv4.tcp_rmem`'s maximum (6 MiB by
+    /// default). An answer whose client stops reading waits there, and a
+    /// cgroup v2 charges it to the pod; a fixed size bounds it, and bounds
+    /// an answer's pace to about that much a round trip
+    /// (docs/operations.md, "Memory at worst").
+    #[serde(default)]
+    pub upstream_receive_buffer_bytes: u32,
     /// How long an upstream connection is kept open, unused, for the next
     /// request. It must be shorter than the upstream's own idle timeout
     /// and any balancer's on the way, so that the proxy, not they, closes
@@ -483,6 +502,7 @@ impl Default for Limits {
             max_connections_per_address: 0,
             max_http2_streams: defaults::max_http2_streams(),
             upstream_timeout: defaults::upstream_timeout(),
+            upstream_receive_buffer_bytes: 0,
             upstream_idle_timeout: defaults::upstream_idle_timeout(),
             shutdown_grace: defaults::shutdown_grace(),
         }

@@ -44,6 +44,32 @@ fn assert_at_least(section: &str, key: &str, least: u64, read: fn(&Config) -> u6
 }
 
 #[test]
+fn a_fixed_upstream_receive_buffer_is_at_least_16_kib() {
+    for (bytes, accepted) in [
+        (0, true),
+        (1, false),
+        (16383, false),
+        (16384, true),
+        (1 << 20, true),
+    ] {
+        let config = format!("{MINIMAL}limits:\n  upstream_receive_buffer_bytes: {bytes}\n");
+        match Config::parse(&config) {
+            Ok(c) => assert!(
+                accepted && c.limits.upstream_receive_buffer_bytes == bytes,
+                "{bytes}"
+            ),
+            Err(e) => assert!(
+                !accepted
+                    && e.contains(
+                        "upstream_receive_buffer_bytes must be 0 (the kernel's) or at least 16384"
+                    ),
+                "{bytes}: {e}"
+            ),
+        }
+    }
+}
+
+#[test]
 fn a_request_head_holds_at_least_32_fields() {
     assert_at_least("limits", "max_header_count", 32, |c| {
         c.limits.max_header_count as u64
@@ -628,7 +654,7 @@ fn every_documented_default_is_the_default() {
     ] {
         assert!(written.contains(&key), "{key} not read from the table");
     }
-    assert_eq!(written.len(), 37, "{written:?}");
+    assert_eq!(written.len(), 38, "{written:?}");
     let defaults = Config::parse(base).unwrap();
     let explicit = Config::parse(&serde_yaml_ng::to_string(&explicit).unwrap()).unwrap();
     assert_eq!(format!("{explicit:#?}"), format!("{defaults:#?}"));

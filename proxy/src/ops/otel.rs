@@ -51,6 +51,7 @@ impl Tracing {
             client: Arc::new(ArcSwap::from_pointee(upstream::client(
                 config.tls.as_ref(),
                 reuse,
+                None,
             )?)),
             runtime,
             timeout: config.export_timeout,

@@ -175,10 +175,18 @@ impl AppState {
             config.limits.upstream_idle_timeout,
             metrics.upstream_replays.clone(),
         );
+        let receive_buffer = match config.limits.upstream_receive_buffer_bytes {
+            0 => None,
+            bytes => {
+                upstream::warn_if_receive_buffer_capped(bytes);
+                Some(bytes)
+            }
+        };
         let client = |tls: Option<&UpstreamTls>| -> Result<_, String> {
             Ok(Arc::new(ArcSwap::from_pointee(upstream::client(
                 tls,
                 reuse.clone(),
+                receive_buffer,
             )?)))
         };
         let logs = match &config.logs {

@@ -83,6 +83,9 @@ impl Reuse {
 struct Shared {
     connector: HttpsConnector<HttpConnector>,
     reuse: Reuse,
+    /// Each new plain connection's kernel receive buffer, if fixed
+    /// (`limits.upstream_receive_buffer_bytes`; the connector has its own).
+    receive_buffer: Option<u32>,
     /// Idle connections driven by hyper's client, per upstream.
     parked: Pool<Box<Link>>,
     /// Idle plain connections of `GET`s read by hand (`plain.rs`).
@@ -109,11 +112,16 @@ impl std::fmt::Debug for HttpClient {
 }
 
 impl HttpClient {
-    pub fn new(connector: HttpsConnector<HttpConnector>, reuse: Reuse) -> Self {
+    pub fn new(
+        connector: HttpsConnector<HttpConnector>,
+        reuse: Reuse,
+        receive_buffer: Option<u32>,
+    ) -> Self {
         let idle_timeout = reuse.idle_timeout;
         let shared = Arc::new(Shared {
             connector,
             reuse,
+            receive_buffer,
             parked: Pool::new(),
             plain: Arc::new(Pool::new()),
         });
@@ -126,6 +134,11 @@ impl HttpClient {
     /// How this client keeps its connections.
     pub fn reuse(&self) -> Reuse {
         self.shared.reuse.clone()
+    }
+
+    /// The kernel receive buffer its connections get, if fixed.
+    pub fn receive_buffer(&self) -> Option<u32> {
+        self.shared.receive_buffer
     }
 
     /// Sends `request` (an absolute URI) and returns the answer once its
@@ -210,7 +223,7 @@ impl HttpClient {
             let reused = parked.is_some();
             let mut link = match parked {
                 Some((link, _)) => link,
-                None => PlainLink::connect(&key).await?,
+                None => PlainLink::connect(&key, self.shared.receive_buffer).await?,
             };
             match link.exchange(&head).await {
                 Ok((answer, reader)) => {

@@ -32,10 +32,17 @@ use crate::http::timer::{ReusedSleep, Wait};
 /// A client for the upstreams: connections are reused across requests and
 /// tenants (the tenant travels in a header, not the connection).
 /// `http://` upstreams need no `tls`; `https://` ones use it, or the
-/// system's roots without it.
-pub fn client(tls: Option<&UpstreamTls>, reuse: Reuse) -> Result<HttpClient, String> {
+/// system's roots without it. `receive_buffer` fixes each connection's
+/// kernel receive buffer (`limits.upstream_receive_buffer_bytes`; `None`:
+/// the kernel's own sizing).
+pub fn client(
+    tls: Option<&UpstreamTls>,
+    reuse: Reuse,
+    receive_buffer: Option<u32>,
+) -> Result<HttpClient, String> {
     let mut http = HttpConnector::new();
     http.set_nodelay(true);
+    http.set_recv_buffer_size(receive_buffer.map(|bytes| bytes as usize));
     http.set_connect_timeout(Some(Duration::from_secs(5)));
     http.enforce_http(false);
     let default = UpstreamTls::default();
@@ -52,7 +59,25 @@ pub fn client(tls: Option<&UpstreamTls>, reuse: Reuse) -> Result<HttpClient, Str
         None => builder,
     };
     let connector = builder.enable_http1().wrap_connector(http);
-    Ok(HttpClient::new(connector, reuse))
+    Ok(HttpClient::new(connector, reuse, receive_buffer))
+}
+
+/// Warns when a fixed receive buffer is above `net.core.rmem_max`: the
+/// kernel takes that maximum instead, without a word. (Where the file
+/// cannot be read, as in some network namespaces, nothing is said.)
+pub fn warn_if_receive_buffer_capped(bytes: u32) {
+    let Ok(text) = std::fs::read_to_string("/proc/sys/net/core/rmem_max") else {
+        return;
+    };
+    match text.trim().parse::<u32>() {
+        Ok(max) if bytes > max => tracing::warn!(
+            upstream_receive_buffer_bytes = bytes,
+            rmem_max = max,
+            "limits.upstream_receive_buffer_bytes is above net.core.rmem_max; \
+             the kernel gives each upstream connection rmem_max instead"
+        ),
+        _ => {}
+    }
 }
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1) that never cross the proxy, besides

@@ -6,6 +6,7 @@
 //! Everything else (bodies, TLS, protocol switches) goes through hyper.
 
 use std::io;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -16,7 +17,7 @@ use http::header;
 use http::{Method, Request, Response};
 use hyper::body::{Body, Frame, SizeHint};
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 
 use super::answer::{AnswerError, AnswerReader, Event, Head};
 use super::pool::{Key, Parkable, Pool};
@@ -105,11 +106,14 @@ impl Parkable for PlainLink {
 }
 
 impl PlainLink {
-    pub async fn connect(key: &Key) -> Result<Self, PlainError> {
+    /// A new connection to the upstream; `receive_buffer` fixes its
+    /// kernel receive buffer (`None`: the kernel sizes it).
+    pub async fn connect(key: &Key, receive_buffer: Option<u32>) -> Result<Self, PlainError> {
         let host = key.authority.host();
         let host = host.trim_start_matches('[').trim_end_matches(']');
         let port = key.authority.port_u16().unwrap_or(80);
-        let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect((host, port)))
+        let connecting = connect_tcp(host, port, receive_buffer);
+        let stream = tokio::time::timeout(CONNECT_TIMEOUT, connecting)
             .await
             .map_err(|_| PlainError::Connect(io::ErrorKind::TimedOut.into()))?
             .map_err(PlainError::Connect)?;
@@ -146,6 +150,30 @@ impl PlainLink {
         tokio_util::io::poll_read_buf(Pin::new(&mut self.stream), cx, &mut self.buf)
             .map_err(PlainError::Io)
     }
+}
+
+/// Connects to the first of `host`'s addresses that answers, as
+/// `TcpStream::connect` does, with the receive buffer set before the
+/// handshake, where the window's scale is agreed.
+async fn connect_tcp(host: &str, port: u16, receive_buffer: Option<u32>) -> io::Result<TcpStream> {
+    let Some(bytes) = receive_buffer else {
+        return TcpStream::connect((host, port)).await;
+    };
+    let mut failed = None;
+    for address in tokio::net::lookup_host((host, port)).await? {
+        let socket = match address {
+            SocketAddr::V4(_) => TcpSocket::new_v4()?,
+            SocketAddr::V6(_) => TcpSocket::new_v6()?,
+        };
+        socket.set_recv_buffer_size(bytes)?;
+        match socket.connect(address).await {
+            Ok(stream) => return Ok(stream),
+            Err(e) => failed = Some(e),
+        }
+    }
+    Err(failed.unwrap_or_else(|| {
+        io::Error::new(io::ErrorKind::NotFound, format!("{host} has no address"))
+    }))
 }
 
 /// The answer as a response whose body reads on from the connection,

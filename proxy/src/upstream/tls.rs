@@ -81,7 +81,9 @@ impl UpstreamTlsReloader {
             return;
         }
         self.seen = now;
-        match super::client(Some(&self.tls), self.client.load().reuse()) {
+        // The new client connects as the one it replaces did.
+        let current = self.client.load();
+        match super::client(Some(&self.tls), current.reuse(), current.receive_buffer()) {
             Ok(client) => {
                 self.client.store(Arc::new(client));
                 tracing::info!("upstream TLS files reloaded");

@@ -48,7 +48,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end }}
 {{- $_ := set $config "alerts" (dict "upstream" .) }}
 {{- end }}
-{{- $_ := set $config "limits" (dict "max_large_body_bytes_held" (int64 .Values.largeBodyBytesHeld) "max_concurrent_requests" (int64 .Values.maxConcurrentRequests) "max_http2_streams" (int64 .Values.maxHttp2Streams)) }}
+{{- $_ := set $config "limits" (dict "max_large_body_bytes_held" (int64 .Values.largeBodyBytesHeld) "max_concurrent_requests" (int64 .Values.maxConcurrentRequests) "max_http2_streams" (int64 .Values.maxHttp2Streams) "upstream_receive_buffer_bytes" (int64 .Values.upstreamReceiveBufferBytes)) }}
 {{- /* More than one replica: each enforces its share of a tenant's limits. */}}
 {{- if or (gt (int .Values.replicas) 1) .Values.autoscaling.enabled }}
 {{- $_ := set $config "tenant_limits" (dict "scope" "global") }}
