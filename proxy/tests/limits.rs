@@ -665,7 +665,7 @@ async fn answers_a_client_does_not_read_queue_little_in_the_kernel() {
     });
     // Until the client can send no more: the proxy reads no more, its
     // answers waiting.
-    let most_queued = most_until_still(&written, || {
+    let (most_queued, _) = most_until_still(&written, || {
         socket_queues(Some(proxy.addr.port()), client_port).map_or(0, |(to_send, _)| to_send)
     })
     .await;
@@ -714,7 +714,7 @@ async fn an_unread_answer_waits_upstream_in_a_buffer_of_the_configured_size() {
         let mut client = client_reading_nothing(&proxy).await;
         client.write_all(request.as_bytes()).await.unwrap();
         // Until the upstream can send no more.
-        let most_received = most_until_still(&written, || {
+        let (most_received, _) = most_until_still(&written, || {
             socket_queues(None, upstream.port()).map_or(0, |(_, received)| received)
         })
         .await;
@@ -725,6 +725,69 @@ async fn an_unread_answer_waits_upstream_in_a_buffer_of_the_configured_size() {
             "{by}: {most_received} bytes received and not read, more than twice the buffer"
         );
     }
+}
+
+/// A push its upstream stops reading waits in the proxy and on its
+/// client's connection, not queued in the kernel towards the upstream,
+/// whose send buffer the kernel grows with the pace the upstream had
+/// before (up to `tcp_wmem`'s maximum, 4 MiB by default).
+#[tokio::test]
+async fn a_push_its_upstream_stops_reading_queues_little_in_the_kernel() {
+    support::captured_logs();
+    let upstream = reading_4_mib_then_nothing().await;
+    let proxy = RunningProxy::start(ProxyOptions::new(format!("http://{upstream}"))).await;
+    let client = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let (_answer, mut writer) = client.into_split();
+    let (chunk, chunks) = (vec![b' '; 64 << 10], 192); // 12 MiB, below the body limit
+    let head = format!(
+        "POST {PUSH} HTTP/1.1\r\nhost: proxy\r\nauthorization: {}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        basic("alice", "alice-pw"),
+        chunk.len() * chunks
+    );
+    let written = Arc::new(AtomicU64::new(0));
+    let counted = written.clone();
+    let sending = tokio::spawn(async move {
+        writer.write_all(head.as_bytes()).await.unwrap();
+        for _ in 0..chunks {
+            writer.write_all(&chunk).await.unwrap();
+            counted.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+        }
+    });
+    // Until the client can send no more. While the upstream read, the
+    // bytes in flight were in the queue too (up to its window); once it
+    // stopped, what stays is what waits unsent.
+    let (_, queued) = most_until_still(&written, || {
+        socket_queues(None, upstream.port()).map_or(0, |(to_send, _)| to_send)
+    })
+    .await;
+    sending.abort();
+    assert!(queued > 0, "nothing waited for the upstream");
+    let bound = u64::from(tenant_proxy::http::unsent::UNSENT_BYTES) + (128 << 10);
+    assert!(
+        queued <= bound,
+        "{queued} bytes queued towards the upstream, more than {bound}"
+    );
+}
+
+/// An upstream that reads the first 4 MiB of its first connection as fast
+/// as they come, then nothing more, holding the connection open.
+async fn reading_4_mib_then_nothing() -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut connection, _) = listener.accept().await.unwrap();
+        let (mut read, mut buf) = (0, vec![0; 64 << 10]);
+        while read < 4 << 20 {
+            match connection.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => read += n,
+            }
+        }
+        std::future::pending::<()>().await;
+        drop(connection);
+    });
+    address
 }
 
 /// A client connected to the proxy whose own receive buffer is small, so
@@ -769,22 +832,24 @@ async fn answering_64_mib() -> (std::net::SocketAddr, Arc<AtomicU64>) {
     (address, written)
 }
 
-/// Reads `probe` every 5 ms until `progress` has not moved for 100 reads
-/// in a row (everything on the way is full), and returns the most it read;
-/// fails if that does not happen within 10 s.
-async fn most_until_still(progress: &AtomicU64, probe: impl Fn() -> u64) -> u64 {
+/// Reads `probe` every 5 ms until `progress`, once begun, has not moved
+/// for 100 reads in a row (everything on the way is full), and returns the
+/// most it read and what it reads then; fails if that does not happen
+/// within 10 s.
+async fn most_until_still(progress: &AtomicU64, probe: impl Fn() -> u64) -> (u64, u64) {
     let (mut last, mut unchanged, mut most) = (0, 0, 0);
     for _ in 0..2_000 {
         tokio::time::sleep(Duration::from_millis(5)).await;
-        most = most.max(probe());
+        let read = probe();
+        most = most.max(read);
         let now = progress.load(Ordering::Relaxed);
-        (unchanged, last) = if now == last {
+        (unchanged, last) = if now == last && now > 0 {
             (unchanged + 1, now)
         } else {
             (0, now)
         };
         if unchanged == 100 {
-            return most;
+            return (most, read);
         }
     }
     panic!("still moving after 10 s: {last} bytes");

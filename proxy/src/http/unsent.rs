@@ -8,7 +8,8 @@
 //! and needs no credential to do it: pipelined requests' 401s are answers
 //! too. A memory cgroup v2 charges those buffers to the pod, beside the
 //! proxy's own memory: 4,096 such connections could hold 16 GiB
-//! (docs/operations.md, "Memory at worst").
+//! (docs/operations.md, "Memory at worst"). A push towards an upstream
+//! that stops reading waited there the same way, up to 4 MiB a request.
 //!
 //! `TCP_NOTSENT_LOWAT` bounds the bytes queued and not yet sent: a write
 //! waits while that many are. Bytes sent leave the buffer once

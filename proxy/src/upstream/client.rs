@@ -32,6 +32,7 @@ use super::plain::{self, PlainBody, PlainError, PlainLink};
 use super::pool::{Key, Parkable, Pool};
 use crate::http::body::{BoxError, ProxyBody};
 use crate::http::headers;
+use crate::http::unsent;
 
 type Connection = http1::Connection<MaybeHttpsStream<TokioIo<TcpStream>>, ProxyBody>;
 
@@ -261,6 +262,13 @@ impl HttpClient {
             .call(key.origin())
             .await
             .map_err(UpstreamError::Connect)?;
+        // A push the upstream reads slowly waits in the proxy (its body
+        // read on only as the upstream takes it), not queued in the kernel.
+        let tcp = match &io {
+            MaybeHttpsStream::Http(tcp) => tcp.inner(),
+            MaybeHttpsStream::Https(tls) => tls.inner().get_ref().0.inner().inner(),
+        };
+        let _ = unsent::bound(tcp);
         http1::handshake(io).await.map_err(UpstreamError::Http)
     }
 
