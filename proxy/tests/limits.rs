@@ -1,6 +1,8 @@
 //! Admission limits end to end: per-tenant request rate, concurrency and
 //! push bytes (429 with Retry-After), the global concurrency limit (503),
-//! and slow request bodies (408), against the Loki stand-in.
+//! and slow request bodies (408), against the Loki stand-in; connection
+//! limits; and what the kernel's buffers hold for a peer that stops
+//! reading (read from /proc/net/tcp).
 
 mod support;
 
