@@ -729,6 +729,28 @@ async fn an_unread_answer_waits_upstream_in_a_buffer_of_the_configured_size() {
     }
 }
 
+/// The kernel takes `net.core.rmem_max` for a receive buffer asked above
+/// it, without a word; the proxy says so at start.
+#[tokio::test]
+async fn a_receive_buffer_above_what_the_kernel_allows_is_warned_about() {
+    let Ok(max) = std::fs::read_to_string("/proc/sys/net/core/rmem_max") else {
+        return; // not readable in this network namespace: nothing to compare
+    };
+    let above = max.trim().parse::<u32>().unwrap() + 1;
+    let limits = format!("  upstream_receive_buffer_bytes: {above}\n");
+    let (_loki, _proxy) = start(Box::leak(limits.into_boxed_str()), "").await;
+    let logs = String::from_utf8_lossy(&support::captured_logs().lock().unwrap()).into_owned();
+    let warned = format!(
+        "\"upstream_receive_buffer_bytes\":{above},\"rmem_max\":{}",
+        max.trim()
+    );
+    assert!(
+        logs.lines()
+            .any(|line| line.contains("above net.core.rmem_max") && line.contains(&warned)),
+        "no warning naming {above} and the kernel's maximum"
+    );
+}
+
 /// A push its upstream stops reading waits in the proxy and on its
 /// client's connection, not queued in the kernel towards the upstream,
 /// whose send buffer the kernel grows with the pace the upstream had
