@@ -814,6 +814,42 @@ async fn reading_4_mib_then_nothing() -> std::net::SocketAddr {
     address
 }
 
+/// A client that takes none of its answer holds its connection (and with
+/// it the request's slot, an upstream connection and their buffers) for
+/// two quiet periods once the answer stops moving, not for twice
+/// `upstream_timeout`: a write waiting for the client is not an upstream
+/// still at work.
+#[tokio::test]
+async fn a_connection_whose_client_takes_none_of_its_answer_is_closed_soon() {
+    support::captured_logs();
+    let (upstream, _written) = answering_64_mib().await;
+    let mut options = ProxyOptions::new(format!("http://{upstream}"));
+    options.limits = "  header_read_timeout: 200ms\n  upstream_timeout: 10m\n";
+    let proxy = RunningProxy::start(options).await;
+    let mut client = client_reading_nothing(&proxy).await;
+    let request = format!(
+        "GET {QUERY} HTTP/1.1\r\nhost: proxy\r\nauthorization: {}\r\n\r\n",
+        basic("alice", "alice-pw")
+    );
+    client.write_all(request.as_bytes()).await.unwrap();
+    let open = async |count: &str| {
+        let line = format!("tenant_proxy_client_connections {count}");
+        proxy.metrics().await.lines().any(|l| l == line)
+    };
+    eventually(
+        "the connection counted",
+        Duration::from_secs(10),
+        async || open("1").await,
+    )
+    .await;
+    eventually(
+        "the connection closed",
+        Duration::from_secs(10),
+        async || open("0").await,
+    )
+    .await;
+}
+
 /// A client connected to the proxy whose own receive buffer is small, so
 /// that what waits for it is on the proxy's side.
 async fn client_reading_nothing(proxy: &RunningProxy) -> tokio::net::TcpStream {

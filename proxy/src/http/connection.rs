@@ -29,29 +29,51 @@ pub enum Transport {
     Tls(Box<TlsStream<TcpStream>>),
 }
 
-/// A stream that notes when bytes move (the server's: `Marked<Transport>`).
+/// A stream that notes when bytes move, and whether a write waits for the
+/// client to take bytes (the server's: `Marked<Transport>`).
 pub struct Marked<S> {
     stream: S,
-    moved: Arc<AtomicBool>,
+    marks: Arc<Marks>,
+}
+
+/// Written and read on the connection's own task, and looked at by its
+/// clocks: no ordering with anything else is needed.
+#[derive(Default)]
+struct Marks {
+    moved: AtomicBool,
+    write_waits: AtomicBool,
 }
 
 /// Tells when a [`Marked`] stream has been quiet for a while. Copies share
 /// one mark, which each look clears: one copy at a time may wait.
 #[derive(Clone)]
-pub struct Quiet(Arc<AtomicBool>);
+pub struct Quiet(Arc<Marks>);
 
 impl<S> Marked<S> {
     pub fn new(stream: S) -> (Self, Quiet) {
-        let moved = Arc::new(AtomicBool::new(false));
-        let quiet = Quiet(moved.clone());
-        (Self { stream, moved }, quiet)
+        let marks = Arc::new(Marks::default());
+        let quiet = Quiet(marks.clone());
+        (Self { stream, marks }, quiet)
     }
 
     fn note(&self, moved: bool) {
         if moved {
-            // Written and read on the connection's own task only: no
-            // ordering with anything else is needed.
-            self.moved.store(true, Ordering::Relaxed);
+            self.marks.moved.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// After a write: it moved bytes, or waits for the client to take some.
+    fn note_write(&self, written: &Poll<io::Result<usize>>) {
+        self.note(matches!(written, Poll::Ready(Ok(n)) if *n > 0));
+        self.note_waiting(written.is_pending());
+    }
+
+    /// A write or a flush (TLS: the records a write left to send) that
+    /// waits for the client, or none. Stored only when it changes: almost
+    /// every write is taken at once.
+    fn note_waiting(&self, waits: bool) {
+        if self.marks.write_waits.load(Ordering::Relaxed) != waits {
+            self.marks.write_waits.store(waits, Ordering::Relaxed);
         }
     }
 }
@@ -72,13 +94,37 @@ impl Quiet {
             };
             tokio::select! {
                 () = tokio::time::sleep(look) => {
-                    if !self.0.swap(false, Ordering::Relaxed) {
+                    if !self.0.moved.swap(false, Ordering::Relaxed) {
                         return;
                     }
                 }
                 // Look again with the other period; bytes seen so far
                 // still count. (A listener gone: the clock alone.)
                 Ok(()) = crowded.changed() => {}
+            }
+        }
+    }
+}
+
+impl Quiet {
+    /// Resolves once a whole `period` has passed without a byte moving, or
+    /// sooner, once a whole `stuck` period has, at whose end a write
+    /// still waits for the client: a connection whose client takes none of
+    /// what it is sent is not waiting for an upstream, and needs no more
+    /// than `stuck` to show it (nginx's `send_timeout`, 60 s, is such a
+    /// clock). Looked at once every `stuck` (or `period`, if shorter).
+    pub async fn for_a_whole_unless_stuck(&self, period: Duration, stuck: Duration) {
+        let look = stuck.min(period);
+        let mut quiet_for = Duration::ZERO;
+        loop {
+            tokio::time::sleep(look).await;
+            if self.0.moved.swap(false, Ordering::Relaxed) {
+                quiet_for = Duration::ZERO;
+                continue;
+            }
+            quiet_for += look;
+            if quiet_for >= period || self.0.write_waits.load(Ordering::Relaxed) {
+                return;
             }
         }
     }
@@ -191,7 +237,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Marked<S> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let written = Pin::new(&mut self.stream).poll_write(cx, buf);
-        self.note(matches!(written, Poll::Ready(Ok(n)) if n > 0));
+        self.note_write(&written);
         written
     }
 
@@ -201,7 +247,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Marked<S> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let written = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
-        self.note(matches!(written, Poll::Ready(Ok(n)) if n > 0));
+        self.note_write(&written);
         written
     }
 
@@ -210,7 +256,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Marked<S> {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_flush(cx)
+        let flushed = Pin::new(&mut self.stream).poll_flush(cx);
+        self.note_waiting(flushed.is_pending());
+        flushed
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -422,6 +470,54 @@ mod tests {
             .await
             .expect("abandon woke the task");
         assert_eq!(served.unwrap(), None);
+    }
+
+    /// A connection quiet for eight periods with nothing to write; as
+    /// soon as one whole period passes with a write waiting at its end.
+    #[tokio::test(start_paused = true)]
+    async fn a_write_the_client_takes_none_of_shortens_the_wait() {
+        let (_marked, quiet, _client) = pair();
+        let started = Instant::now();
+        quiet.for_a_whole_unless_stuck(8 * PERIOD, PERIOD).await;
+        assert_eq!(
+            started.elapsed(),
+            8 * PERIOD,
+            "nothing waits: the whole period"
+        );
+
+        let (mut marked, quiet, _client) = pair();
+        let started = Instant::now();
+        // 64 bytes fit the pipe (bytes moved, seen by the look at 30 s);
+        // the rest waits for ever, seen by the look at 60 s.
+        let writing = async {
+            let _ = marked.write_all(&[0; 100]).await;
+        };
+        tokio::select! {
+            () = quiet.for_a_whole_unless_stuck(8 * PERIOD, PERIOD) => {}
+            () = writing => unreachable!("the client reads nothing"),
+        }
+        assert_eq!(started.elapsed(), 2 * PERIOD);
+    }
+
+    /// A write that waited and was then taken no longer counts as waiting.
+    #[tokio::test(start_paused = true)]
+    async fn a_write_taken_in_the_end_waits_no_more() {
+        let (mut marked, quiet, mut client) = pair();
+        let started = Instant::now();
+        let traffic = async {
+            let mut all = [0; 100];
+            let writing = marked.write_all(&[0; 100]);
+            // The client takes everything at 10 s.
+            let reading = async {
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                client.read_exact(&mut all).await.unwrap();
+            };
+            let (written, ()) = tokio::join!(writing, reading);
+            written.unwrap();
+        };
+        tokio::join!(quiet.for_a_whole_unless_stuck(8 * PERIOD, PERIOD), traffic);
+        // Bytes seen by the look at 30 s, then eight quiet looks.
+        assert_eq!(started.elapsed(), 9 * PERIOD);
     }
 
     #[tokio::test(start_paused = true)]

@@ -186,11 +186,15 @@ pub async fn serve_connections<H, F, B>(
             // `upstream_timeout` has nothing left in flight that could
             // still move a byte (a request's answer comes within it, a
             // push's within twice it): it is held by a client that lets no
-            // answer through, and is closed.
+            // answer through, and is closed. One whose client takes none
+            // of what waits to be written needs only one more quiet
+            // period to show it: its answers hold their slots and buffers
+            // no longer than that.
             let still_quiet = quiet.clone();
             let abandon = move || async move {
-                let (_never, crowded) = watch::channel(false);
-                still_quiet.for_a_whole(abandon_after, crowded).await;
+                still_quiet
+                    .for_a_whole_unless_stuck(abandon_after, head_time)
+                    .await;
                 tracing::debug!(%peer, "connection still quiet after being told to finish, closed");
             };
             let stop = async move {
