@@ -1,6 +1,8 @@
 //! A client connection as the server drives it: plain TCP or TLS, marked
 //! whenever bytes move either way, so that a connection quiet for too long
-//! can be told to finish.
+//! can be told to finish, and while a write waits for the client, so that
+//! one whose client takes nothing is closed sooner than one waiting for an
+//! upstream.
 //!
 //! hyper closes an HTTP/1.1 connection whose request head does not arrive
 //! in time (`limits.header_read_timeout`), but nothing else has such a
@@ -104,9 +106,7 @@ impl Quiet {
             }
         }
     }
-}
 
-impl Quiet {
     /// Resolves once a whole `period` has passed without a byte moving, or
     /// sooner, once a whole `stuck` period has, at whose end a write
     /// still waits for the client: a connection whose client takes none of
