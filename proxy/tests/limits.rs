@@ -697,7 +697,7 @@ async fn an_unread_answer_waits_upstream_in_a_buffer_of_the_configured_size() {
             ),
         ),
     ] {
-        let (upstream, written) = answering_64_mib().await;
+        let (upstream, written) = support::answering_64_mib().await;
         let mut options = match by {
             "hand" => ProxyOptions::new(format!("http://{upstream}")),
             _ => ProxyOptions::metrics(
@@ -823,7 +823,7 @@ async fn reading_4_mib_then_nothing() -> std::net::SocketAddr {
 #[tokio::test]
 async fn a_connection_whose_client_takes_none_of_its_answer_is_closed_soon() {
     support::captured_logs();
-    let (upstream, _written) = answering_64_mib().await;
+    let (upstream, _written) = support::answering_64_mib().await;
     let mut options = ProxyOptions::new(format!("http://{upstream}"));
     options.limits = "  header_read_timeout: 200ms\n  upstream_timeout: 10m\n";
     let proxy = RunningProxy::start(options).await;
@@ -857,40 +857,6 @@ async fn client_reading_nothing(proxy: &RunningProxy) -> tokio::net::TcpStream {
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     socket.set_recv_buffer_size(4096).unwrap();
     socket.connect(proxy.addr).await.unwrap()
-}
-
-/// An upstream answering its first request with 64 MiB, written as fast as
-/// the proxy takes them, and the count of the bytes written so far.
-async fn answering_64_mib() -> (std::net::SocketAddr, Arc<AtomicU64>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap();
-    let written = Arc::new(AtomicU64::new(0));
-    let counted = written.clone();
-    tokio::spawn(async move {
-        let (mut connection, _) = listener.accept().await.unwrap();
-        let (mut head, mut buf) = (Vec::new(), [0; 4096]);
-        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-            match connection.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => head.extend_from_slice(&buf[..n]),
-            }
-        }
-        let (chunk, chunks) = (vec![b' '; 64 << 10], 1024);
-        let answer = format!(
-            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
-            chunk.len() * chunks
-        );
-        if connection.write_all(answer.as_bytes()).await.is_err() {
-            return;
-        }
-        for _ in 0..chunks {
-            if connection.write_all(&chunk).await.is_err() {
-                return;
-            }
-            counted.fetch_add(chunk.len() as u64, Ordering::Relaxed);
-        }
-    });
-    (address, written)
 }
 
 /// Reads `probe` every 5 ms until `progress`, once begun, has not moved

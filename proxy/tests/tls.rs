@@ -19,7 +19,9 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::{ClientConfig, NamedGroup, RootCertStore};
 use support::certs::{pem_der, provider_with_only, Ca, Leaf};
 use support::loki::LokiStandIn;
-use support::{basic, replace_file, ProxyOptions, RunningProxy};
+use support::{basic, eventually, replace_file, ProxyOptions, RunningProxy};
+use tokio::io::AsyncWriteExt;
+use tokio_rustls::TlsConnector;
 
 /// A client trusting `roots`, presenting `client_cert` if given, on
 /// `provider`.
@@ -245,4 +247,48 @@ async fn the_listener_agrees_a_post_quantum_key_exchange_and_still_a_classical_o
         assert_eq!(agreed, group.name());
     }
     assert_eq!(loki.received().len(), 2);
+}
+
+/// Over TLS too, a client that takes none of its answer holds its
+/// connection for two quiet periods once the answer stops moving, not for
+/// twice `upstream_timeout`: the writes that wait for it are rustls's
+/// (once its buffer is full) and its flushes.
+#[tokio::test]
+async fn over_tls_a_client_that_takes_none_of_its_answer_is_closed_soon() {
+    support::captured_logs();
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new();
+    let section = ca.issue("localhost").write_to(dir.path());
+    let (upstream, _written) = support::answering_64_mib().await;
+    let mut options = ProxyOptions::new(format!("http://{upstream}"));
+    options.limits = "  header_read_timeout: 200ms\n  upstream_timeout: 10m\n";
+    options.extra = Box::leak(section.into_boxed_str());
+    let proxy = RunningProxy::start(options).await;
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let connector = TlsConnector::from(Arc::new(client_config(provider, ca.roots(), None)));
+    let tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let name = ServerName::try_from("localhost").unwrap();
+    let mut tls = connector.connect(name, tcp).await.unwrap();
+    let request = format!(
+        "GET {LABELS} HTTP/1.1\r\nhost: localhost\r\nauthorization: {}\r\n\r\n",
+        basic("alice", "alice-pw")
+    );
+    tls.write_all(request.as_bytes()).await.unwrap();
+    tls.flush().await.unwrap();
+    let open = async |count: &str| {
+        let line = format!("tenant_proxy_client_connections {count}");
+        proxy.metrics().await.lines().any(|l| l == line)
+    };
+    eventually(
+        "the connection counted",
+        Duration::from_secs(10),
+        async || open("1").await,
+    )
+    .await;
+    eventually(
+        "the connection closed",
+        Duration::from_secs(10),
+        async || open("0").await,
+    )
+    .await;
 }

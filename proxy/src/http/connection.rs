@@ -472,13 +472,23 @@ mod tests {
         assert_eq!(served.unwrap(), None);
     }
 
+    /// `quiet`'s clock of eight periods, or one while a write waits;
+    /// bounded, so that a clock that never ends fails the test rather
+    /// than holding it (the paused clock would advance for ever).
+    async fn abandon_clock(quiet: &Quiet) {
+        let clock = quiet.for_a_whole_unless_stuck(8 * PERIOD, PERIOD);
+        tokio::time::timeout(100 * PERIOD, clock)
+            .await
+            .expect("the clock ends");
+    }
+
     /// A connection quiet for eight periods with nothing to write; as
     /// soon as one whole period passes with a write waiting at its end.
     #[tokio::test(start_paused = true)]
     async fn a_write_the_client_takes_none_of_shortens_the_wait() {
         let (_marked, quiet, _client) = pair();
         let started = Instant::now();
-        quiet.for_a_whole_unless_stuck(8 * PERIOD, PERIOD).await;
+        abandon_clock(&quiet).await;
         assert_eq!(
             started.elapsed(),
             8 * PERIOD,
@@ -493,7 +503,7 @@ mod tests {
             let _ = marked.write_all(&[0; 100]).await;
         };
         tokio::select! {
-            () = quiet.for_a_whole_unless_stuck(8 * PERIOD, PERIOD) => {}
+            () = abandon_clock(&quiet) => {}
             () = writing => unreachable!("the client reads nothing"),
         }
         assert_eq!(started.elapsed(), 2 * PERIOD);
@@ -515,7 +525,7 @@ mod tests {
             let (written, ()) = tokio::join!(writing, reading);
             written.unwrap();
         };
-        tokio::join!(quiet.for_a_whole_unless_stuck(8 * PERIOD, PERIOD), traffic);
+        tokio::join!(abandon_clock(&quiet), traffic);
         // Bytes seen by the look at 30 s, then eight quiet looks.
         assert_eq!(started.elapsed(), 9 * PERIOD);
     }

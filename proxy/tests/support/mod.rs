@@ -12,6 +12,7 @@ pub mod prometheus;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -24,6 +25,7 @@ use hyper_util::rt::TokioExecutor;
 use tenant_proxy::config::Config;
 use tenant_proxy::tenants::reload::{ReloadStatus, Tenants};
 use tenant_proxy::Proxy;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
@@ -364,6 +366,40 @@ pub async fn eventually(
         );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
+}
+
+/// An upstream answering its first request with 64 MiB, written as fast as
+/// the proxy takes them, and the count of the bytes written so far.
+pub async fn answering_64_mib() -> (SocketAddr, Arc<AtomicU64>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let written = Arc::new(AtomicU64::new(0));
+    let counted = written.clone();
+    tokio::spawn(async move {
+        let (mut connection, _) = listener.accept().await.unwrap();
+        let (mut head, mut buf) = (Vec::new(), [0; 4096]);
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            match connection.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => head.extend_from_slice(&buf[..n]),
+            }
+        }
+        let (chunk, chunks) = (vec![b' '; 64 << 10], 1024);
+        let answer = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            chunk.len() * chunks
+        );
+        if connection.write_all(answer.as_bytes()).await.is_err() {
+            return;
+        }
+        for _ in 0..chunks {
+            if connection.write_all(&chunk).await.is_err() {
+                return;
+            }
+            counted.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+        }
+    });
+    (address, written)
 }
 
 // === captured logs ===
