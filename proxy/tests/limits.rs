@@ -833,22 +833,7 @@ async fn a_connection_whose_client_takes_none_of_its_answer_is_closed_soon() {
         basic("alice", "alice-pw")
     );
     client.write_all(request.as_bytes()).await.unwrap();
-    let open = async |count: &str| {
-        let line = format!("tenant_proxy_client_connections {count}");
-        proxy.metrics().await.lines().any(|l| l == line)
-    };
-    eventually(
-        "the connection counted",
-        Duration::from_secs(10),
-        async || open("1").await,
-    )
-    .await;
-    eventually(
-        "the connection closed",
-        Duration::from_secs(10),
-        async || open("0").await,
-    )
-    .await;
+    proxy.assert_its_one_connection_closed().await;
 }
 
 /// A client connected to the proxy whose own receive buffer is small, so

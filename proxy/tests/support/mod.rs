@@ -287,6 +287,19 @@ impl RunningProxy {
         assert_eq!(r.status, StatusCode::OK);
         r.text()
     }
+
+    /// Waits (at most 10 s each) until the proxy counts one client
+    /// connection open, then none: the test's one connection came and was
+    /// closed by the proxy.
+    pub async fn assert_its_one_connection_closed(&self) {
+        for (count, what) in [(1, "the connection counted"), (0, "the connection closed")] {
+            let line = format!("tenant_proxy_client_connections {count}");
+            eventually(what, Duration::from_secs(10), async || {
+                self.metrics().await.lines().any(|l| l == line)
+            })
+            .await;
+        }
+    }
 }
 
 // === HTTP client ===
