@@ -1,8 +1,9 @@
 """The proxy on loopback for the memory scripts (stalled-bodies.py,
-partial-heads.py, unread-answers.py): started on free ports with
-examples/proxy/tenants.yaml, label mode towards a closed port (nothing is
-ever forwarded) unless given a Loki upstream, its RSS read from /proc and
-its sockets' kernel memory from `ss`, killed by its PID by the caller."""
+partial-heads.py, unread-answers.py, idle-memory.py): started on free
+ports with examples/proxy/tenants.yaml (or the tenants text given), label
+mode towards a closed port (nothing is ever forwarded) unless given a Loki
+upstream, its RSS read from /proc and its sockets' kernel memory from
+`ss`, killed by its PID by the caller."""
 import os
 import re
 import socket
@@ -21,11 +22,12 @@ def free_port():
 
 
 class LocalProxy:
-    def __init__(self, binary, limits="", logs_upstream=None):
+    def __init__(self, binary, limits="", logs_upstream=None, tenants=None):
         work = tempfile.mkdtemp()
         self.port, self.admin, closed = free_port(), free_port(), free_port()
-        with open(os.path.join(REPO, "examples/proxy/tenants.yaml")) as src:
-            tenants = src.read()
+        if tenants is None:
+            with open(os.path.join(REPO, "examples/proxy/tenants.yaml")) as src:
+                tenants = src.read()
         with open(f"{work}/tenants.yaml", "w") as out:
             out.write(tenants)
         with open(f"{work}/config.yaml", "w") as out:
