@@ -452,18 +452,38 @@ fn rewrite_series_v1<'m>(
     let name = tenant.name.as_bytes();
     let mut found = Found::Nothing;
     let offset = |raw: &[u8]| raw.as_ptr() as usize - series.as_ptr() as usize;
-    for field in fields(series) {
+    let mut on_label = |label: protowire::SeriesLabel<'m>| {
+        if label.name == name {
+            found = found.and(label.value);
+        } else {
+            let start = offset(label.raw);
+            scratch
+                .labels
+                .push((label.name, start..start + label.raw.len()));
+        }
+    };
+    let mut fields = fields(series);
+    loop {
+        // Labels as encoders lay them out are read in one step.
+        if let Some(label) = fields.next_short_label() {
+            on_label(label);
+            continue;
+        }
+        let Some(field) = fields.next() else { break };
         let field = field?;
         match (field.tag, field.wire_type) {
             (1, LEN) => {
-                // Only the tenant label's value is ever needed.
                 let label = protowire::label_name(field.payload)?;
-                if label == name {
-                    found = found.and(protowire::label_pair(field.payload)?.1);
-                } else {
-                    let start = offset(field.raw);
-                    scratch.labels.push((label, start..start + field.raw.len()));
-                }
+                // Only the tenant label's value is ever needed.
+                let value = match label == name {
+                    true => protowire::label_pair(field.payload)?.1,
+                    false => b"",
+                };
+                on_label(protowire::SeriesLabel {
+                    name: label,
+                    value,
+                    raw: field.raw,
+                });
             }
             (2, LEN) => {
                 stats.samples += 1;
