@@ -110,8 +110,7 @@ fn hash_password() -> anyhow::Result<()> {
 #[tokio::main]
 async fn run(config: Config) -> anyhow::Result<()> {
     tenant_proxy::ops::open_files::raise_for(config.limits.max_connections);
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
+    let listener = tenant_proxy::http::server::bind(config.listen, &config.limits)
         .with_context(|| format!("binding {}", config.listen))?;
     let admin = tokio::net::TcpListener::bind(config.admin_listen)
         .await

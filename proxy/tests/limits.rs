@@ -14,7 +14,7 @@ use http::{Method, StatusCode};
 use support::loki::LokiStandIn;
 use support::{basic, eventually, get, send, ProxyOptions, RunningProxy};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::Notify;
+use tokio::sync::{oneshot, Notify};
 
 const QUERY: &str = "/loki/api/v1/query_range?query=%7Bapp%3D%22x%22%7D&limit=10";
 const PUSH: &str = "/loki/api/v1/push";
@@ -650,7 +650,32 @@ async fn a_full_listener_closes_idle_connections_sooner() {
 #[tokio::test]
 async fn answers_a_client_does_not_read_queue_little_in_the_kernel() {
     let (_loki, proxy) = start("", "").await;
-    let client = client_reading_nothing(&proxy).await;
+    let most_queued = pipelined_401s_unread(&proxy, |to_send, _| to_send).await;
+    assert_within_the_unsent_bound(most_queued, "the client");
+}
+
+/// The requests such a client sends on while its answers wait are not
+/// read either: they wait in the client connection's kernel receive
+/// buffer, which `limits.client_receive_buffer_bytes` fixes (unset, the
+/// kernel's, about 100 KiB measured here, grown with the pace).
+#[tokio::test]
+async fn requests_sent_while_answers_wait_queue_in_a_buffer_of_the_configured_size() {
+    let (_loki, proxy) = start("  client_receive_buffer_bytes: 16384\n", "").await;
+    let most_received = pipelined_401s_unread(&proxy, |_, received| received).await;
+    assert!(most_received > 0, "no request waited in the kernel");
+    // The kernel doubles what it is given, for its own overhead.
+    assert!(
+        most_received <= 2 * 16384,
+        "{most_received} bytes received from the client and not read, more than twice the buffer"
+    );
+}
+
+/// Pipelines requests without a credential on a connection whose client
+/// reads none of the 401s, until it can send no more, and returns the most
+/// `probe` read from the proxy's side of it (bytes to send, bytes received
+/// and not read) on the way.
+async fn pipelined_401s_unread(proxy: &RunningProxy, probe: fn(u64, u64) -> u64) -> u64 {
+    let client = client_reading_nothing(proxy).await;
     let client_port = client.local_addr().unwrap().port();
     let (_unread, mut writer) = client.into_split();
     let written = Arc::new(AtomicU64::new(0));
@@ -667,12 +692,13 @@ async fn answers_a_client_does_not_read_queue_little_in_the_kernel() {
     });
     // Until the client can send no more: the proxy reads no more, its
     // answers waiting.
-    let (most_queued, _) = most_until_still(&written, || {
-        socket_queues(Some(proxy.addr.port()), client_port).map_or(0, |(to_send, _)| to_send)
+    let (most, _) = most_until_still(&written, || {
+        socket_queues(Some(proxy.addr.port()), client_port)
+            .map_or(0, |(to_send, received)| probe(to_send, received))
     })
     .await;
     sending.abort();
-    assert_within_the_unsent_bound(most_queued, "the client");
+    most
 }
 
 /// Beyond what the proxy holds itself, an answer whose client stops
@@ -724,25 +750,30 @@ async fn an_unread_answer_waits_upstream_in_a_buffer_of_the_configured_size() {
 }
 
 /// The kernel takes `net.core.rmem_max` for a receive buffer asked above
-/// it, without a word; the proxy says so at start.
+/// it, without a word; the proxy says so at start, for each setting.
 #[tokio::test]
 async fn a_receive_buffer_above_what_the_kernel_allows_is_warned_about() {
     let Ok(max) = std::fs::read_to_string("/proc/sys/net/core/rmem_max") else {
         return; // not readable in this network namespace: nothing to compare
     };
     let above = max.trim().parse::<u32>().unwrap() + 1;
-    let limits = format!("  upstream_receive_buffer_bytes: {above}\n");
-    let (_loki, _proxy) = start(Box::leak(limits.into_boxed_str()), "").await;
-    let logs = String::from_utf8_lossy(&support::captured_logs().lock().unwrap()).into_owned();
-    let warned = format!(
-        "\"upstream_receive_buffer_bytes\":{above},\"rmem_max\":{}",
-        max.trim()
-    );
-    assert!(
-        logs.lines()
-            .any(|line| line.contains("above net.core.rmem_max") && line.contains(&warned)),
-        "no warning naming {above} and the kernel's maximum"
-    );
+    for setting in [
+        "upstream_receive_buffer_bytes",
+        "client_receive_buffer_bytes",
+    ] {
+        let limits = format!("  {setting}: {above}\n");
+        let (_loki, _proxy) = start(Box::leak(limits.into_boxed_str()), "").await;
+        let logs = String::from_utf8_lossy(&support::captured_logs().lock().unwrap()).into_owned();
+        let warned = format!(
+            "\"setting\":\"limits.{setting}\",\"bytes\":{above},\"rmem_max\":{}",
+            max.trim()
+        );
+        assert!(
+            logs.lines()
+                .any(|line| line.contains("above net.core.rmem_max") && line.contains(&warned)),
+            "no warning naming {setting}, {above} and the kernel's maximum"
+        );
+    }
 }
 
 /// A push its upstream stops reading waits in the proxy and on its
@@ -752,7 +783,7 @@ async fn a_receive_buffer_above_what_the_kernel_allows_is_warned_about() {
 #[tokio::test]
 async fn a_push_its_upstream_stops_reading_queues_little_in_the_kernel() {
     support::captured_logs();
-    let upstream = reading_4_mib_then_nothing().await;
+    let (upstream, stopped) = reading_4_mib_then_nothing().await;
     let proxy = RunningProxy::start(ProxyOptions::new(format!("http://{upstream}"))).await;
     let client = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
     let (_answer, mut writer) = client.into_split();
@@ -772,11 +803,16 @@ async fn a_push_its_upstream_stops_reading_queues_little_in_the_kernel() {
             counted.fetch_add(chunk.len() as u64, Ordering::Relaxed);
         }
     });
-    // Until the client can send no more. While the upstream read, the
-    // bytes in flight were in the queue too (up to its window); once it
-    // stopped, what stays is what waits unsent.
+    // While the upstream read, the bytes in flight were in the queue too
+    // (up to its window); once it stopped, what stays is what waits
+    // unsent. Stillness counts only from then: before, a slow verification
+    // holds the client still as well.
+    let proxy_port = tokio::time::timeout(Duration::from_secs(10), stopped)
+        .await
+        .expect("the upstream read its 4 MiB within 10 s")
+        .unwrap();
     let (_, queued) = most_until_still(&written, || {
-        socket_queues(None, upstream.port()).map_or(0, |(to_send, _)| to_send)
+        socket_queues(Some(proxy_port), upstream.port()).map_or(0, |(to_send, _)| to_send)
     })
     .await;
     sending.abort();
@@ -796,12 +832,20 @@ fn assert_within_the_unsent_bound(queued: u64, towards: &str) {
 }
 
 /// An upstream that reads the first 4 MiB of its first connection as fast
-/// as they come, then nothing more, holding the connection open.
-async fn reading_4_mib_then_nothing() -> std::net::SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+/// as they come, then nothing more, holding the connection open; it says
+/// when it stops reading, with the proxy's port of that connection. Its
+/// receive buffer is fixed small: grown with the pace (up to `tcp_rmem`'s
+/// maximum, 32 MiB on some hosts), it could take the rest of a push whole,
+/// and nothing would wait on the proxy's side.
+async fn reading_4_mib_then_nothing() -> (std::net::SocketAddr, oneshot::Receiver<u16>) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(64 << 10).unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = socket.listen(16).unwrap();
     let address = listener.local_addr().unwrap();
+    let (stopped, stopped_rx) = oneshot::channel();
     tokio::spawn(async move {
-        let (mut connection, _) = listener.accept().await.unwrap();
+        let (mut connection, proxy) = listener.accept().await.unwrap();
         let (mut read, mut buf) = (0, vec![0; 64 << 10]);
         while read < 4 << 20 {
             match connection.read(&mut buf).await {
@@ -809,10 +853,11 @@ async fn reading_4_mib_then_nothing() -> std::net::SocketAddr {
                 Ok(n) => read += n,
             }
         }
+        let _ = stopped.send(proxy.port());
         std::future::pending::<()>().await;
         drop(connection);
     });
-    address
+    (address, stopped_rx)
 }
 
 /// A client that takes none of its answer holds its connection (and with
@@ -867,11 +912,14 @@ async fn most_until_still(progress: &AtomicU64, probe: impl Fn() -> u64) -> (u64
     panic!("still moving after 10 s: {last} bytes");
 }
 
-/// The bytes the kernel holds on a loopback IPv4 socket to port `remote`
-/// (from port `local`, if given; else from any):
-/// to send, unsent or unacknowledged, and received, not yet read
-/// (`tx_queue` and `rx_queue` in /proc/net/tcp).
+/// The bytes the kernel holds on an established loopback IPv4 socket to
+/// port `remote` (from port `local`, if given; else from any, the one
+/// holding most): to send, unsent or unacknowledged, and received, not
+/// yet read (`tx_queue` and `rx_queue` in /proc/net/tcp). Another test's
+/// connection to a listener that had the same port may still be in the
+/// table, in `TIME_WAIT` or held open by its task, its queues empty.
 fn socket_queues(local: Option<u16>, remote: u16) -> Option<(u64, u64)> {
+    const ESTABLISHED: &str = "01";
     let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
     let address = |port: u16| format!("0100007F:{port:04X}");
     let remote = address(remote);
@@ -880,10 +928,15 @@ fn socket_queues(local: Option<u16>, remote: u16) -> Option<(u64, u64)> {
         .lines()
         .skip(1)
         .map(|line| line.split_whitespace().collect::<Vec<_>>())
-        .find(|fields| fields[2] == remote && local.as_ref().is_none_or(|l| fields[1] == *l))
+        .filter(|fields| {
+            fields[2] == remote
+                && fields[3] == ESTABLISHED
+                && local.as_ref().is_none_or(|l| fields[1] == *l)
+        })
         .map(|fields| {
             let (to_send, received) = fields[4].split_once(':').unwrap();
             let hex = |queue| u64::from_str_radix(queue, 16).unwrap();
             (hex(to_send), hex(received))
         })
+        .max_by_key(|(to_send, received)| to_send + received)
 }

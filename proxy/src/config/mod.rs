@@ -31,8 +31,9 @@ pub use tenant_limits::{
 /// Largest `limits.max_header_bytes`: Go's `http.DefaultMaxHeaderBytes`,
 /// the limit of every upstream this proxy serves.
 pub const MAX_HEADER_BYTES: usize = 1 << 20;
-/// Smallest fixed `limits.upstream_receive_buffer_bytes`: 16 KiB a round
-/// trip is already a crawl; below, a typo more likely than a choice.
+/// Smallest fixed `limits.upstream_receive_buffer_bytes` and
+/// `limits.client_receive_buffer_bytes`: 16 KiB a round trip is already a
+/// crawl; below, a typo more likely than a choice.
 const MIN_RECEIVE_BUFFER: u32 = 16 << 10;
 
 #[derive(Debug, thiserror::Error)]
@@ -295,12 +296,24 @@ impl Config {
         if self.limits.max_connections == 0 {
             return Err("limits.max_connections must be at least 1".into());
         }
-        let receive_buffer = self.limits.upstream_receive_buffer_bytes;
-        if receive_buffer != 0 && receive_buffer < MIN_RECEIVE_BUFFER {
-            return Err(format!(
-                "limits.upstream_receive_buffer_bytes must be 0 (the kernel's) or at least \
-                 {MIN_RECEIVE_BUFFER}, not {receive_buffer}: a smaller one starves every answer"
-            ));
+        for (setting, bytes, starved) in [
+            (
+                "upstream_receive_buffer_bytes",
+                self.limits.upstream_receive_buffer_bytes,
+                "answer",
+            ),
+            (
+                "client_receive_buffer_bytes",
+                self.limits.client_receive_buffer_bytes,
+                "request body",
+            ),
+        ] {
+            if bytes != 0 && bytes < MIN_RECEIVE_BUFFER {
+                return Err(format!(
+                    "limits.{setting} must be 0 (the kernel's) or at least \
+                     {MIN_RECEIVE_BUFFER}, not {bytes}: a smaller one starves every {starved}"
+                ));
+            }
         }
         if self.limits.max_http2_streams == 0 {
             return Err("limits.max_http2_streams must be at least 1".into());
@@ -476,6 +489,14 @@ pub struct Limits {
     /// (docs/operations.md, "Memory at worst").
     #[serde(default)]
     pub upstream_receive_buffer_bytes: u32,
+    /// The kernel's receive buffer of each client connection, in bytes
+    /// (`SO_RCVBUF` on the listener). 0, the default: the kernel's, grown
+    /// as for upstream connections. What a client sends while the proxy
+    /// does not read (pipelined requests while their answers wait; no
+    /// credential needed) waits there; a fixed size bounds it, and bounds
+    /// an upload's pace to about that much a round trip.
+    #[serde(default)]
+    pub client_receive_buffer_bytes: u32,
     /// How long an upstream connection is kept open, unused, for the next
     /// request. It must be shorter than the upstream's own idle timeout
     /// and any balancer's on the way, so that the proxy, not they, closes
@@ -503,6 +524,7 @@ impl Default for Limits {
             max_http2_streams: defaults::max_http2_streams(),
             upstream_timeout: defaults::upstream_timeout(),
             upstream_receive_buffer_bytes: 0,
+            client_receive_buffer_bytes: 0,
             upstream_idle_timeout: defaults::upstream_idle_timeout(),
             shutdown_grace: defaults::shutdown_grace(),
         }

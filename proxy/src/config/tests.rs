@@ -44,27 +44,30 @@ fn assert_at_least(section: &str, key: &str, least: u64, read: fn(&Config) -> u6
 }
 
 #[test]
-fn a_fixed_upstream_receive_buffer_is_at_least_16_kib() {
-    for (bytes, accepted) in [
-        (0, true),
-        (1, false),
-        (16383, false),
-        (16384, true),
-        (1 << 20, true),
-    ] {
-        let config = format!("{MINIMAL}limits:\n  upstream_receive_buffer_bytes: {bytes}\n");
-        match Config::parse(&config) {
-            Ok(c) => assert!(
-                accepted && c.limits.upstream_receive_buffer_bytes == bytes,
-                "{bytes}"
-            ),
-            Err(e) => assert!(
-                !accepted
-                    && e.contains(
-                        "upstream_receive_buffer_bytes must be 0 (the kernel's) or at least 16384"
-                    ),
-                "{bytes}: {e}"
-            ),
+fn a_fixed_receive_buffer_is_at_least_16_kib() {
+    let read = |c: &Config, setting| match setting {
+        "upstream" => c.limits.upstream_receive_buffer_bytes,
+        _ => c.limits.client_receive_buffer_bytes,
+    };
+    for setting in ["upstream", "client"] {
+        for (bytes, accepted) in [
+            (0, true),
+            (1, false),
+            (16383, false),
+            (16384, true),
+            (1 << 20, true),
+        ] {
+            let config = format!("{MINIMAL}limits:\n  {setting}_receive_buffer_bytes: {bytes}\n");
+            match Config::parse(&config) {
+                Ok(c) => assert!(accepted && read(&c, setting) == bytes, "{setting} {bytes}"),
+                Err(e) => assert!(
+                    !accepted
+                        && e.contains(&format!(
+                            "{setting}_receive_buffer_bytes must be 0 (the kernel's) or at least 16384"
+                        )),
+                    "{setting} {bytes}: {e}"
+                ),
+            }
         }
     }
 }
@@ -654,7 +657,7 @@ fn every_documented_default_is_the_default() {
     ] {
         assert!(written.contains(&key), "{key} not read from the table");
     }
-    assert_eq!(written.len(), 38, "{written:?}");
+    assert_eq!(written.len(), 39, "{written:?}");
     let defaults = Config::parse(base).unwrap();
     let explicit = Config::parse(&serde_yaml_ng::to_string(&explicit).unwrap()).unwrap();
     assert_eq!(format!("{explicit:#?}"), format!("{defaults:#?}"));

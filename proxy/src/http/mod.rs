@@ -13,6 +13,7 @@ pub mod headers;
 pub mod large_bodies;
 pub mod path;
 pub mod protocol;
+pub mod receive_buffer;
 pub mod server;
 pub mod timer;
 pub mod tls;

@@ -3,6 +3,8 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
 use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +17,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
 use tokio_rustls::TlsAcceptor;
@@ -26,6 +28,7 @@ use crate::http::address_text::Peer;
 use crate::http::body::BoxError;
 use crate::http::connection::{until_stopped, Marked, Transport};
 use crate::http::protocol::{sniff, Protocol};
+use crate::http::receive_buffer;
 use crate::http::timer::ReusingTimer;
 use crate::http::tls::CurrentTls;
 use crate::http::unsent;
@@ -58,6 +61,24 @@ pub struct ListenerMetrics {
     /// Connections closed on arrival: their address had
     /// `limits.max_connections_per_address` open.
     pub refused_per_address: Counter,
+}
+
+/// The tenant listener on `addr`, as `TcpListener::bind` makes one (address
+/// reuse, a backlog of 1,024), with `limits.client_receive_buffer_bytes`
+/// set before it listens: the size then holds from every handshake on,
+/// and every accepted connection inherits it.
+pub fn bind(addr: SocketAddr, limits: &Limits) -> io::Result<TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    if let bytes @ 1.. = limits.client_receive_buffer_bytes {
+        receive_buffer::warn_if_capped("limits.client_receive_buffer_bytes", bytes);
+        socket.set_recv_buffer_size(bytes)?;
+    }
+    socket.bind(addr)?;
+    socket.listen(1024)
 }
 
 /// Serves HTTP/1.1 (with upgrades, for live tail) and HTTP/2 on `listener`,

@@ -24,6 +24,7 @@ use crate::http::client_address::TrustedProxies;
 use crate::http::error::ProxyError;
 use crate::http::headers::X_SCOPE_ORGID;
 use crate::http::large_bodies::LargeBodyBytes;
+use crate::http::receive_buffer;
 use crate::ops::metrics::{GaugeHeld, Metrics};
 use crate::ops::otel::Tracing;
 use crate::routes::{
@@ -178,7 +179,7 @@ impl AppState {
         let receive_buffer = match config.limits.upstream_receive_buffer_bytes {
             0 => None,
             bytes => {
-                upstream::warn_if_receive_buffer_capped(bytes);
+                receive_buffer::warn_if_capped("limits.upstream_receive_buffer_bytes", bytes);
                 Some(bytes)
             }
         };

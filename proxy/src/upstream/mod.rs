@@ -62,24 +62,6 @@ pub fn client(
     Ok(HttpClient::new(connector, reuse, receive_buffer))
 }
 
-/// Warns when a fixed receive buffer is above `net.core.rmem_max`: the
-/// kernel takes that maximum instead, without a word. (Where the file
-/// cannot be read, as in some network namespaces, nothing is said.)
-pub fn warn_if_receive_buffer_capped(bytes: u32) {
-    let Ok(text) = std::fs::read_to_string("/proc/sys/net/core/rmem_max") else {
-        return;
-    };
-    match text.trim().parse::<u32>() {
-        Ok(max) if bytes > max => tracing::warn!(
-            upstream_receive_buffer_bytes = bytes,
-            rmem_max = max,
-            "limits.upstream_receive_buffer_bytes is above net.core.rmem_max; \
-             the kernel gives each upstream connection rmem_max instead"
-        ),
-        _ => {}
-    }
-}
-
 /// Hop-by-hop headers (RFC 9110 §7.6.1) that never cross the proxy, besides
 /// whatever the `Connection` header lists.
 const HOP_BY_HOP: [HeaderName; 8] = [

@@ -213,7 +213,8 @@ impl RunningProxy {
         std::fs::write(&config_path, config_text).unwrap();
         let config = Config::load(&config_path).unwrap();
 
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let loopback = "127.0.0.1:0".parse().unwrap();
+        let listener = tenant_proxy::http::server::bind(loopback, &config.limits).unwrap();
         let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let (addr, admin_addr) = (listener.local_addr().unwrap(), admin.local_addr().unwrap());
         let proxy = Proxy::new(config).unwrap();
