@@ -9,7 +9,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use prost::Message;
 use std::hint::black_box;
 use tenant_proxy::config::ForeignLabelPolicy;
-use tenant_proxy::enforce::prompb::{Label, Sample, TimeSeries, WriteRequest};
+use tenant_proxy::enforce::prompb::{v2, Label, Sample, TimeSeries, WriteRequest};
 use tenant_proxy::enforce::remote_write::{rewrite, rewrite_body, Output, Version};
 use tenant_proxy::enforce::tenant_label::TenantLabel;
 
@@ -48,6 +48,42 @@ fn batch(series: usize, namespace: &str) -> WriteRequest {
     WriteRequest {
         timeseries,
         metadata: vec![],
+    }
+}
+
+/// The same series as a 2.0 `Request`: every distinct string once in
+/// `symbols` (`symbols[0]` is `""`), labels as pairs of references.
+fn batch_v2(series: usize, namespace: &str) -> v2::Request {
+    let mut symbols = vec![String::new()];
+    let mut index = std::collections::HashMap::new();
+    let mut reference = |text: &str| -> u32 {
+        *index.entry(text.to_owned()).or_insert_with(|| {
+            symbols.push(text.to_owned());
+            symbols.len() as u32 - 1
+        })
+    };
+    let timeseries = batch(series, namespace)
+        .timeseries
+        .into_iter()
+        .map(|series| v2::TimeSeries {
+            labels_refs: series
+                .labels
+                .iter()
+                .flat_map(|l| [reference(&l.name), reference(&l.value)])
+                .collect(),
+            samples: vec![v2::Sample {
+                value: series.samples[0].value,
+                timestamp: series.samples[0].timestamp,
+            }],
+            histograms: vec![],
+            exemplars: vec![],
+            metadata: None,
+            created_timestamp: 0,
+        })
+        .collect();
+    v2::Request {
+        symbols,
+        timeseries,
     }
 }
 
@@ -90,6 +126,16 @@ fn bench(c: &mut Criterion) {
             &raw,
             |b, raw| b.iter(|| rewrite(Version::V1, black_box(raw), &tenant).unwrap()),
         );
+        // 2.0: a symbols table of the batch's distinct strings.
+        for (name, namespace) in [
+            ("rewrite_decompressed_v2", "someone-else"),
+            ("rewrite_decompressed_v2_already_labelled", "team-a"),
+        ] {
+            let raw = batch_v2(series, namespace).encode_to_vec();
+            group.bench_with_input(BenchmarkId::new(name, series), &raw, |b, raw| {
+                b.iter(|| rewrite(Version::V2, black_box(raw), &tenant).unwrap())
+            });
+        }
         group.bench_with_input(
             BenchmarkId::new("reference_prost_decode_encode", series),
             &raw,

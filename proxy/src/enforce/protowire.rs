@@ -189,7 +189,18 @@ fn read_long_varint(buf: &mut &[u8]) -> Result<u64, WireError> {
     Err(WireError("varint longer than 10 bytes"))
 }
 
+#[inline]
 pub fn write_varint(out: &mut Vec<u8>, value: u64) {
+    // Most varints written are one byte (lengths of labels, 2.0's first
+    // 128 symbol references): a push, inlined into the loops.
+    if value < 0x80 {
+        out.push(value as u8);
+    } else {
+        write_long_varint(out, value);
+    }
+}
+
+fn write_long_varint(out: &mut Vec<u8>, value: u64) {
     let mut buf = [0; 10];
     let n = encode_varint(value, &mut buf);
     out.extend_from_slice(&buf[..n]);

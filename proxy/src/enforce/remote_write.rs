@@ -612,7 +612,7 @@ fn rewrite_v2<'a>(
     let mut symbols = Symbols { all, sent };
     let name_ref = symbols.find_or_append(tenant.name.as_bytes());
 
-    let mut series_buf = Vec::new();
+    let (mut series_buf, mut scratch) = (Vec::new(), V2Scratch::default());
     for field in fields(message) {
         let field = field?;
         if (field.tag, field.wire_type) == (5, LEN) {
@@ -623,6 +623,7 @@ fn rewrite_v2<'a>(
                 name_ref,
                 &mut symbols,
                 stats,
+                &mut scratch,
                 &mut series_buf,
             )?;
             protowire::write_len_field(out, 5, &series_buf);
@@ -638,18 +639,38 @@ fn rewrite_v2<'a>(
     Ok(())
 }
 
+/// Buffers reused for every series of a 2.0 request, as 1.0's are.
+#[derive(Default)]
+struct V2Scratch<'m> {
+    refs: Vec<u32>,
+    others: Vec<&'m [u8]>,
+    pairs: Vec<(u32, u32)>,
+    packed: Vec<u8>,
+    /// The symbol of the tenant's first value, once a series needed it:
+    /// looked up (or appended) once a request, not once a series.
+    default_value: Option<u32>,
+}
+
 /// TimeSeries { repeated uint32 labels_refs = 1 (packed); samples = 2; ... }
 fn rewrite_series_v2<'a>(
-    series: &[u8],
+    series: &'a [u8],
     tenant: &TenantLabel<'a>,
     name_ref: u32,
     symbols: &mut Symbols<'a>,
     stats: &mut Stats,
+    scratch: &mut V2Scratch<'a>,
     out: &mut Vec<u8>,
 ) -> Result<(), RemoteWriteError> {
     stats.series += 1;
-    let mut refs: Vec<u32> = Vec::with_capacity(48);
-    let mut others: Vec<&[u8]> = Vec::with_capacity(4);
+    let V2Scratch {
+        refs,
+        others,
+        pairs,
+        packed,
+        default_value,
+    } = scratch;
+    refs.clear();
+    others.clear();
     for field in fields(series) {
         let field = field?;
         match (field.tag, field.wire_type) {
@@ -680,44 +701,61 @@ fn rewrite_series_v2<'a>(
             "label reference outside the symbols table".into(),
         ));
     }
-    let mut pairs: Vec<(u32, u32)> = refs.chunks_exact(2).map(|p| (p[0], p[1])).collect();
+    pairs.clear();
+    pairs.extend(refs.chunks_exact(2).map(|p| (p[0], p[1])));
     let name = tenant.name.as_bytes();
+    let ours = |(n, _): &(u32, u32)| symbols.resolve(*n) == name;
     let found = pairs
         .iter()
-        .filter(|(n, _)| symbols.resolve(*n) == name)
+        .filter(|p| ours(p))
         .fold(Found::Nothing, |found, (_, v)| {
             found.and(symbols.resolve(*v))
         });
-    let decision = decide(found, tenant, || {
+    let describe = |pairs: &[(u32, u32)], symbols: &Symbols<'_>| {
         describe_series(
             pairs
                 .iter()
                 .map(|(n, v)| (symbols.resolve(*n), symbols.resolve(*v))),
         )
-    })?;
+    };
+    let decision = decide(found, tenant, || describe(pairs, symbols))?;
     count(&decision, stats);
     let value_ref = match decision {
-        Decision::Keep(value) => symbols.find_or_append(value),
-        Decision::Add | Decision::Overwrite => symbols.find_or_append(tenant.default_value()),
+        // A reference the series already makes to that value.
+        Decision::Keep(value) => match pairs
+            .iter()
+            .find(|p| ours(p) && symbols.resolve(p.1) == value)
+        {
+            Some(&(_, v)) => v,
+            None => symbols.find_or_append(value),
+        },
+        Decision::Add | Decision::Overwrite => {
+            *default_value.get_or_insert_with(|| symbols.find_or_append(tenant.default_value()))
+        }
     };
     pairs.retain(|(n, _)| symbols.resolve(*n) != name);
-    pairs.push((name_ref, value_ref));
-    pairs.sort_by(|a, b| symbols.resolve(a.0).cmp(symbols.resolve(b.0)));
-    refuse_repeated_name(pairs.iter().map(|(n, _)| symbols.resolve(*n)), || {
-        describe_series(
-            pairs
-                .iter()
-                .map(|(n, v)| (symbols.resolve(*n), symbols.resolve(*v))),
-        )
-    })?;
-
-    let mut packed = Vec::with_capacity(pairs.len() * 4);
-    for (n, v) in pairs {
-        protowire::write_varint(&mut packed, u64::from(n));
-        protowire::write_varint(&mut packed, u64::from(v));
+    // Senders sort labels: sort only when one did not (or named a label
+    // twice, found once sorted), else put ours in its place.
+    let order =
+        |a: &(u32, u32), b: &(u32, u32)| name_order(symbols.resolve(a.0), symbols.resolve(b.0));
+    if pairs.is_sorted_by(|a, b| order(a, b).is_lt()) {
+        let at = pairs.partition_point(|p| name_order(symbols.resolve(p.0), name).is_lt());
+        pairs.insert(at, (name_ref, value_ref));
+    } else {
+        pairs.push((name_ref, value_ref));
+        pairs.sort_by(order);
+        refuse_repeated_name(pairs.iter().map(|(n, _)| symbols.resolve(*n)), || {
+            describe(pairs, symbols)
+        })?;
     }
-    protowire::write_len_field(out, 1, &packed);
-    for raw in others {
+
+    packed.clear();
+    for &(n, v) in pairs.iter() {
+        protowire::write_varint(packed, u64::from(n));
+        protowire::write_varint(packed, u64::from(v));
+    }
+    protowire::write_len_field(out, 1, packed);
+    for raw in others.iter() {
         out.extend_from_slice(raw);
     }
     Ok(())

@@ -1184,6 +1184,7 @@ proptest! {
             let ours: Vec<_> = labels.iter().filter(|(n, _)| n == "namespace").collect();
             prop_assert_eq!(ours.len(), 1);
             prop_assert!(OWNED.contains(&ours[0].1.as_str()));
+            prop_assert!(labels.windows(2).all(|w| w[0].0 < w[1].0), "{:?}", labels);
             prop_assert_eq!(others(labels), came(i));
             let unlabelled = |ts: &v2::TimeSeries| v2::TimeSeries { labels_refs: vec![], ..ts.clone() };
             prop_assert_eq!(unlabelled(ts), unlabelled(&v2_in.timeseries[i]));
