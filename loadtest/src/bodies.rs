@@ -2,7 +2,7 @@
 
 use bytes::Bytes;
 use prost::Message;
-use tenant_proxy::enforce::prompb::{Label, Sample, TimeSeries, WriteRequest};
+use tenant_proxy::enforce::prompb::{v2, Label, Sample, TimeSeries, WriteRequest};
 
 use crate::scenario::BodyKind;
 
@@ -56,6 +56,25 @@ pub fn prepare(method: &str, path: &str, kind: &BodyKind) -> anyhow::Result<Prep
                 ("x-prometheus-remote-write-version", "0.1.0"),
             ],
             remote_write(
+                *series,
+                *labels,
+                namespace.as_deref().unwrap_or("someone-else"),
+            ),
+        ),
+        BodyKind::RemoteWriteV2 {
+            series,
+            labels,
+            namespace,
+        } => (
+            vec![
+                (
+                    "content-type",
+                    "application/x-protobuf;proto=io.prometheus.write.v2.Request",
+                ),
+                ("content-encoding", "snappy"),
+                ("x-prometheus-remote-write-version", "2.0.0"),
+            ],
+            remote_write_v2(
                 *series,
                 *labels,
                 namespace.as_deref().unwrap_or("someone-else"),
@@ -150,16 +169,61 @@ fn loki_protobuf() -> Bytes {
             entries,
         }],
     };
-    let raw = request.encode_to_vec();
-    Bytes::from(
-        snap::raw::Encoder::new()
-            .compress_vec(&raw)
-            .expect("snappy"),
-    )
+    snappy(&request.encode_to_vec())
 }
 
 /// A remote-write 1.0 batch with realistic label sets.
 pub fn remote_write(series: usize, labels: usize, namespace: &str) -> Bytes {
+    snappy(&remote_write_series(series, labels, namespace).encode_to_vec())
+}
+
+/// The series of [`remote_write`] as a 2.0 `Request`, as Prometheus 3's
+/// sender builds one: every distinct string once in `symbols`, `""` first,
+/// each series' labels as pairs of references.
+pub fn remote_write_v2(series: usize, labels: usize, namespace: &str) -> Bytes {
+    let mut symbols = vec![String::new()];
+    let mut index = std::collections::HashMap::new();
+    let mut reference = |text: &str| -> u32 {
+        *index.entry(text.to_owned()).or_insert_with(|| {
+            symbols.push(text.to_owned());
+            symbols.len() as u32 - 1
+        })
+    };
+    let timeseries = remote_write_series(series, labels, namespace)
+        .timeseries
+        .into_iter()
+        .map(|series| v2::TimeSeries {
+            labels_refs: series
+                .labels
+                .iter()
+                .flat_map(|l| [reference(&l.name), reference(&l.value)])
+                .collect(),
+            samples: series
+                .samples
+                .iter()
+                .map(|s| v2::Sample {
+                    value: s.value,
+                    timestamp: s.timestamp,
+                })
+                .collect(),
+            histograms: vec![],
+            exemplars: vec![],
+            metadata: None,
+            created_timestamp: 0,
+        })
+        .collect();
+    let request = v2::Request {
+        symbols,
+        timeseries,
+    };
+    snappy(&request.encode_to_vec())
+}
+
+fn snappy(raw: &[u8]) -> Bytes {
+    Bytes::from(snap::raw::Encoder::new().compress_vec(raw).expect("snappy"))
+}
+
+fn remote_write_series(series: usize, labels: usize, namespace: &str) -> WriteRequest {
     let timeseries = (0..series)
         .map(|i| {
             let mut set = vec![
@@ -190,16 +254,10 @@ pub fn remote_write(series: usize, labels: usize, namespace: &str) -> Bytes {
             }
         })
         .collect();
-    let raw = WriteRequest {
+    WriteRequest {
         timeseries,
         metadata: vec![],
     }
-    .encode_to_vec();
-    Bytes::from(
-        snap::raw::Encoder::new()
-            .compress_vec(&raw)
-            .expect("snappy"),
-    )
 }
 
 /// The series of [`remote_write`] as OTLP: 40 gauges (the metric names),

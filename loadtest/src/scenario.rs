@@ -209,6 +209,7 @@ pub struct RequestTemplate {
 }
 
 /// In YAML: `body: loki_json`, `body: !remote_write {series: 500, labels: 20}`,
+/// `body: !remote_write_v2 {series: 500, labels: 20}`,
 /// `body: !otlp_metrics {series: 500, labels: 20}`, `body: !form "query=up"`.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -223,6 +224,15 @@ pub enum BodyKind {
     /// each, every series with `namespace` (default `someone-else`, a value
     /// no tenant owns, so the proxy rewrites every series).
     RemoteWrite {
+        series: usize,
+        labels: usize,
+        #[serde(default)]
+        namespace: Option<String>,
+    },
+    /// Remote write 2.0: the series of `RemoteWrite` through a symbols
+    /// table, as Prometheus 3 sends them with `protobuf_message:
+    /// io.prometheus.write.v2.Request`.
+    RemoteWriteV2 {
         series: usize,
         labels: usize,
         #[serde(default)]

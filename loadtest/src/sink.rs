@@ -13,6 +13,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use tenant_proxy::enforce::protowire::{fields, WireError};
 use tokio::net::TcpListener;
 
 #[derive(Clone, Default)]
@@ -60,8 +61,18 @@ async fn answer(
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     requests.fetch_add(1, Ordering::Relaxed);
     let path = request.uri().path().to_owned();
+    let remote_write_v2 = request
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|t| {
+            t.as_bytes()
+                .ends_with(b"proto=io.prometheus.write.v2.Request")
+        });
     // Read the whole body, as a real backend would.
-    let _ = request.into_body().collect().await;
+    let body = request.into_body().collect().await.map(|b| b.to_bytes());
+    if remote_write_v2 {
+        return Ok(remote_write_v2_written(body.ok()));
+    }
     if path == "/v1/traces" || path.ends_with("/otlp/v1/metrics") || path.ends_with("/otlp/v1/logs")
     {
         // An OTLP/HTTP receiver's success: an empty Export…ServiceResponse.
@@ -90,4 +101,51 @@ async fn answer(
         );
     }
     Ok(response)
+}
+
+/// What a 2.0 receiver answers: 204 and how many samples, histograms and
+/// exemplars it wrote (the proxy refuses a 2xx without them, as
+/// Prometheus' sender does); 400 for a body it cannot read. The counts
+/// are taken by walking the wire, not decoding every symbol: the sink
+/// shares the host's cores with the proxy it measures.
+fn remote_write_v2_written(body: Option<Bytes>) -> Response<Full<Bytes>> {
+    let counts = body
+        .and_then(|b| snap::raw::Decoder::new().decompress_vec(&b).ok())
+        .and_then(|raw| remote_write_v2_counts(&raw).ok());
+    let mut response = Response::new(Full::new(Bytes::new()));
+    let Some([samples, histograms, exemplars]) = counts else {
+        *response.status_mut() = StatusCode::BAD_REQUEST;
+        return response;
+    };
+    *response.status_mut() = StatusCode::NO_CONTENT;
+    let headers = response.headers_mut();
+    headers.insert("x-prometheus-remote-write-samples-written", samples.into());
+    headers.insert(
+        "x-prometheus-remote-write-histograms-written",
+        histograms.into(),
+    );
+    headers.insert(
+        "x-prometheus-remote-write-exemplars-written",
+        exemplars.into(),
+    );
+    response
+}
+
+/// Samples, histograms and exemplars in a 2.0 `Request` (its series are
+/// field 5; in each, those are fields 2, 3 and 4).
+fn remote_write_v2_counts(request: &[u8]) -> Result<[u64; 3], WireError> {
+    let mut counts = [0; 3];
+    for field in fields(request) {
+        let field = field?;
+        if field.tag != 5 {
+            continue;
+        }
+        for inner in fields(field.payload) {
+            let tag = inner?.tag;
+            if (2..=4).contains(&tag) {
+                counts[tag as usize - 2] += 1;
+            }
+        }
+    }
+    Ok(counts)
 }

@@ -208,6 +208,63 @@ fn wrong_password_share_marks_that_share_of_credentials() {
     assert_eq!(wrong * 10, workload.auths.len());
 }
 
+/// The 2.0 scenario's body, posted to the sink as the proxy forwards it:
+/// answered as a 2.0 receiver answers, with the counts written (without
+/// them the proxy would turn the 204 into 415), and 400 for a body that
+/// does not decode.
+#[tokio::test]
+async fn the_sink_confirms_a_2_0_write_with_its_counts() {
+    let (addr, _stats) = sink::start().await.unwrap();
+    let scenario = scenarios()
+        .into_iter()
+        .find(|s| s.name == "remote-write-2.0")
+        .unwrap();
+    let r = &scenario.requests[0];
+    let prepared = bodies::prepare(&r.method, &r.path, &r.body).unwrap();
+    let post = |body: bytes::Bytes| {
+        let mut request = http::Request::post(prepared.path.as_str()).header("host", "sink");
+        for (name, value) in &prepared.headers {
+            request = request.header(*name, *value);
+        }
+        let request = request.body(http_body_util::Full::new(body)).unwrap();
+        async move {
+            let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let (mut sender, connection) =
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                    .await
+                    .unwrap();
+            tokio::spawn(connection);
+            sender.send_request(request).await.unwrap()
+        }
+    };
+    let response = post(prepared.body.clone()).await;
+    assert_eq!(response.status(), 204);
+    let written = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_owned())
+    };
+    assert_eq!(
+        written("x-prometheus-remote-write-samples-written").as_deref(),
+        Some("500")
+    );
+    assert_eq!(
+        written("x-prometheus-remote-write-histograms-written").as_deref(),
+        Some("0")
+    );
+    assert_eq!(
+        written("x-prometheus-remote-write-exemplars-written").as_deref(),
+        Some("0")
+    );
+    let garbled = post(bytes::Bytes::from_static(b"not snappy")).await;
+    assert_eq!(garbled.status(), 400);
+    assert!(garbled
+        .headers()
+        .get("x-prometheus-remote-write-samples-written")
+        .is_none());
+}
+
 /// One request through the relay on a fresh connection: the status, or
 /// `None` when the connection failed, broke or gave no answer in 2 s.
 async fn through(relay: std::net::SocketAddr) -> Option<u16> {

@@ -612,7 +612,15 @@ fn rewrite_v2<'a>(
     let mut symbols = Symbols { all, sent };
     let name_ref = symbols.find_or_append(tenant.name.as_bytes());
 
-    let (mut series_buf, mut scratch) = (Vec::new(), V2Scratch::default());
+    let mut scratch = V2Scratch {
+        named_ours: symbols
+            .all
+            .iter()
+            .map(|s| *s == tenant.name.as_bytes())
+            .collect(),
+        ..V2Scratch::default()
+    };
+    let mut series_buf = Vec::new();
     for field in fields(message) {
         let field = field?;
         if (field.tag, field.wire_type) == (5, LEN) {
@@ -643,12 +651,26 @@ fn rewrite_v2<'a>(
 #[derive(Default)]
 struct V2Scratch<'m> {
     refs: Vec<u32>,
+    /// Where each of `refs` starts in the one packed field it came from.
+    starts: Vec<u32>,
     others: Vec<&'m [u8]>,
     pairs: Vec<(u32, u32)>,
     packed: Vec<u8>,
+    /// Which of the sender's symbols spell the tenant label's name: looked
+    /// at once a request, not once a label.
+    named_ours: Vec<bool>,
     /// The symbol of the tenant's first value, once a series needed it:
     /// looked up (or appended) once a request, not once a series.
     default_value: Option<u32>,
+}
+
+/// How a series wrote its label references: as one packed field with
+/// every varint in as few bytes as its value needs (what every encoder
+/// writes), or otherwise.
+enum RefsLayout<'m> {
+    None,
+    OnePacked(&'m [u8]),
+    Other,
 }
 
 /// TimeSeries { repeated uint32 labels_refs = 1 (packed); samples = 2; ... }
@@ -664,23 +686,31 @@ fn rewrite_series_v2<'a>(
     stats.series += 1;
     let V2Scratch {
         refs,
+        starts,
         others,
         pairs,
         packed,
+        named_ours,
         default_value,
     } = scratch;
     refs.clear();
+    starts.clear();
     others.clear();
+    let mut layout = RefsLayout::None;
     for field in fields(series) {
         let field = field?;
         match (field.tag, field.wire_type) {
             (1, LEN) => {
-                let mut packed = field.payload;
-                while !packed.is_empty() {
-                    refs.push(read_ref(&mut packed)?);
-                }
+                let shortest = read_packed_refs(field.payload, refs, starts)?;
+                layout = match layout {
+                    RefsLayout::None if shortest => RefsLayout::OnePacked(field.payload),
+                    _ => RefsLayout::Other,
+                };
             }
-            (1, VARINT) => refs.push(read_ref(&mut &field.payload[..])?),
+            (1, VARINT) => {
+                refs.push(read_ref(&mut &field.payload[..])?.0);
+                layout = RefsLayout::Other;
+            }
             (2, LEN) => {
                 stats.samples += 1;
                 others.push(field.raw);
@@ -704,7 +734,7 @@ fn rewrite_series_v2<'a>(
     pairs.clear();
     pairs.extend(refs.chunks_exact(2).map(|p| (p[0], p[1])));
     let name = tenant.name.as_bytes();
-    let ours = |(n, _): &(u32, u32)| symbols.resolve(*n) == name;
+    let ours = |(n, _): &(u32, u32)| named_ours[*n as usize];
     let found = pairs
         .iter()
         .filter(|p| ours(p))
@@ -733,32 +763,101 @@ fn rewrite_series_v2<'a>(
             *default_value.get_or_insert_with(|| symbols.find_or_append(tenant.default_value()))
         }
     };
-    pairs.retain(|(n, _)| symbols.resolve(*n) != name);
     // Senders sort labels: sort only when one did not (or named a label
     // twice, found once sorted), else put ours in its place.
     let order =
         |a: &(u32, u32), b: &(u32, u32)| name_order(symbols.resolve(a.0), symbols.resolve(b.0));
-    if pairs.is_sorted_by(|a, b| order(a, b).is_lt()) {
-        let at = pairs.partition_point(|p| name_order(symbols.resolve(p.0), name).is_lt());
-        pairs.insert(at, (name_ref, value_ref));
-    } else {
-        pairs.push((name_ref, value_ref));
-        pairs.sort_by(order);
-        refuse_repeated_name(pairs.iter().map(|(n, _)| symbols.resolve(*n)), || {
-            describe(pairs, symbols)
-        })?;
-    }
-
+    let sorted = pairs
+        .iter()
+        .filter(|p| !ours(p))
+        .is_sorted_by(|a, b| order(a, b).is_lt());
     packed.clear();
-    for &(n, v) in pairs.iter() {
-        protowire::write_varint(packed, u64::from(n));
-        protowire::write_varint(packed, u64::from(v));
+    match layout {
+        // As every encoder writes them: the sender's bytes copied in runs,
+        // not each reference written again.
+        RefsLayout::OnePacked(payload) if sorted => {
+            let before_ours = |p: &(u32, u32)| !name_order(symbols.resolve(p.0), name).is_lt();
+            splice_sorted_refs(
+                payload,
+                starts,
+                pairs,
+                |p| ours(p),
+                before_ours,
+                (name_ref, value_ref),
+                packed,
+            );
+            #[cfg(debug_assertions)]
+            {
+                // The splice writes what encoding the sorted pairs writes.
+                pairs.retain(|p| !ours(p));
+                let at = pairs.partition_point(|p| !before_ours(p));
+                pairs.insert(at, (name_ref, value_ref));
+                let mut encoded = Vec::new();
+                write_refs(pairs, &mut encoded);
+                debug_assert_eq!(*packed, encoded);
+            }
+        }
+        _ => {
+            pairs.retain(|p| !ours(p));
+            if sorted {
+                let at = pairs.partition_point(|p| name_order(symbols.resolve(p.0), name).is_lt());
+                pairs.insert(at, (name_ref, value_ref));
+            } else {
+                pairs.push((name_ref, value_ref));
+                pairs.sort_by(order);
+                refuse_repeated_name(pairs.iter().map(|(n, _)| symbols.resolve(*n)), || {
+                    describe(pairs, symbols)
+                })?;
+            }
+            write_refs(pairs, packed);
+        }
     }
     protowire::write_len_field(out, 1, packed);
     for raw in others.iter() {
         out.extend_from_slice(raw);
     }
     Ok(())
+}
+
+/// Writes label reference pairs as a packed field's payload.
+fn write_refs(pairs: &[(u32, u32)], packed: &mut Vec<u8>) {
+    for &(n, v) in pairs {
+        protowire::write_varint(packed, u64::from(n));
+        protowire::write_varint(packed, u64::from(v));
+    }
+}
+
+/// A sorted series' packed references, copied from the sender's bytes in
+/// runs: its pairs of the tenant label left out, `new` written before the
+/// first other pair `before_ours` holds for (or at the end). The sender's
+/// varints are each in their shortest form (checked by the caller), so
+/// this writes the bytes [`write_refs`] would write for the same pairs.
+fn splice_sorted_refs(
+    payload: &[u8],
+    starts: &[u32],
+    pairs: &[(u32, u32)],
+    ours: impl Fn(&(u32, u32)) -> bool,
+    before_ours: impl Fn(&(u32, u32)) -> bool,
+    new: (u32, u32),
+    packed: &mut Vec<u8>,
+) {
+    let start_of = |i: usize| starts.get(2 * i).map_or(payload.len(), |s| *s as usize);
+    let (mut run, mut written) = (0, false);
+    for (i, pair) in pairs.iter().enumerate() {
+        if ours(pair) {
+            packed.extend_from_slice(&payload[run..start_of(i)]);
+            run = start_of(i + 1);
+        } else if !written && before_ours(pair) {
+            packed.extend_from_slice(&payload[run..start_of(i)]);
+            run = start_of(i);
+            write_refs(&[new], packed);
+            written = true;
+        }
+    }
+    packed.extend_from_slice(&payload[run..]);
+    if !written {
+        write_refs(&[new], packed);
+    }
 }
 
 /// Refuses a series whose `names`, sorted, hold one name twice (the
@@ -782,10 +881,50 @@ fn refuse_repeated_name<'n>(
     Ok(())
 }
 
-fn read_ref(buf: &mut &[u8]) -> Result<u32, RemoteWriteError> {
+/// Reads a packed field's label references into `refs`, and where each
+/// starts into `starts`; whether every varint took as few bytes as its
+/// value needs.
+fn read_packed_refs(
+    payload: &[u8],
+    refs: &mut Vec<u32>,
+    starts: &mut Vec<u32>,
+) -> Result<bool, RemoteWriteError> {
+    let mut shortest = true;
+    let mut at = 0;
+    // One or two bytes (the first 16,384 symbols) read inline.
+    while let Some(&a) = payload.get(at) {
+        starts.push(at as u32);
+        if a < 0x80 {
+            refs.push(u32::from(a));
+            at += 1;
+            continue;
+        }
+        match payload.get(at + 1) {
+            Some(&b) if b < 0x80 => {
+                refs.push(u32::from(a & 0x7f) | u32::from(b) << 7);
+                shortest &= b != 0;
+                at += 2;
+            }
+            _ => {
+                let mut rest = &payload[at..];
+                let (reference, short) = read_ref(&mut rest)?;
+                refs.push(reference);
+                shortest &= short;
+                at = payload.len() - rest.len();
+            }
+        }
+    }
+    Ok(shortest)
+}
+
+/// A label reference, and whether its varint was in its shortest form.
+fn read_ref(buf: &mut &[u8]) -> Result<(u32, bool), RemoteWriteError> {
+    let before = buf.len();
     let value = protowire::read_varint(buf)?;
-    u32::try_from(value)
-        .map_err(|_| RemoteWriteError::Malformed("label reference too large".into()))
+    let value = u32::try_from(value)
+        .map_err(|_| RemoteWriteError::Malformed("label reference too large".into()))?;
+    let shortest = before - buf.len() == protowire::varint_size(u64::from(value));
+    Ok((value, shortest))
 }
 
 #[cfg(test)]

@@ -443,6 +443,120 @@ fn v2_reads_label_references_written_unpacked() {
     );
 }
 
+/// `value` as a varint `extra` bytes longer than it needs (a continuation
+/// byte of zero bits each): legal protobuf, not what an encoder writes.
+fn stretched_varint(out: &mut Vec<u8>, value: u64, extra: usize) {
+    let mut buf = [0; 10];
+    let n = protowire::encode_varint(value, &mut buf);
+    if extra == 0 {
+        out.extend_from_slice(&buf[..n]);
+        return;
+    }
+    buf[n - 1] |= 0x80;
+    out.extend_from_slice(&buf[..n]);
+    out.extend(std::iter::repeat_n(0x80, extra - 1));
+    out.push(0);
+}
+
+/// A 2.0 body of one series, its labels as `pairs` of symbols, each
+/// reference written `stretch[i]` bytes longer than it needs; `padding`
+/// unused symbols first, so references take one, two or three bytes.
+fn v2_body_with_refs(pairs: &[(&str, &str)], padding: usize, stretch: &[usize]) -> Vec<u8> {
+    let mut symbols: Vec<String> = vec![String::new()];
+    symbols.extend((0..padding).map(|i| format!("pad-{i}")));
+    let mut packed = Vec::new();
+    for (i, text) in pairs.iter().flat_map(|(n, v)| [*n, *v]).enumerate() {
+        let reference = match symbols.iter().position(|s| s == text) {
+            Some(r) => r,
+            None => {
+                symbols.push(text.to_string());
+                symbols.len() - 1
+            }
+        };
+        let extra = stretch.get(i).copied().unwrap_or(0);
+        stretched_varint(&mut packed, reference as u64, extra);
+    }
+    let mut series = top_level(1, &packed);
+    series.extend_from_slice(
+        &v2::TimeSeries {
+            samples: vec![v2::Sample {
+                value: 1.0,
+                timestamp: 1_700_000_000_000,
+            }],
+            ..Default::default()
+        }
+        .encode_to_vec(),
+    );
+    let mut body = v2::Request {
+        symbols,
+        timeseries: vec![],
+    }
+    .encode_to_vec();
+    body.extend_from_slice(&top_level(5, &series));
+    body
+}
+
+/// The label references of a rewritten 2.0 body's first series, as the
+/// packed field's bytes.
+fn first_series_packed_refs(body: &[u8]) -> Vec<u8> {
+    let series = fields(body)
+        .map(Result::unwrap)
+        .find(|f| f.tag == 5)
+        .unwrap();
+    let refs = fields(series.payload)
+        .map(Result::unwrap)
+        .find(|f| f.tag == 1)
+        .unwrap();
+    refs.payload.to_vec()
+}
+
+proptest! {
+    /// A series sent sorted has its references copied from the sender's
+    /// bytes where they can be: what leaves must be the labels expected
+    /// (the tenant's pair once, in its place) written the shortest way,
+    /// whatever length the sender's varints took.
+    #[test]
+    fn a_sorted_series_leaves_its_labels_in_place_written_the_shortest_way(
+        others in prop::collection::btree_set(
+            prop::sample::select(vec!["__name__", "a", "job", "nam", "namespace2", "o", "zone"]),
+            0..6),
+        tenant_values in prop::collection::vec(
+            (0..7usize, prop::sample::select(vec!["team-a", "team-a-2", "team-b", ""])),
+            0..3),
+        padding in prop::sample::select(vec![0usize, 40, 300, 17_000]),
+        stretch in prop::collection::vec(prop::sample::select(vec![0usize, 0, 0, 1, 2]), 0..20),
+        reject in any::<bool>(),
+    ) {
+        let mut pairs: Vec<(&str, &str)> = others.iter().map(|n| (*n, "v")).collect();
+        for (at, value) in &tenant_values {
+            pairs.insert((*at).min(pairs.len()), ("namespace", *value));
+        }
+        let owned = owned();
+        let policy = if reject { ForeignLabelPolicy::Reject } else { ForeignLabelPolicy::Overwrite };
+        let body = v2_body_with_refs(&pairs, padding, &stretch);
+        let Ok((out, _)) = rewrite(Version::V2, &body, &tenant(&owned, policy)) else {
+            prop_assert!(reject || tenant_values.iter().any(|(_, v)| *v != tenant_values[0].1));
+            return Ok(());
+        };
+        let decoded = v2::Request::decode(out.as_slice()).unwrap();
+        let values: Vec<&str> = tenant_values.iter().map(|(_, v)| *v).collect();
+        let kept = match values.first() {
+            Some(v) if OWNED.contains(v) && values.iter().all(|w| w == v) => *v,
+            _ => "team-a",
+        };
+        let mut expected: Vec<(String, String)> =
+            others.iter().map(|n| (n.to_string(), "v".to_string())).collect();
+        expected.push(("namespace".into(), kept.into()));
+        expected.sort();
+        prop_assert_eq!(v2_labels(&decoded, 0), expected);
+        let mut shortest = Vec::new();
+        for reference in &decoded.timeseries[0].labels_refs {
+            protowire::write_varint(&mut shortest, u64::from(*reference));
+        }
+        prop_assert_eq!(first_series_packed_refs(&out), shortest);
+    }
+}
+
 #[test]
 fn v2_refuses_bad_references() {
     let mut input = v2_request(&[&[("__name__", "up")]]);
