@@ -181,41 +181,7 @@ pub fn remote_write(series: usize, labels: usize, namespace: &str) -> Bytes {
 /// sender builds one: every distinct string once in `symbols`, `""` first,
 /// each series' labels as pairs of references.
 pub fn remote_write_v2(series: usize, labels: usize, namespace: &str) -> Bytes {
-    let mut symbols = vec![String::new()];
-    let mut index = std::collections::HashMap::new();
-    let mut reference = |text: &str| -> u32 {
-        *index.entry(text.to_owned()).or_insert_with(|| {
-            symbols.push(text.to_owned());
-            symbols.len() as u32 - 1
-        })
-    };
-    let timeseries = remote_write_series(series, labels, namespace)
-        .timeseries
-        .into_iter()
-        .map(|series| v2::TimeSeries {
-            labels_refs: series
-                .labels
-                .iter()
-                .flat_map(|l| [reference(&l.name), reference(&l.value)])
-                .collect(),
-            samples: series
-                .samples
-                .iter()
-                .map(|s| v2::Sample {
-                    value: s.value,
-                    timestamp: s.timestamp,
-                })
-                .collect(),
-            histograms: vec![],
-            exemplars: vec![],
-            metadata: None,
-            created_timestamp: 0,
-        })
-        .collect();
-    let request = v2::Request {
-        symbols,
-        timeseries,
-    };
+    let request = v2::Request::from_v1(&remote_write_series(series, labels, namespace));
     snappy(&request.encode_to_vec())
 }
 

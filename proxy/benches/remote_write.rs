@@ -54,37 +54,7 @@ fn batch(series: usize, namespace: &str) -> WriteRequest {
 /// The same series as a 2.0 `Request`: every distinct string once in
 /// `symbols` (`symbols[0]` is `""`), labels as pairs of references.
 fn batch_v2(series: usize, namespace: &str) -> v2::Request {
-    let mut symbols = vec![String::new()];
-    let mut index = std::collections::HashMap::new();
-    let mut reference = |text: &str| -> u32 {
-        *index.entry(text.to_owned()).or_insert_with(|| {
-            symbols.push(text.to_owned());
-            symbols.len() as u32 - 1
-        })
-    };
-    let timeseries = batch(series, namespace)
-        .timeseries
-        .into_iter()
-        .map(|series| v2::TimeSeries {
-            labels_refs: series
-                .labels
-                .iter()
-                .flat_map(|l| [reference(&l.name), reference(&l.value)])
-                .collect(),
-            samples: vec![v2::Sample {
-                value: series.samples[0].value,
-                timestamp: series.samples[0].timestamp,
-            }],
-            histograms: vec![],
-            exemplars: vec![],
-            metadata: None,
-            created_timestamp: 0,
-        })
-        .collect();
-    v2::Request {
-        symbols,
-        timeseries,
-    }
+    v2::Request::from_v1(&batch(series, namespace))
 }
 
 fn bench(c: &mut Criterion) {

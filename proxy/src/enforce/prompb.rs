@@ -85,6 +85,47 @@ pub mod v2 {
         #[prost(int64, tag = "2")]
         pub timestamp: i64,
     }
+
+    impl Request {
+        /// The labels and samples of a 1.0 request as 2.0, as Prometheus
+        /// 3's sender builds one: every distinct string once in `symbols`,
+        /// `""` first. Exemplars and histograms are left out (their 2.0
+        /// form differs). For benches and load tests.
+        pub fn from_v1(request: &super::WriteRequest) -> Self {
+            let mut symbols = vec![String::new()];
+            let mut index = std::collections::HashMap::new();
+            let mut reference = |text: &str| -> u32 {
+                *index.entry(text.to_owned()).or_insert_with(|| {
+                    symbols.push(text.to_owned());
+                    symbols.len() as u32 - 1
+                })
+            };
+            let timeseries = request
+                .timeseries
+                .iter()
+                .map(|series| TimeSeries {
+                    labels_refs: series
+                        .labels
+                        .iter()
+                        .flat_map(|l| [reference(&l.name), reference(&l.value)])
+                        .collect(),
+                    samples: series
+                        .samples
+                        .iter()
+                        .map(|s| Sample {
+                            value: s.value,
+                            timestamp: s.timestamp,
+                        })
+                        .collect(),
+                    ..TimeSeries::default()
+                })
+                .collect();
+            Self {
+                symbols,
+                timeseries,
+            }
+        }
+    }
 }
 
 /// How a receiver reads a decompressed remote-write body, under either
