@@ -651,7 +651,8 @@ fn rewrite_v2<'a>(
 #[derive(Default)]
 struct V2Scratch<'m> {
     refs: Vec<u32>,
-    /// Where each of `refs` starts in the one packed field it came from.
+    /// Where each of `refs` starts in the one packed field it came from
+    /// (a snappy block decompresses to less than 4 GiB: an offset fits).
     starts: Vec<u32>,
     others: Vec<&'m [u8]>,
     pairs: Vec<(u32, u32)>,
@@ -781,7 +782,7 @@ fn rewrite_series_v2<'a>(
                 payload,
                 starts,
                 pairs,
-                |p| ours(p),
+                ours,
                 before_ours,
                 (name_ref, value_ref),
                 packed,
