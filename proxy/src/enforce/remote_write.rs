@@ -576,14 +576,15 @@ struct Symbols<'a> {
 
 impl<'a> Symbols<'a> {
     fn find_or_append(&mut self, symbol: &'a [u8]) -> u32 {
-        let index = match self.all.iter().position(|s| *s == symbol) {
-            Some(index) => index,
-            None => {
-                self.all.push(symbol);
-                self.all.len() - 1
-            }
-        };
-        index as u32
+        match self.all.iter().position(|s| *s == symbol) {
+            Some(index) => index as u32,
+            None => self.append(symbol),
+        }
+    }
+
+    fn append(&mut self, symbol: &'a [u8]) -> u32 {
+        self.all.push(symbol);
+        (self.all.len() - 1) as u32
     }
 
     fn resolve(&self, reference: u32) -> &'a [u8] {
@@ -608,16 +609,18 @@ fn rewrite_v2<'a>(
             _ => return Err(unexpected_top_level(Version::V2, &field)),
         }
     }
+    let name = tenant.name.as_bytes();
+    let named_ours: Vec<bool> = all.iter().map(|s| *s == name).collect();
     let sent = all.len();
     let mut symbols = Symbols { all, sent };
-    let name_ref = symbols.find_or_append(tenant.name.as_bytes());
+    // The sender's first symbol of the name, found in the same look.
+    let name_ref = match named_ours.iter().position(|&ours| ours) {
+        Some(index) => index as u32,
+        None => symbols.append(name),
+    };
 
     let mut scratch = V2Scratch {
-        named_ours: symbols
-            .all
-            .iter()
-            .map(|s| *s == tenant.name.as_bytes())
-            .collect(),
+        named_ours,
         ..V2Scratch::default()
     };
     let mut series_buf = Vec::new();
@@ -772,12 +775,12 @@ fn rewrite_series_v2<'a>(
         .iter()
         .filter(|p| !ours(p))
         .is_sorted_by(|a, b| order(a, b).is_lt());
+    let before_ours = |p: &(u32, u32)| !name_order(symbols.resolve(p.0), name).is_lt();
     packed.clear();
     match layout {
         // As every encoder writes them: the sender's bytes copied in runs,
         // not each reference written again.
         RefsLayout::OnePacked(payload) if sorted => {
-            let before_ours = |p: &(u32, u32)| !name_order(symbols.resolve(p.0), name).is_lt();
             splice_sorted_refs(
                 payload,
                 starts,
@@ -801,7 +804,7 @@ fn rewrite_series_v2<'a>(
         _ => {
             pairs.retain(|p| !ours(p));
             if sorted {
-                let at = pairs.partition_point(|p| name_order(symbols.resolve(p.0), name).is_lt());
+                let at = pairs.partition_point(|p| !before_ours(p));
                 pairs.insert(at, (name_ref, value_ref));
             } else {
                 pairs.push((name_ref, value_ref));
