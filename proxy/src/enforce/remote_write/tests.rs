@@ -534,7 +534,16 @@ proptest! {
         let owned = owned();
         let policy = if reject { ForeignLabelPolicy::Reject } else { ForeignLabelPolicy::Overwrite };
         let body = v2_body_with_refs(&pairs, padding, &stretch);
-        let Ok((out, _)) = rewrite(Version::V2, &body, &tenant(&owned, policy)) else {
+        let spliced_before = SPLICED.with(std::cell::Cell::get);
+        let rewritten = rewrite(Version::V2, &body, &tenant(&owned, policy));
+        // Copied in runs exactly when every reference was written shortest
+        // (the other labels are sorted: a set's order) and the series kept.
+        let shortest = stretch.iter().take(2 * pairs.len()).all(|&extra| extra == 0);
+        prop_assert_eq!(
+            SPLICED.with(std::cell::Cell::get) - spliced_before,
+            usize::from(shortest && rewritten.is_ok())
+        );
+        let Ok((out, _)) = rewritten else {
             prop_assert!(reject || tenant_values.iter().any(|(_, v)| *v != tenant_values[0].1));
             return Ok(());
         };
@@ -554,6 +563,50 @@ proptest! {
             protowire::write_varint(&mut shortest, u64::from(*reference));
         }
         prop_assert_eq!(first_series_packed_refs(&out), shortest);
+    }
+}
+
+/// What encoders send (prost here: sorted labels, one packed field of
+/// shortest varints), with references of one, two and three bytes: every
+/// series takes the splice, with a foreign value or the tenant's own.
+#[test]
+fn an_encoders_sorted_series_have_their_references_copied_in_runs() {
+    let owned = owned();
+    let t = tenant(&owned, ForeignLabelPolicy::Overwrite);
+    // Two new symbols a series: past 16,384 symbols, references take three bytes.
+    let values: Vec<(String, String)> = (0..9_000)
+        .map(|i| (format!("value-{i}"), format!("other-{i}")))
+        .collect();
+    for namespace in ["team-b", "team-a"] {
+        let series: Vec<Vec<(&str, &str)>> = values
+            .iter()
+            .map(|(v, w)| {
+                vec![
+                    ("__name__", "up"),
+                    ("a", v),
+                    ("namespace", namespace),
+                    ("z", w),
+                ]
+            })
+            .collect();
+        let series: Vec<&[(&str, &str)]> = series.iter().map(Vec::as_slice).collect();
+        let body = v2_request(&series).encode_to_vec();
+        let before = SPLICED.with(std::cell::Cell::get);
+        let (out, stats) = rewrite(Version::V2, &body, &t).unwrap();
+        assert_eq!(SPLICED.with(std::cell::Cell::get) - before, values.len());
+        assert_eq!(stats.series, values.len() as u64);
+        let decoded = v2::Request::decode(out.as_slice()).unwrap();
+        let last = decoded.timeseries.len() - 1;
+        assert_eq!(
+            v2_labels(&decoded, last),
+            [
+                ("__name__", "up"),
+                ("a", "value-8999"),
+                ("namespace", "team-a"),
+                ("z", "other-8999")
+            ]
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+        );
     }
 }
 
