@@ -534,13 +534,13 @@ proptest! {
         let owned = owned();
         let policy = if reject { ForeignLabelPolicy::Reject } else { ForeignLabelPolicy::Overwrite };
         let body = v2_body_with_refs(&pairs, padding, &stretch);
-        let spliced_before = SPLICED.with(std::cell::Cell::get);
+        let spliced_before = spliced_so_far();
         let rewritten = rewrite(Version::V2, &body, &tenant(&owned, policy));
         // Copied in runs exactly when every reference was written shortest
         // (the other labels are sorted: a set's order) and the series kept.
         let shortest = stretch.iter().take(2 * pairs.len()).all(|&extra| extra == 0);
         prop_assert_eq!(
-            SPLICED.with(std::cell::Cell::get) - spliced_before,
+            spliced_so_far() - spliced_before,
             usize::from(shortest && rewritten.is_ok())
         );
         let Ok((out, _)) = rewritten else {
@@ -564,6 +564,11 @@ proptest! {
         }
         prop_assert_eq!(first_series_packed_refs(&out), shortest);
     }
+}
+
+/// Series this thread's rewrites have spliced so far.
+fn spliced_so_far() -> usize {
+    SPLICED.with(std::cell::Cell::get)
 }
 
 /// What encoders send (prost here: sorted labels, one packed field of
@@ -591,9 +596,9 @@ fn an_encoders_sorted_series_have_their_references_copied_in_runs() {
             .collect();
         let series: Vec<&[(&str, &str)]> = series.iter().map(Vec::as_slice).collect();
         let body = v2_request(&series).encode_to_vec();
-        let before = SPLICED.with(std::cell::Cell::get);
+        let before = spliced_so_far();
         let (out, stats) = rewrite(Version::V2, &body, &t).unwrap();
-        assert_eq!(SPLICED.with(std::cell::Cell::get) - before, values.len());
+        assert_eq!(spliced_so_far() - before, values.len());
         assert_eq!(stats.series, values.len() as u64);
         let decoded = v2::Request::decode(out.as_slice()).unwrap();
         let last = decoded.timeseries.len() - 1;
