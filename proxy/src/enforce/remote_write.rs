@@ -610,17 +610,20 @@ fn rewrite_v2<'a>(
         }
     }
     let name = tenant.name.as_bytes();
-    let named_ours: Vec<bool> = all.iter().map(|s| *s == name).collect();
+    // Where each of the sender's symbols sorts against the tenant label's
+    // name, found once a request: each label then asks a table, not a
+    // comparison of names, whether it is ours or goes after ours.
+    let against_ours: Vec<Ordering> = all.iter().map(|s| name_order(s, name)).collect();
     let sent = all.len();
     let mut symbols = Symbols { all, sent };
     // The sender's first symbol of the name, found in the same look.
-    let name_ref = match named_ours.iter().position(|&ours| ours) {
+    let name_ref = match against_ours.iter().position(|o| o.is_eq()) {
         Some(index) => index as u32,
         None => symbols.append(name),
     };
 
     let mut scratch = V2Scratch {
-        named_ours,
+        against_ours,
         ..V2Scratch::default()
     };
     let mut series_buf = Vec::new();
@@ -653,16 +656,17 @@ fn rewrite_v2<'a>(
 /// Buffers reused for every series of a 2.0 request, as 1.0's are.
 #[derive(Default)]
 struct V2Scratch<'m> {
-    refs: Vec<u32>,
-    /// Where each of `refs` starts in the one packed field it came from
-    /// (a snappy block decompresses to less than 4 GiB: an offset fits).
+    /// The series' label references, (name, value), as read.
+    pairs: Vec<(u32, u32)>,
+    /// Where each of `pairs` starts in the one packed field it came from,
+    /// read only when the series sent one (a snappy block decompresses to
+    /// less than 4 GiB: an offset fits).
     starts: Vec<u32>,
     others: Vec<&'m [u8]>,
-    pairs: Vec<(u32, u32)>,
     packed: Vec<u8>,
-    /// Which of the sender's symbols spell the tenant label's name: looked
-    /// at once a request, not once a label.
-    named_ours: Vec<bool>,
+    /// How each of the sender's symbols sorts against the tenant label's
+    /// name (equal: it spells it).
+    against_ours: Vec<Ordering>,
     /// The symbol of the tenant's first value, once a series needed it:
     /// looked up (or appended) once a request, not once a series.
     default_value: Option<u32>,
@@ -698,30 +702,36 @@ fn rewrite_series_v2<'a>(
 ) -> Result<(), RemoteWriteError> {
     stats.series += 1;
     let V2Scratch {
-        refs,
+        pairs,
         starts,
         others,
-        pairs,
         packed,
-        named_ours,
+        against_ours,
         default_value,
     } = scratch;
-    refs.clear();
+    pairs.clear();
     starts.clear();
     others.clear();
     let mut layout = RefsLayout::None;
+    // A name whose value is in the next field: a sender may split the
+    // references across fields anywhere, even inside a pair.
+    let mut name_waiting = None;
     for field in fields(series) {
         let field = field?;
         match (field.tag, field.wire_type) {
             (1, LEN) => {
-                let shortest = read_packed_refs(field.payload, refs, starts)?;
+                let shortest = read_packed_refs(field.payload, &mut name_waiting, pairs, starts)?;
                 layout = match layout {
                     RefsLayout::None if shortest => RefsLayout::OnePacked(field.payload),
                     _ => RefsLayout::Other,
                 };
             }
             (1, VARINT) => {
-                refs.push(read_ref(&mut &field.payload[..])?.0);
+                let reference = read_ref(&mut &field.payload[..])?.0;
+                match name_waiting.take() {
+                    Some(name) => pairs.push((name, reference)),
+                    None => name_waiting = Some(reference),
+                }
                 layout = RefsLayout::Other;
             }
             (2, LEN) => {
@@ -734,20 +744,18 @@ fn rewrite_series_v2<'a>(
             _ => series_field("2.0 TimeSeries", 1..=6, &field, stats)?,
         }
     }
-    if refs.len() % 2 != 0 {
+    if name_waiting.is_some() {
         return Err(RemoteWriteError::Malformed(
             "odd number of label references".into(),
         ));
     }
-    if refs.iter().any(|r| *r as usize >= symbols.sent) {
+    let sent = symbols.sent as u32;
+    if pairs.iter().any(|&(n, v)| n.max(v) >= sent) {
         return Err(RemoteWriteError::Malformed(
             "label reference outside the symbols table".into(),
         ));
     }
-    pairs.clear();
-    pairs.extend(refs.chunks_exact(2).map(|p| (p[0], p[1])));
-    let name = tenant.name.as_bytes();
-    let ours = |(n, _): &(u32, u32)| named_ours[*n as usize];
+    let ours = |(n, _): &(u32, u32)| against_ours[*n as usize].is_eq();
     let found = pairs
         .iter()
         .filter(|p| ours(p))
@@ -784,7 +792,7 @@ fn rewrite_series_v2<'a>(
         .iter()
         .filter(|p| !ours(p))
         .is_sorted_by(|a, b| order(a, b).is_lt());
-    let before_ours = |p: &(u32, u32)| !name_order(symbols.resolve(p.0), name).is_lt();
+    let before_ours = |p: &(u32, u32)| !against_ours[p.0 as usize].is_lt();
     packed.clear();
     match layout {
         // As every encoder writes them: the sender's bytes copied in runs,
@@ -856,7 +864,7 @@ fn splice_sorted_refs(
     new: (u32, u32),
     packed: &mut Vec<u8>,
 ) {
-    let start_of = |i: usize| starts.get(2 * i).map_or(payload.len(), |s| *s as usize);
+    let start_of = |i: usize| starts.get(i).map_or(payload.len(), |s| *s as usize);
     let (mut run, mut written) = (0, false);
     for (i, pair) in pairs.iter().enumerate() {
         if ours(pair) {
@@ -896,40 +904,60 @@ fn refuse_repeated_name<'n>(
     Ok(())
 }
 
-/// Reads a packed field's label references into `refs`, and where each
-/// starts into `starts`; whether every varint took as few bytes as its
-/// value needs.
+/// Reads a packed field's label references into `pairs`, completing a
+/// pair whose name came before (`name_waiting`, left holding a name the
+/// field ends on), and where each pair starts into `starts`; whether every
+/// varint took as few bytes as its value needs.
 fn read_packed_refs(
     payload: &[u8],
-    refs: &mut Vec<u32>,
+    name_waiting: &mut Option<u32>,
+    pairs: &mut Vec<(u32, u32)>,
     starts: &mut Vec<u32>,
 ) -> Result<bool, RemoteWriteError> {
     let mut shortest = true;
     let mut at = 0;
-    // One or two bytes (the first 16,384 symbols) read inline.
-    while let Some(&a) = payload.get(at) {
-        starts.push(at as u32);
-        if a < 0x80 {
-            refs.push(u32::from(a));
-            at += 1;
-            continue;
+    if let Some(name) = name_waiting.take_if(|_| !payload.is_empty()) {
+        pairs.push((name, read_packed_ref(payload, &mut at, &mut shortest)?));
+    }
+    while at < payload.len() {
+        let start = at as u32;
+        let name = read_packed_ref(payload, &mut at, &mut shortest)?;
+        if at == payload.len() {
+            *name_waiting = Some(name);
+            break;
         }
-        match payload.get(at + 1) {
-            Some(&b) if b < 0x80 => {
-                refs.push(u32::from(a & 0x7f) | u32::from(b) << 7);
-                shortest &= b != 0;
-                at += 2;
-            }
-            _ => {
-                let mut rest = &payload[at..];
-                let (reference, short) = read_ref(&mut rest)?;
-                refs.push(reference);
-                shortest &= short;
-                at = payload.len() - rest.len();
-            }
-        }
+        starts.push(start);
+        pairs.push((name, read_packed_ref(payload, &mut at, &mut shortest)?));
     }
     Ok(shortest)
+}
+
+/// The reference at `payload[*at..]`, `at` moved past it; one or two bytes
+/// (the first 16,384 symbols) read inline.
+#[inline(always)]
+fn read_packed_ref(
+    payload: &[u8],
+    at: &mut usize,
+    shortest: &mut bool,
+) -> Result<u32, RemoteWriteError> {
+    match payload[*at..] {
+        [a, ..] if a < 0x80 => {
+            *at += 1;
+            Ok(u32::from(a))
+        }
+        [a, b, ..] if b < 0x80 => {
+            *shortest &= b != 0;
+            *at += 2;
+            Ok(u32::from(a & 0x7f) | u32::from(b) << 7)
+        }
+        _ => {
+            let mut rest = &payload[*at..];
+            let (reference, short) = read_ref(&mut rest)?;
+            *shortest &= short;
+            *at = payload.len() - rest.len();
+            Ok(reference)
+        }
+    }
 }
 
 /// A label reference, and whether its varint was in its shortest form.

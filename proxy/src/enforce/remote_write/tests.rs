@@ -409,38 +409,78 @@ fn v2_rewrites_through_the_symbols_table() {
     );
 }
 
-#[test]
-fn v2_reads_label_references_written_unpacked() {
-    // Protobuf decoders accept a repeated number unpacked (one field per
-    // value) as well as packed: a receiver reads these labels, so the
-    // proxy must too.
-    let input = v2_request(&[&[("__name__", "up"), ("namespace", "team-b")]]);
+/// The one series of `input` with its label references written as
+/// `layout` says: each entry a field, packed with that many references, or
+/// unpacked (0: one reference as a varint field).
+fn v2_body_with_refs_in_fields(input: &v2::Request, layout: &[usize]) -> Vec<u8> {
     let mut series = input.timeseries[0].clone();
-    let mut unpacked = Vec::new();
-    for reference in std::mem::take(&mut series.labels_refs) {
-        protowire::write_varint(&mut unpacked, u64::from(1u32 << 3 | u32::from(VARINT)));
-        protowire::write_varint(&mut unpacked, u64::from(reference));
+    let refs = std::mem::take(&mut series.labels_refs);
+    let mut rest = &refs[..];
+    let mut fields = Vec::new();
+    for &count in layout {
+        if count == 0 {
+            protowire::write_varint(&mut fields, u64::from(1u32 << 3 | u32::from(VARINT)));
+            protowire::write_varint(&mut fields, u64::from(rest[0]));
+            rest = &rest[1..];
+        } else {
+            let mut packed = Vec::new();
+            for &reference in &rest[..count] {
+                protowire::write_varint(&mut packed, u64::from(reference));
+            }
+            protowire::write_len_field(&mut fields, 1, &packed);
+            rest = &rest[count..];
+        }
     }
-    unpacked.extend_from_slice(&series.encode_to_vec());
+    assert!(rest.is_empty(), "the layout places every reference");
+    fields.extend_from_slice(&series.encode_to_vec());
     let mut body = v2::Request {
         symbols: input.symbols.clone(),
         timeseries: vec![],
     }
     .encode_to_vec();
-    body.extend_from_slice(&top_level(5, &unpacked));
+    body.extend_from_slice(&top_level(5, &fields));
+    body
+}
+
+#[test]
+fn v2_reads_label_references_however_the_fields_split_them() {
+    // Protobuf decoders accept a repeated number unpacked (one field per
+    // value) as well as packed, and join repeated fields of either kind,
+    // even between a label's name and its value: a receiver reads these
+    // labels, so the proxy must too.
+    let input = v2_request(&[&[("__name__", "up"), ("job", "api"), ("namespace", "team-b")]]);
     let owned = owned();
     let t = tenant(&owned, ForeignLabelPolicy::Overwrite);
-    let (out, stats) = rewrite(Version::V2, &body, &t).unwrap();
-    assert_eq!(
-        v2_labels(&v2::Request::decode(out.as_slice()).unwrap(), 0),
-        p(&[("__name__", "up"), ("namespace", "team-a")])
-    );
-    assert_eq!((stats.series, stats.overwritten), (1, 1));
-    // Rewritten exactly as the same series packed.
-    assert_eq!(
-        out,
-        rewrite(Version::V2, &input.encode_to_vec(), &t).unwrap().0
-    );
+    let packed_once = rewrite(Version::V2, &input.encode_to_vec(), &t).unwrap().0;
+    for layout in [
+        &[0, 0, 0, 0, 0, 0][..], // unpacked
+        &[1, 5],                 // a name, then its value with the rest
+        &[3, 3],
+        &[2, 0, 3],
+        &[0, 2, 0, 1, 1],
+    ] {
+        let body = v2_body_with_refs_in_fields(&input, layout);
+        let (out, stats) = rewrite(Version::V2, &body, &t).unwrap();
+        assert_eq!(
+            v2_labels(&v2::Request::decode(out.as_slice()).unwrap(), 0),
+            p(&[("__name__", "up"), ("job", "api"), ("namespace", "team-a")]),
+            "{layout:?}"
+        );
+        assert_eq!((stats.series, stats.overwritten), (1, 1), "{layout:?}");
+        // Rewritten exactly as the same series packed in one field.
+        assert_eq!(out, packed_once, "{layout:?}");
+    }
+    // A name left without its value, wherever the fields end, is refused.
+    let mut odd = input.clone();
+    odd.timeseries[0].labels_refs.pop();
+    for layout in [&[5][..], &[4, 1], &[4, 0], &[3, 0, 1]] {
+        let body = v2_body_with_refs_in_fields(&odd, layout);
+        assert_eq!(
+            rewrite(Version::V2, &body, &t).unwrap_err().to_string(),
+            "cannot decode remote-write body: odd number of label references",
+            "{layout:?}"
+        );
+    }
 }
 
 /// `value` as a varint `extra` bytes longer than it needs (a continuation
