@@ -1,8 +1,11 @@
+use super::headers::V2_CONTENT_TYPE;
+use super::v2::SPLICED;
 use super::*;
 use crate::config::ForeignLabelPolicy;
 use crate::enforce::prompb::{self, readings, v2, Label, Sample, TimeSeries, WriteRequest};
+use crate::enforce::protowire::{fields, LEN, VARINT};
 use crate::enforce::tenant_label::team_a as tenant;
-use http::HeaderValue;
+use http::header::{self, HeaderMap, HeaderValue};
 use proptest::prelude::*;
 use prost::Message;
 
