@@ -37,6 +37,16 @@ mod v2;
 
 pub use headers::{read_headers, sender_expects_v2, set_upstream_headers};
 
+#[cfg(test)]
+thread_local! {
+    /// Series rewritten by a splice (1.0's series as encoders lay them out,
+    /// 2.0's references copied in runs): the general path writes the same
+    /// bytes, so only this count lets a test see which path a series took
+    /// (the splice is what makes the rewrite cheap; losing it would be
+    /// silent).
+    static SPLICED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 /// The stream identifier that opens snappy's *framing* format. Remote write
 /// uses the block format; a body in the other one could be read
 /// differently by a receiver that sniffs for it.
@@ -302,16 +312,39 @@ fn series_field(
 /// tenth of the rewrite.
 #[inline]
 fn name_order(a: &[u8], b: &[u8]) -> Ordering {
-    // Zero-padded: a name that is a prefix of the other within eight bytes
-    // compares equal or less here, and equal goes to the full comparison.
-    let head = |name: &[u8]| match name.first_chunk::<8>() {
-        Some(eight) => u64::from_be_bytes(*eight),
-        None => name
-            .iter()
-            .enumerate()
-            .fold(0, |head, (i, &b)| head | u64::from(b) << (56 - 8 * i)),
-    };
-    head(a).cmp(&head(b)).then_with(|| a.cmp(b))
+    NameKey::of(a).order(&NameKey::of(b))
+}
+
+/// A label name and its first eight bytes as one integer, for a name
+/// compared more than once ([`name_order`]).
+#[derive(Clone, Copy)]
+struct NameKey<'n> {
+    head: u64,
+    name: &'n [u8],
+}
+
+impl<'n> NameKey<'n> {
+    #[inline]
+    fn of(name: &'n [u8]) -> Self {
+        // Zero-padded: a name that is a prefix of the other within eight
+        // bytes compares equal or less here, and equal goes to the full
+        // comparison.
+        let head = match name.first_chunk::<8>() {
+            Some(eight) => u64::from_be_bytes(*eight),
+            None => name
+                .iter()
+                .enumerate()
+                .fold(0, |head, (i, &b)| head | u64::from(b) << (56 - 8 * i)),
+        };
+        Self { head, name }
+    }
+
+    #[inline]
+    fn order(&self, other: &Self) -> Ordering {
+        self.head
+            .cmp(&other.head)
+            .then_with(|| self.name.cmp(other.name))
+    }
 }
 
 /// Refuses a series whose `names`, sorted, hold one name twice (the

@@ -1,5 +1,4 @@
 use super::headers::V2_CONTENT_TYPE;
-use super::v2::SPLICED;
 use super::*;
 use crate::config::ForeignLabelPolicy;
 use crate::enforce::prompb::{self, readings, v2, Label, Sample, TimeSeries, WriteRequest};
@@ -151,6 +150,105 @@ fn v1_sorts_unsorted_labels() {
         .map(|l| l.name.as_str())
         .collect();
     assert_eq!(names, ["__name__", "app", "namespace", "zone"]);
+}
+
+/// What encoders send (prost here: labels first, each short, sorted; then
+/// samples, exemplars, histograms): every series is spliced, the tenant
+/// label added, replaced or kept where its name sorts, every other byte as
+/// it came.
+#[test]
+fn v1_an_encoders_series_is_spliced_where_the_tenant_label_sorts() {
+    type Labels<'a> = &'a [(&'a str, &'a str)];
+    let cases: &[(Labels, Labels)] = &[
+        (&[], &[("namespace", "team-a")]),
+        (
+            &[("__name__", "up"), ("job", "x")],
+            &[("__name__", "up"), ("job", "x"), ("namespace", "team-a")],
+        ),
+        (&[("zone", "z")], &[("namespace", "team-a"), ("zone", "z")]),
+        (
+            &[("__name__", "up"), ("namespace", "team-b"), ("zone", "z")],
+            &[("__name__", "up"), ("namespace", "team-a"), ("zone", "z")],
+        ),
+        (
+            &[("__name__", "up"), ("namespace", "team-a-2"), ("zone", "z")],
+            &[("__name__", "up"), ("namespace", "team-a-2"), ("zone", "z")],
+        ),
+        (&[("namespace", "team-b")], &[("namespace", "team-a")]),
+        // Names that share the tenant label's first eight bytes or more.
+        (
+            &[("namespac", "x"), ("namespace2", "y")],
+            &[
+                ("namespac", "x"),
+                ("namespace", "team-a"),
+                ("namespace2", "y"),
+            ],
+        ),
+    ];
+    let owned = owned();
+    let t = tenant(&owned, ForeignLabelPolicy::Overwrite);
+    for (sent, expected) in cases {
+        let before = spliced_so_far();
+        let (out, stats) = rewrite(Version::V1, &v1(vec![series(sent)]), &t).unwrap();
+        assert_eq!(spliced_so_far() - before, 1, "{sent:?} spliced");
+        assert_eq!(out, v1(vec![series(expected)]), "{sent:?}");
+        assert_eq!((stats.series, stats.samples), (1, 1));
+    }
+}
+
+/// Any other layout takes the general rewrite, which sorts, joins and
+/// refuses as before: the splice is only ever a shorter way to its bytes.
+#[test]
+fn v1_a_series_laid_out_otherwise_is_rewritten_in_general() {
+    let owned = owned();
+    let t = tenant(&owned, ForeignLabelPolicy::Overwrite);
+    let long = "v".repeat(200);
+    let expected = |labels: &[(&str, &str)]| v1(vec![series(labels)]);
+    // A label moved after the series' histogram.
+    let label_last = {
+        let mut bytes = series(&[("zone", "z")]).encode_to_vec();
+        let label = bytes.drain(..bytes[1] as usize + 2).collect::<Vec<_>>();
+        bytes.extend(label);
+        let mut body = top_level(1, &bytes);
+        body.extend(top_level(3, &[0x08, 0x01, 0x12, 0x03, b'f', b'o', b'o']));
+        body
+    };
+    let cases: Vec<(&str, Vec<u8>, Vec<u8>)> = vec![
+        (
+            "unsorted",
+            v1(vec![series(&[("zone", "z"), ("__name__", "up")])]),
+            expected(&[("__name__", "up"), ("namespace", "team-a"), ("zone", "z")]),
+        ),
+        (
+            "the tenant label twice",
+            v1(vec![series(&[
+                ("namespace", "team-b"),
+                ("namespace", "team-b"),
+            ])]),
+            expected(&[("namespace", "team-a")]),
+        ),
+        (
+            "a label too long for a one-byte length",
+            v1(vec![series(&[("__name__", &long)])]),
+            expected(&[("__name__", &long), ("namespace", "team-a")]),
+        ),
+        (
+            "a label after the others",
+            label_last,
+            expected(&[("namespace", "team-a"), ("zone", "z")]),
+        ),
+    ];
+    for (layout, body, expected) in cases {
+        let before = spliced_so_far();
+        let (out, _) = rewrite(Version::V1, &body, &t).unwrap();
+        assert_eq!(spliced_so_far(), before, "{layout}: not spliced");
+        assert_eq!(out, expected, "{layout}");
+    }
+    let repeated = v1(vec![series(&[("a", "1"), ("a", "2")])]);
+    assert!(matches!(
+        rewrite(Version::V1, &repeated, &t),
+        Err(RemoteWriteError::RepeatedLabel { .. })
+    ));
 }
 
 /// A series naming a label twice, sorted or not, in either version:

@@ -117,15 +117,6 @@ struct V2Scratch<'m> {
     default_value: Option<u32>,
 }
 
-#[cfg(test)]
-thread_local! {
-    /// Series whose references [`splice_sorted_refs`] copied: the general
-    /// path writes the same bytes, so only this count lets a test see which
-    /// path a series took (the splice is what makes 2.0 cheap; losing it
-    /// would be silent).
-    pub(super) static SPLICED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
-}
-
 /// How a series wrote its label references: as one packed field with
 /// every varint in as few bytes as its value needs (what every encoder
 /// writes), or otherwise.
@@ -244,7 +235,7 @@ fn rewrite_series<'a>(
         // not each reference written again.
         RefsLayout::OnePacked(payload) if sorted => {
             #[cfg(test)]
-            SPLICED.with(|n| n.set(n.get() + 1));
+            super::SPLICED.with(|n| n.set(n.get() + 1));
             splice_sorted_refs(
                 payload,
                 starts,
