@@ -112,6 +112,24 @@ pub struct Stats {
     pub dropped_fields: u64,
 }
 
+/// Whether a rewrite wrote anything: what goes out as it came is not
+/// copied (a body that needs no change is forwarded as the sender
+/// compressed it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Written {
+    Unchanged,
+    Changed,
+}
+
+impl Written {
+    fn of(unchanged: bool) -> Self {
+        match unchanged {
+            true => Self::Unchanged,
+            false => Self::Changed,
+        }
+    }
+}
+
 /// Scratch buffers kept per thread: allocating the decompressed and
 /// rewritten bodies (hundreds of KiB) per request cost a page fault per
 /// 4 KiB, nearly half the proxy's CPU on this path.
@@ -203,13 +221,13 @@ fn rewrite_in(
         .decompress(compressed, &mut scratch.decompressed)
         .map_err(snappy)?;
     scratch.rewritten.clear();
-    let stats = rewrite_into(
+    let (stats, written) = rewrite_into(
         version,
         &scratch.decompressed[..n],
         tenant,
         &mut scratch.rewritten,
     )?;
-    if scratch.rewritten == scratch.decompressed[..n] {
+    if written == Written::Unchanged {
         return Ok((Rewritten::Unchanged, stats));
     }
     if output == Output::Literal {
@@ -236,24 +254,28 @@ pub fn rewrite(
     tenant: &TenantLabel<'_>,
 ) -> Result<(Vec<u8>, Stats), RemoteWriteError> {
     let mut out = Vec::new();
-    let stats = rewrite_into(version, message, tenant, &mut out)?;
+    let (stats, written) = rewrite_into(version, message, tenant, &mut out)?;
+    if written == Written::Unchanged {
+        out.extend_from_slice(message);
+    }
     Ok((out, stats))
 }
 
-/// Rewrites a decompressed message, appending to `out`.
+/// Rewrites a decompressed message, appending to `out` unless it goes out
+/// as it came.
 fn rewrite_into(
     version: Version,
     message: &[u8],
     tenant: &TenantLabel<'_>,
     out: &mut Vec<u8>,
-) -> Result<Stats, RemoteWriteError> {
+) -> Result<(Stats, Written), RemoteWriteError> {
     out.reserve(message.len() + message.len() / 8 + 64);
     let mut stats = Stats::default();
-    match version {
+    let written = match version {
         Version::V1 => v1::rewrite(message, tenant, &mut stats, out)?,
         Version::V2 => v2::rewrite(message, tenant, &mut stats, out)?,
-    }
-    Ok(stats)
+    };
+    Ok((stats, written))
 }
 
 fn count(decision: &Decision<'_>, stats: &mut Stats) {

@@ -756,6 +756,50 @@ fn an_encoders_sorted_series_have_their_references_copied_in_runs() {
     }
 }
 
+/// As in 1.0, a 2.0 body is copied only from the first series that
+/// changes: symbols and series before and between changed ones go out as
+/// they came, in their places.
+#[test]
+fn v2_fields_between_changed_series_go_out_as_they_came_in_their_places() {
+    let owned = owned();
+    let t = tenant(&owned, ForeignLabelPolicy::Overwrite);
+    let ready: &[(&str, &str)] = &[("__name__", "up"), ("namespace", "team-a")];
+    let input = v2_request(&[ready, &[("__name__", "up"), ("pod", "p")], ready]);
+    let field = |tag, payload: &[u8]| top_level(tag, payload);
+    let symbols: Vec<_> = input
+        .symbols
+        .iter()
+        .map(|s| field(4, s.as_bytes()))
+        .collect();
+    let series: Vec<_> = input.timeseries.iter().map(|s| s.encode_to_vec()).collect();
+    let (ready_field, unlabelled) = (field(5, &series[0]), field(5, &series[1]));
+    // Every symbol it needs is in the table: only the series changes.
+    let mut labelled = input.timeseries[1].clone();
+    let at = |s: &str| input.symbols.iter().position(|x| x == s).unwrap() as u32;
+    labelled.labels_refs = ["__name__", "up", "namespace", "team-a", "pod", "p"]
+        .map(at)
+        .to_vec();
+    let labelled = field(5, &labelled.encode_to_vec());
+    let mut stretched = vec![0x2a];
+    stretched_varint(&mut stretched, series[2].len() as u64, 1);
+    stretched.extend_from_slice(&series[2]);
+    let shortest = field(5, &series[2]);
+
+    let (head, tail) = (symbols[..4].concat(), symbols[4..].concat());
+    let sent = [&head[..], &ready_field, &unlabelled, &tail, &stretched].concat();
+    let expected = [&head[..], &ready_field, &labelled, &tail, &shortest].concat();
+    let (out, stats) = rewrite(Version::V2, &sent, &t).unwrap();
+    assert_eq!((out, stats.series, stats.added), (expected, 3, 1));
+
+    // Nothing to change: nothing copied, the body forwarded as it came.
+    let sent = [&head[..], &ready_field, &tail, &shortest].concat();
+    let compressed = snap::raw::Encoder::new().compress_vec(&sent).unwrap();
+    let (out, stats) =
+        rewrite_body(Version::V2, &compressed, &t, 1 << 20, Output::Compressed).unwrap();
+    assert_eq!((out, stats.series), (Rewritten::Unchanged, 2));
+    assert_eq!(rewrite(Version::V2, &sent, &t).unwrap().0, sent);
+}
+
 #[test]
 fn v2_refuses_bad_references() {
     let mut input = v2_request(&[&[("__name__", "up")]]);
@@ -1098,6 +1142,95 @@ fn a_body_that_needs_no_change_is_forwarded_as_it_came() {
         assert_eq!(as_literals, message, "{needs_work:?}");
         assert!(literals.len() > message.len(), "{needs_work:?}");
     }
+}
+
+/// A 1.0 body is copied only from the first field that changes: the fields
+/// before it and between changed ones go out as they came, in their places,
+/// whatever kind they are and whichever way their series were read.
+#[test]
+fn v1_fields_between_changed_series_go_out_as_they_came_in_their_places() {
+    let owned = owned();
+    let t = tenant(&owned, ForeignLabelPolicy::Overwrite);
+    let field = |tag, payload: &[u8]| top_level(tag, payload);
+    let metadata = |help: &[u8]| field(3, &[&[0x08, 0x01, 0x12, help.len() as u8], help].concat());
+    let ready = series(&[("__name__", "up"), ("namespace", "team-a")]).encode_to_vec();
+    let unlabelled = series(&[("__name__", "up"), ("pod", "p")]).encode_to_vec();
+    let labelled = series(&[("__name__", "up"), ("namespace", "team-a"), ("pod", "p")]);
+    // Read by the general rewrite (a value too long for a one-byte
+    // length), and written as it came.
+    let long = "v".repeat(200);
+    let long_ready =
+        series(&[("__name__", "up"), ("namespace", "team-a"), ("z", &long)]).encode_to_vec();
+    // Ready, but its length written in two bytes where one does: written
+    // again the shortest way.
+    let mut stretched = vec![0x0a];
+    stretched_varint(&mut stretched, ready.len() as u64, 1);
+    stretched.extend_from_slice(&ready);
+
+    let [m1, m2, a, b, c, e] = [
+        metadata(b"one"),
+        metadata(b"two"),
+        field(1, &ready),
+        field(1, &unlabelled),
+        field(1, &long_ready),
+        field(1, &ready),
+    ];
+    let b_out = field(1, &labelled.encode_to_vec());
+    let d_out = field(1, &ready);
+    for (sent, expected) in [
+        (
+            vec![
+                &m1[..],
+                &a[..],
+                &b[..],
+                &m2[..],
+                &c[..],
+                &stretched[..],
+                &e[..],
+            ],
+            vec![
+                &m1[..],
+                &a[..],
+                &b_out[..],
+                &m2[..],
+                &c[..],
+                &d_out[..],
+                &e[..],
+            ],
+        ),
+        (
+            vec![&b[..], &a[..], &m1[..]],
+            vec![&b_out[..], &a[..], &m1[..]],
+        ),
+        (
+            vec![&a[..], &m1[..], &c[..], &b[..]],
+            vec![&a[..], &m1[..], &c[..], &b_out[..]],
+        ),
+    ] {
+        let body = sent.concat();
+        let (out, stats) = rewrite(Version::V1, &body, &t).unwrap();
+        assert_eq!(out, expected.concat(), "{sent:?}");
+        let series_sent = sent.iter().filter(|f| f[0] == 0x0a).count() as u64;
+        assert_eq!((stats.series, stats.added), (series_sent, 1), "{sent:?}");
+        let compressed = snap::raw::Encoder::new().compress_vec(&body).unwrap();
+        let (Rewritten::Body(forwarded), _) =
+            rewrite_body(Version::V1, &compressed, &t, 1 << 20, Output::Compressed).unwrap()
+        else {
+            panic!("{sent:?} needs a change");
+        };
+        let forwarded = snap::raw::Decoder::new()
+            .decompress_vec(&forwarded)
+            .unwrap();
+        assert_eq!(forwarded, expected.concat(), "{sent:?}");
+    }
+
+    // Nothing to change: nothing copied, the body forwarded as it came.
+    let body = [&m1[..], &a[..], &c[..], &m2[..], &e[..]].concat();
+    let compressed = snap::raw::Encoder::new().compress_vec(&body).unwrap();
+    let (out, stats) =
+        rewrite_body(Version::V1, &compressed, &t, 1 << 20, Output::Compressed).unwrap();
+    assert_eq!((out, stats.series), (Rewritten::Unchanged, 3));
+    assert_eq!(rewrite(Version::V1, &body, &t).unwrap().0, body);
 }
 
 // === one body, one reading: what is forwarded means the same to every receiver ===

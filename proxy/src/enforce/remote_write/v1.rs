@@ -5,7 +5,7 @@ use std::cmp::Ordering;
 
 use super::{
     count, name_order, refuse_repeated_name, series_field, unexpected_top_level, NameKey,
-    RemoteWriteError, Stats, Version,
+    RemoteWriteError, Stats, Version, Written,
 };
 use crate::enforce::prompb::readings::describe as describe_series;
 use crate::enforce::protowire::{self, fields, LEN};
@@ -30,7 +30,8 @@ type LabelField<'m> = (&'m [u8], std::ops::Range<usize>);
 struct V1Scratch<'m> {
     labels: Vec<LabelField<'m>>,
     others: Vec<&'m [u8]>,
-    /// The tenant label encoded once per owned value (`Label` messages).
+    /// The tenant label encoded once per owned value, as a whole `labels`
+    /// field of a series.
     encoded: Vec<Vec<u8>>,
 }
 
@@ -39,7 +40,7 @@ pub(super) fn rewrite(
     tenant: &TenantLabel<'_>,
     stats: &mut Stats,
     out: &mut Vec<u8>,
-) -> Result<(), RemoteWriteError> {
+) -> Result<Written, RemoteWriteError> {
     let name = tenant.name.as_bytes();
     let encoded = tenant
         .owned
@@ -48,7 +49,9 @@ pub(super) fn rewrite(
             let mut label = Vec::with_capacity(name.len() + value.len() + 4);
             protowire::write_len_field(&mut label, 1, name);
             protowire::write_len_field(&mut label, 2, value.as_bytes());
-            label
+            let mut field = Vec::with_capacity(label.len() + 3);
+            protowire::write_len_field(&mut field, 1, &label);
+            field
         })
         .collect();
     let mut scratch = V1Scratch {
@@ -56,55 +59,106 @@ pub(super) fn rewrite(
         others: Vec::with_capacity(4),
         encoded,
     };
+    // Fields go out as they came until one changes: `message[owed..]` up
+    // to the field being read is owed to `out`, copied only when a field
+    // after it changes (or at the end), so a body that needs no change is
+    // never copied.
+    let mut owed = 0;
     for field in fields(message) {
         let field = field?;
         match (field.tag, field.wire_type) {
-            (1, LEN) => rewrite_series(field.payload, tenant, stats, &mut scratch, out)?,
-            // MetricMetadata: a metric family's type, help and unit; no labels.
-            (3, LEN) => out.extend_from_slice(field.raw),
+            (1, LEN) => {
+                let at = field.raw.as_ptr() as usize - message.as_ptr() as usize;
+                let series = Series {
+                    raw: field.raw,
+                    payload: field.payload,
+                    owed: &message[owed..at],
+                };
+                if rewrite_series(series, tenant, stats, &mut scratch, out)? == Written::Changed {
+                    owed = at + field.raw.len();
+                }
+            }
+            // MetricMetadata: a metric family's type, help and unit; no
+            // labels. Goes out as it came.
+            (3, LEN) => {}
             _ => return Err(unexpected_top_level(Version::V1, &field)),
         }
     }
-    Ok(())
+    if owed == 0 {
+        // Every field went out as it came (a written field ends past 0).
+        return Ok(Written::Unchanged);
+    }
+    out.extend_from_slice(&message[owed..]);
+    Ok(Written::Changed)
 }
 
-/// TimeSeries { repeated Label labels = 1; repeated Sample samples = 2; ... },
-/// written to `out` as a whole `timeseries` field.
+/// A `timeseries` field of the request, and the bytes before it still owed
+/// to the output.
+#[derive(Clone, Copy)]
+struct Series<'m> {
+    /// The whole field, key and length included.
+    raw: &'m [u8],
+    payload: &'m [u8],
+    owed: &'m [u8],
+}
+
+/// TimeSeries { repeated Label labels = 1; repeated Sample samples = 2; ... }:
+/// nothing written if it goes out as it came, else the bytes owed before it
+/// and it, rewritten, as a whole `timeseries` field.
 fn rewrite_series<'m>(
-    series: &'m [u8],
+    series: Series<'m>,
     tenant: &TenantLabel<'_>,
     stats: &mut Stats,
     scratch: &mut V1Scratch<'m>,
     out: &mut Vec<u8>,
-) -> Result<(), RemoteWriteError> {
+) -> Result<Written, RemoteWriteError> {
     stats.series += 1;
-    let Some(layout) = EncodersLayout::read(series, tenant.name.as_bytes()) else {
+    let Some(layout) = EncodersLayout::read(series.payload, tenant.name.as_bytes()) else {
         return rewrite_any_layout(series, tenant, stats, scratch, out);
     };
     #[cfg(test)]
     super::SPLICED.with(|n| n.set(n.get() + 1));
     stats.samples += layout.samples;
-    let ours = leaving_label(layout.found, tenant, &scratch.encoded, series, stats)?;
-    let (head, tail) = (&series[..layout.splice.start], &series[layout.splice.end..]);
-    let size = head.len() + protowire::len_field_size(ours.len()) + tail.len();
+    let ours = leaving_label(
+        layout.found,
+        tenant,
+        &scratch.encoded,
+        series.payload,
+        stats,
+    )?;
+    let (head, tail) = (
+        &series.payload[..layout.splice.start],
+        &series.payload[layout.splice.end..],
+    );
+    let size = head.len() + ours.len() + tail.len();
+    // The same label in place, under a key and length written as we would.
+    let unchanged = series.payload[layout.splice.clone()] == *ours
+        && series.raw.len() == protowire::len_field_size(size);
     #[cfg(debug_assertions)]
-    let written_from = out.len();
-    protowire::write_field_header(out, 1, size);
-    out.extend_from_slice(head);
-    protowire::write_len_field(out, 1, ours);
-    out.extend_from_slice(tail);
+    let written_from = out.len() + if unchanged { 0 } else { series.owed.len() };
+    if !unchanged {
+        out.extend_from_slice(series.owed);
+        protowire::write_field_header(out, 1, size);
+        out.extend_from_slice(head);
+        out.extend_from_slice(ours);
+        out.extend_from_slice(tail);
+    }
     #[cfg(debug_assertions)]
     {
-        // The general rewrite accepts the series, and writes the same bytes
-        // (its error is not passed on: that would hide a splice of a series
-        // it refuses).
+        // The general rewrite accepts the series and writes the same bytes,
+        // or finds nothing to change either (its error is not passed on:
+        // that would hide a splice of a series it refuses).
         let mut general = Vec::new();
-        let accepted =
-            rewrite_any_layout(series, tenant, &mut Stats::default(), scratch, &mut general);
-        debug_assert_eq!(accepted, Ok(()));
+        let whole = Series {
+            owed: &[],
+            ..series
+        };
+        let written =
+            rewrite_any_layout(whole, tenant, &mut Stats::default(), scratch, &mut general);
+        debug_assert_eq!(written, Ok(Written::of(unchanged)));
         debug_assert_eq!(out[written_from..], general[..]);
     }
-    Ok(())
+    Ok(Written::of(unchanged))
 }
 
 /// A series as every encoder writes it: its labels first, each in the
@@ -186,12 +240,17 @@ fn leaving_label<'e>(
 /// The rewrite of a series laid out in any way: labels anywhere among its
 /// other fields, in any order, in any encoding, a name repeated.
 fn rewrite_any_layout<'m>(
-    series: &'m [u8],
+    series: Series<'m>,
     tenant: &TenantLabel<'_>,
     stats: &mut Stats,
     scratch: &mut V1Scratch<'m>,
     out: &mut Vec<u8>,
-) -> Result<(), RemoteWriteError> {
+) -> Result<Written, RemoteWriteError> {
+    let Series {
+        raw,
+        payload: series,
+        owed,
+    } = series;
     scratch.labels.clear();
     scratch.others.clear();
     let name = tenant.name.as_bytes();
@@ -255,16 +314,25 @@ fn rewrite_any_layout<'m>(
         .partition_point(|l| name_order(l.0, name).is_lt());
 
     let size: usize = scratch.labels.iter().map(|l| l.1.len()).sum::<usize>()
-        + protowire::len_field_size(ours.len())
+        + ours.len()
         + scratch.others.iter().map(|raw| raw.len()).sum::<usize>();
+    let before = out.len();
+    out.extend_from_slice(owed);
+    let from = out.len();
     protowire::write_field_header(out, 1, size);
     copy_runs(out, series, &scratch.labels[..at]);
-    protowire::write_len_field(out, 1, ours);
+    out.extend_from_slice(ours);
     copy_runs(out, series, &scratch.labels[at..]);
-    for raw in &scratch.others {
-        out.extend_from_slice(raw);
+    for other in &scratch.others {
+        out.extend_from_slice(other);
     }
-    Ok(())
+    // Laid out otherwise, yet written as it came (rare: a field order
+    // other than the encoders'): not copied after all.
+    if out[from..] == *raw {
+        out.truncate(before);
+        return Ok(Written::Unchanged);
+    }
+    Ok(Written::Changed)
 }
 
 /// Copies label fields verbatim, adjacent ones in a single copy: a sorted

@@ -5,7 +5,7 @@ use std::cmp::Ordering;
 
 use super::{
     count, name_order, refuse_repeated_name, series_field, unexpected_top_level, RemoteWriteError,
-    Stats, Version,
+    Stats, Version, Written,
 };
 use crate::enforce::prompb::readings::describe as describe_series;
 use crate::enforce::protowire::{self, fields, LEN, VARINT};
@@ -42,7 +42,7 @@ pub(super) fn rewrite<'a>(
     tenant: &TenantLabel<'a>,
     stats: &mut Stats,
     out: &mut Vec<u8>,
-) -> Result<(), RemoteWriteError> {
+) -> Result<Written, RemoteWriteError> {
     // Series may come before symbols on the wire: read all symbols first,
     // and refuse any field 2.0 does not define before writing anything.
     let mut all = Vec::new();
@@ -71,31 +71,47 @@ pub(super) fn rewrite<'a>(
         against_ours,
         ..V2Scratch::default()
     };
+    // As in 1.0, `message[owed..]` up to the field being read goes out as
+    // it came, copied only when a series after it changes (or at the end).
+    let mut owed = 0;
     let mut series_buf = Vec::new();
     for field in fields(message) {
         let field = field?;
-        if (field.tag, field.wire_type) == (5, LEN) {
-            series_buf.clear();
-            rewrite_series(
-                field.payload,
-                tenant,
-                name_ref,
-                &mut symbols,
-                stats,
-                &mut scratch,
-                &mut series_buf,
-            )?;
-            protowire::write_len_field(out, 5, &series_buf);
-        } else {
-            out.extend_from_slice(field.raw);
+        if (field.tag, field.wire_type) != (5, LEN) {
+            continue; // a symbol: goes out as it came
         }
+        series_buf.clear();
+        rewrite_series(
+            field.payload,
+            tenant,
+            name_ref,
+            &mut symbols,
+            stats,
+            &mut scratch,
+            &mut series_buf,
+        )?;
+        // The same series under a key and length written as we would.
+        if series_buf == field.payload
+            && field.raw.len() == protowire::len_field_size(series_buf.len())
+        {
+            continue;
+        }
+        let at = field.raw.as_ptr() as usize - message.as_ptr() as usize;
+        out.extend_from_slice(&message[owed..at]);
+        protowire::write_len_field(out, 5, &series_buf);
+        owed = at + field.raw.len();
     }
+    let appended = &symbols.all[symbols.sent..];
+    if owed == 0 && appended.is_empty() {
+        return Ok(Written::Unchanged);
+    }
+    out.extend_from_slice(&message[owed..]);
     // Appended after every symbol the sender wrote, so existing references
     // (labels, exemplars, metadata) keep their meaning.
-    for symbol in &symbols.all[symbols.sent..] {
+    for symbol in appended {
         protowire::write_len_field(out, 4, symbol);
     }
-    Ok(())
+    Ok(Written::Changed)
 }
 
 /// Buffers reused for every series of a 2.0 request, as 1.0's are.
