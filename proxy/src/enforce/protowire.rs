@@ -163,6 +163,18 @@ impl<'a> Fields<'a> {
     }
 }
 
+/// Where `part`, a slice of `message` that [`fields`] handed out (a field
+/// or a piece of one), starts in it.
+#[inline]
+pub fn offset_in(message: &[u8], part: &[u8]) -> usize {
+    let at = part.as_ptr() as usize - message.as_ptr() as usize;
+    debug_assert!(
+        at + part.len() <= message.len(),
+        "not a slice of the message"
+    );
+    at
+}
+
 #[inline]
 pub fn read_varint(buf: &mut &[u8]) -> Result<u64, WireError> {
     // Keys and label lengths are almost always one byte: keep that inline

@@ -68,7 +68,7 @@ pub(super) fn rewrite(
         let field = field?;
         match (field.tag, field.wire_type) {
             (1, LEN) => {
-                let at = field.raw.as_ptr() as usize - message.as_ptr() as usize;
+                let at = protowire::offset_in(message, field.raw);
                 let series = Series {
                     raw: field.raw,
                     payload: field.payload,
@@ -255,7 +255,7 @@ fn rewrite_any_layout<'m>(
     scratch.others.clear();
     let name = tenant.name.as_bytes();
     let mut found = Found::Nothing;
-    let offset = |raw: &[u8]| raw.as_ptr() as usize - series.as_ptr() as usize;
+    let offset = |raw: &[u8]| protowire::offset_in(series, raw);
     let mut on_label = |label: protowire::SeriesLabel<'m>| {
         if label.name == name {
             found = found.and(label.value);

@@ -96,7 +96,7 @@ pub(super) fn rewrite<'a>(
         {
             continue;
         }
-        let at = field.raw.as_ptr() as usize - message.as_ptr() as usize;
+        let at = protowire::offset_in(message, field.raw);
         out.extend_from_slice(&message[owed..at]);
         protowire::write_len_field(out, 5, &series_buf);
         owed = at + field.raw.len();
