@@ -387,16 +387,23 @@ fn empty_requests_stay_empty() {
     .unwrap();
     assert!(out.is_empty());
     assert_eq!(stats, Stats::default());
-    let (out, _) = rewrite(
-        Version::V2,
-        &[],
-        &tenant(&owned, ForeignLabelPolicy::Overwrite),
-    )
-    .unwrap();
-    assert_eq!(
-        v2::Request::decode(out.as_slice()).unwrap().symbols,
-        ["namespace"]
-    );
+    // 2.0: no series, so none of the tenant label's symbols either; a body
+    // of symbols alone goes out as it came.
+    let only_symbols = v2::Request {
+        symbols: vec!["".into(), "job".into(), "team-b".into()],
+        ..Default::default()
+    }
+    .encode_to_vec();
+    for body in [&[][..], &only_symbols] {
+        let (out, stats) = rewrite(
+            Version::V2,
+            body,
+            &tenant(&owned, ForeignLabelPolicy::Overwrite),
+        )
+        .unwrap();
+        assert_eq!(out, body);
+        assert_eq!(stats, Stats::default());
+    }
 }
 
 #[test]

@@ -46,13 +46,19 @@ pub(super) fn rewrite<'a>(
     // Series may come before symbols on the wire: read all symbols first,
     // and refuse any field 2.0 does not define before writing anything.
     let mut all = Vec::new();
+    let mut any_series = false;
     for field in fields(message) {
         let field = field?;
         match (field.tag, field.wire_type) {
             (4, LEN) => all.push(field.payload),
-            (5, LEN) => {}
+            (5, LEN) => any_series = true,
             _ => return Err(unexpected_top_level(Version::V2, &field)),
         }
+    }
+    if !any_series {
+        // Symbols alone make no series: nothing to scope, and no symbol of
+        // ours to add that nothing would refer to.
+        return Ok(Written::Unchanged);
     }
     let name = tenant.name.as_bytes();
     // Where each of the sender's symbols sorts against the tenant label's
