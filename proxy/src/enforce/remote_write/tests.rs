@@ -2,7 +2,7 @@ use super::headers::V2_CONTENT_TYPE;
 use super::*;
 use crate::config::ForeignLabelPolicy;
 use crate::enforce::prompb::{self, readings, v2, Label, Sample, TimeSeries, WriteRequest};
-use crate::enforce::protowire::{fields, LEN, VARINT};
+use crate::enforce::protowire::{fields, write_len_field, LEN, VARINT};
 use crate::enforce::tenant_label::team_a as tenant;
 use http::header::{self, HeaderMap, HeaderValue};
 use proptest::prelude::*;
@@ -249,6 +249,44 @@ fn v1_a_series_laid_out_otherwise_is_rewritten_in_general() {
         rewrite(Version::V1, &repeated, &t),
         Err(RemoteWriteError::RepeatedLabel { .. })
     ));
+}
+
+/// The tenant label read by the general rewrite (its value written before
+/// its name, which the short reader leaves to it) is judged by its value
+/// like any other: an owned value other than the first is kept, under
+/// either policy, and a foreign one is overwritten.
+#[test]
+fn v1_a_tenant_label_read_in_general_is_judged_by_its_value() {
+    let owned = owned();
+    let value_first = |value: &str| {
+        let mut label = Vec::new();
+        write_len_field(&mut label, 2, value.as_bytes());
+        write_len_field(&mut label, 1, b"namespace");
+        let mut bytes = Vec::new();
+        write_len_field(&mut bytes, 1, &label);
+        bytes.extend(series(&[("zone", "z")]).encode_to_vec());
+        top_level(1, &bytes)
+    };
+    let as_encoders_write = |value: &str| {
+        top_level(
+            1,
+            &series(&[("namespace", value), ("zone", "z")]).encode_to_vec(),
+        )
+    };
+    for policy in [ForeignLabelPolicy::Overwrite, ForeignLabelPolicy::Reject] {
+        let (out, stats) = rewrite(
+            Version::V1,
+            &value_first("team-a-2"),
+            &tenant(&owned, policy),
+        )
+        .unwrap();
+        assert_eq!(out, as_encoders_write("team-a-2"), "{policy:?}");
+        assert_eq!((stats.added, stats.overwritten), (0, 0), "{policy:?}");
+    }
+    let overwrite = tenant(&owned, ForeignLabelPolicy::Overwrite);
+    let (out, stats) = rewrite(Version::V1, &value_first("team-b"), &overwrite).unwrap();
+    assert_eq!(out, as_encoders_write("team-a"));
+    assert_eq!(stats.overwritten, 1);
 }
 
 /// A series naming a label twice, sorted or not, in either version:
@@ -1421,8 +1459,8 @@ fn a_1_0_label_with_a_field_besides_name_and_value_is_refused() {
     let t = tenant(&owned, ForeignLabelPolicy::Overwrite);
     for extra_tag in [3, 15] {
         let mut label = Vec::new();
-        protowire::write_len_field(&mut label, 1, b"job");
-        protowire::write_len_field(&mut label, 2, b"a");
+        write_len_field(&mut label, 1, b"job");
+        write_len_field(&mut label, 2, b"a");
         protowire::write_len_field(&mut label, extra_tag, b"namespace");
         let mut ts = Vec::new();
         protowire::write_len_field(&mut ts, 1, &label);
