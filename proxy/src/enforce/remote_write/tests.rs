@@ -2,7 +2,7 @@ use super::headers::V2_CONTENT_TYPE;
 use super::*;
 use crate::config::ForeignLabelPolicy;
 use crate::enforce::prompb::{self, readings, v2, Label, Sample, TimeSeries, WriteRequest};
-use crate::enforce::protowire::{fields, write_len_field, LEN, VARINT};
+use crate::enforce::protowire::{fields, LEN, VARINT};
 use crate::enforce::tenant_label::team_a as tenant;
 use http::header::{self, HeaderMap, HeaderValue};
 use proptest::prelude::*;
@@ -260,10 +260,10 @@ fn v1_a_tenant_label_read_in_general_is_judged_by_its_value() {
     let owned = owned();
     let value_first = |value: &str| {
         let mut label = Vec::new();
-        write_len_field(&mut label, 2, value.as_bytes());
-        write_len_field(&mut label, 1, b"namespace");
+        protowire::write_len_field(&mut label, 2, value.as_bytes());
+        protowire::write_len_field(&mut label, 1, b"namespace");
         let mut bytes = Vec::new();
-        write_len_field(&mut bytes, 1, &label);
+        protowire::write_len_field(&mut bytes, 1, &label);
         bytes.extend(series(&[("zone", "z")]).encode_to_vec());
         top_level(1, &bytes)
     };
@@ -1459,8 +1459,8 @@ fn a_1_0_label_with_a_field_besides_name_and_value_is_refused() {
     let t = tenant(&owned, ForeignLabelPolicy::Overwrite);
     for extra_tag in [3, 15] {
         let mut label = Vec::new();
-        write_len_field(&mut label, 1, b"job");
-        write_len_field(&mut label, 2, b"a");
+        protowire::write_len_field(&mut label, 1, b"job");
+        protowire::write_len_field(&mut label, 2, b"a");
         protowire::write_len_field(&mut label, extra_tag, b"namespace");
         let mut ts = Vec::new();
         protowire::write_len_field(&mut ts, 1, &label);
